@@ -1,0 +1,29 @@
+"""fastdecode: fast decoding methods for language models behind one interface, measured one way."""
+
+from .engine import generate, stream
+from .errors import (
+    FastDecodeError,
+    IncompatibleMethodError,
+    ModelLoadError,
+    ParameterError,
+    PromptError,
+    UnknownMethodError,
+)
+from .models import CausalLM, MaskedDiffusionLM, load
+from .registry import Method, get_method, list_methods
+from .stats import Stats
+from .types import Finished, Result, StepEvent
+
+__version__ = "0.1.0"
+
+
+def methods(kind: str | None = None) -> list[Method]:
+    """Registered methods, optionally only those for a model kind ("causal" or "diffusion")."""
+    return list_methods(kind)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "CausalLM", "FastDecodeError", "Finished", "IncompatibleMethodError", "MaskedDiffusionLM", "Method",
+    "ModelLoadError", "ParameterError", "PromptError", "Result", "Stats", "StepEvent", "UnknownMethodError",
+    "__version__", "generate", "get_method", "load", "methods", "stream",
+]

@@ -1,0 +1,52 @@
+"""The autoregressive driver: prefill once, then one forward per token with the KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+
+from ..config import MethodConfig
+from ..models.causal import CausalLM
+from ..types import PromptBatch, StepEvent
+
+# picks the next token of every row from `[B, V]` logits and the `[B, V]` seen-token mask
+Picker = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids `[B, L]` for a left-padded mask: 0 at each row's first real token."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def autoregressive(model: CausalLM, batch: PromptBatch, cfg: MethodConfig, pick: Picker) -> Iterator[StepEvent]:
+    device = model.device
+    ids = batch.input_ids.to(device)  # [B, L]
+    mask = batch.attention_mask.to(device)  # [B, L]
+    B = batch.size
+    eos = torch.tensor(sorted(model.eos_token_ids), dtype=torch.long, device=device)
+    seen = torch.zeros(B, model.vocab_size, dtype=torch.bool, device=device)
+    seen.scatter_(1, ids, mask.bool())  # padding does not count as seen
+
+    cache = model.new_cache()
+    positions = positions_from_mask(mask)
+    logits = model.forward(ids, positions, cache, mask, num_logits=1)[:, -1]  # [B, V]
+    next_pos = positions[:, -1:] + 1  # [B, 1]
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    for step in range(cfg.max_new_tokens):
+        token = pick(logits, seen)  # [B]
+        token = torch.where(done, model.pad_token_id, token)
+        active = (~done).tolist()
+        done = done | torch.isin(token, eos)
+        last = step == cfg.max_new_tokens - 1
+        yield StepEvent(
+            index=step,
+            tokens=tuple(((step, t),) if a else () for t, a in zip(token.tolist(), active)),
+            finished=tuple(d or last for d in done.tolist()),
+        )
+        if last or bool(done.all()):
+            return
+        seen[torch.arange(B, device=device), token] = True
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        logits = model.forward(token[:, None], next_pos, cache, mask)[:, -1]
+        next_pos = next_pos + 1

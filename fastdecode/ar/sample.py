@@ -1,0 +1,63 @@
+"""ar.sample: ancestral sampling with temperature, top-k, top-p, min-p and repetition penalty."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .. import sampling
+from ..config import MethodConfig, check
+from ..models.causal import CausalLM
+from ..registry import RunContext, register
+from ..types import PromptBatch, StepEvent
+from .loop import autoregressive
+
+
+@dataclass(frozen=True)
+class SampleConfig(MethodConfig):
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int = 0  # 0 keeps every token
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None  # None draws from torch's global RNG; a seed makes the run repeat
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 means greedy)")
+        check(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 keeps all tokens)")
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+        check(0 <= self.min_p < 1, "min_p", self.min_p, "must be in [0, 1)")
+        check(self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "must be > 0 (1 = off)")
+
+
+def make_picker(cfg: SampleConfig, generator: torch.Generator | None):
+    def pick(logits: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        logits = sampling.repetition_penalty(logits, seen, cfg.repetition_penalty)
+        if cfg.temperature == 0:
+            return sampling.greedy(logits)
+        logits = sampling.temperature(logits, cfg.temperature)
+        logits = sampling.top_k(logits, cfg.top_k)
+        logits = sampling.top_p(logits, cfg.top_p)
+        logits = sampling.min_p(logits, cfg.min_p)
+        return sampling.sample(logits, generator)
+
+    return pick
+
+
+def make_generator(seed: int | None, given: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """The caller's generator wins; else a fresh one from `seed`; else None (torch's global RNG)."""
+    if given is not None:
+        return given
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+@register("ar.sample", kind="causal", config=SampleConfig)
+def run(model: CausalLM, batch: PromptBatch, cfg: SampleConfig, ctx: RunContext) -> Iterator[StepEvent]:
+    """Sampling with temperature, top-k, top-p, min-p and repetition penalty; seeded runs repeat."""
+    generator = make_generator(cfg.seed, ctx.generator, model.device)
+    return autoregressive(model, batch, cfg, make_picker(cfg, generator))

@@ -1,0 +1,3 @@
+from .kv import KVCache
+
+__all__ = ["KVCache"]

@@ -1,0 +1,169 @@
+"""generate() / stream(): resolve the method, run its driver, collect step events into Results."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, Union
+
+import torch
+
+from .config import build_config
+from .errors import IncompatibleMethodError, PromptError
+from .models.base import ModelAdapter
+from .registry import Method, RunContext, get_method, list_methods
+from .stats import Stats, peak_rss_mb
+from .types import Event, Finished, PromptBatch, Result, StepEvent
+
+Prompt = Union[str, Sequence[int]]
+
+
+def stream(
+    model: ModelAdapter,
+    prompts: Prompt | Sequence[Prompt],
+    method: str = "ar.greedy",
+    *,
+    generator: torch.Generator | None = None,
+    draft: ModelAdapter | None = None,
+    trace: bool = False,
+    **params: Any,
+) -> Iterator[Event]:
+    """Yield one `StepEvent` per driver step, then a `Finished` event holding one `Result` per prompt.
+
+    Validation (method, parameters, prompts) happens before the first event, so errors surface at once.
+    """
+    spec = resolve(model, method)
+    cfg = build_config(spec.config, params, method)
+    batch = encode_batch(model, prompts, cfg.max_new_tokens)
+    ctx = RunContext(generator=generator, draft=draft)
+    return _run(model, spec, cfg, batch, ctx, trace)
+
+
+def generate(
+    model: ModelAdapter,
+    prompts: Prompt | Sequence[Prompt],
+    method: str = "ar.greedy",
+    **kwargs: Any,
+) -> Result | list[Result]:
+    """Run `method` on one prompt (returns a Result) or a list of prompts (returns a list of Results).
+
+    Prompts are text or token-id lists; keyword arguments are the method's parameters (see
+    `fastdecode methods`) plus `generator=`, `draft=` and `trace=`.
+    """
+    results: list[Result] = []
+    for event in stream(model, prompts, method, **kwargs):
+        if isinstance(event, Finished):
+            results = event.results
+    return results if _is_batch(prompts) else results[0]
+
+
+def resolve(model: ModelAdapter, name: str) -> Method:
+    spec = get_method(name)
+    if spec.kind != model.kind:
+        fitting = ", ".join(m.name for m in list_methods(model.kind))
+        raise IncompatibleMethodError(
+            f"Method {name!r} needs a {spec.kind} model, but {model.name!r} is a {model.kind} model. "
+            f"Methods that fit it: {fitting}."
+        )
+    return spec
+
+
+def _is_batch(prompts: Any) -> bool:
+    return isinstance(prompts, (list, tuple)) and len(prompts) > 0 and not isinstance(prompts[0], int)
+
+
+def encode_batch(model: ModelAdapter, prompts: Prompt | Sequence[Prompt], max_new_tokens: int) -> PromptBatch:
+    """Tokenise, check and left-pad the prompts."""
+    items = list(prompts) if _is_batch(prompts) else [prompts]
+    if not items:
+        raise PromptError("No prompts given: pass a prompt or a non-empty list of prompts.")
+    rows = []
+    for i, p in enumerate(items):
+        where = f"Prompt {i}" if len(items) > 1 else "The prompt"
+        if isinstance(p, str):
+            if not p.strip():
+                raise PromptError(f"{where} is empty: pass some text to continue.")
+            ids = model.encode(p)
+        else:
+            ids = [int(t) for t in p]
+            if not ids:
+                raise PromptError(f"{where} has no tokens: pass at least one token id.")
+        limit = model.max_positions
+        if limit is not None and len(ids) + max_new_tokens > limit:
+            raise PromptError(
+                f"{where} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} that makes "
+                f"{len(ids) + max_new_tokens}, more than the model's {limit} positions. Shorten the prompt "
+                f"or lower max_new_tokens to at most {max(limit - len(ids), 0)}."
+            )
+        rows.append(ids)
+    width = max(len(r) for r in rows)
+    pad = model.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    return PromptBatch(input_ids, mask, tuple(len(r) for r in rows))
+
+
+class _Collector:
+    """Accumulates step events into per-row outputs and counts."""
+
+    def __init__(self, batch: PromptBatch) -> None:
+        B = batch.size
+        self.out: list[dict[int, int]] = [{} for _ in range(B)]
+        self.stats = [Stats(prompt_tokens=n) for n in batch.lengths]
+        self.done = [False] * B
+        self.trace: list[list[StepEvent]] = [[] for _ in range(B)]
+
+    def add(self, ev: StepEvent, trace: bool) -> None:
+        for b, st in enumerate(self.stats):
+            if self.done[b]:
+                continue
+            st.forwards += ev.forwards
+            st.draft_forwards += ev.draft_forwards
+            if ev.proposed:
+                st.proposed += ev.proposed[b]
+            if ev.accepted:
+                st.accepted += ev.accepted[b]
+                per_pos = st.accepted_per_position
+                per_pos.extend([0] * (ev.accepted[b] - len(per_pos)))
+                for k in range(ev.accepted[b]):
+                    per_pos[k] += 1
+            for offset, token in ev.tokens[b]:
+                self.out[b][offset] = token
+            if trace:
+                self.trace[b].append(ev)
+            if ev.finished and ev.finished[b]:
+                self.done[b] = True
+
+
+def _run(model: ModelAdapter, spec: Method, cfg: Any, batch: PromptBatch, ctx: RunContext, trace: bool) -> Iterator[Event]:
+    collector = _Collector(batch)
+    cuda = model.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(model.device)
+        torch.cuda.synchronize(model.device)
+    start = time.perf_counter()
+    for event in spec.driver(model, batch, cfg, ctx):
+        collector.add(event, trace)
+        yield event
+    if cuda:
+        torch.cuda.synchronize(model.device)
+    wall = time.perf_counter() - start
+    results = []
+    eos = model.eos_token_ids
+    for b, st in enumerate(collector.stats):
+        ids = _until_eos([collector.out[b][k] for k in sorted(collector.out[b])], eos)
+        st.new_tokens = len(ids)
+        st.finish_reason = "eos" if ids and ids[-1] in eos else "length"
+        st.wall_s = wall
+        st.peak_rss_mb = peak_rss_mb()
+        st.peak_device_mb = torch.cuda.max_memory_allocated(model.device) / 2**20 if cuda else 0.0
+        text = model.decode([t for t in ids if t not in eos]) if model.tokenizer is not None else ""
+        results.append(Result(ids, text, st, spec.name, batch.row(b), collector.trace[b] if trace else None))
+    yield Finished(results)
+
+
+def _until_eos(ids: list[int], eos: frozenset[int]) -> list[int]:
+    for i, t in enumerate(ids):
+        if t in eos:
+            return ids[: i + 1]
+    return ids

@@ -1,0 +1,179 @@
+"""`fastdecode.load`: a local Hugging Face folder (or `zoo:NAME`) to a model adapter, safetensors only."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+from ..errors import ModelLoadError, close_names
+from . import mdlm  # noqa: F401  (registers the zoo's diffusion architecture with the Auto classes)
+from .causal import CausalLM
+from .diffusion import MaskedDiffusionLM
+
+# model_type -> whether logits are shifted by one (Dream) or at the same position (LLaDA)
+DIFFUSION_MODEL_TYPES = {"llada": False, "dream": True, mdlm.MDLMConfig.model_type: None}
+UNSAFE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth", "tf_model.h5")
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def zoo_names() -> list[str]:
+    root = resources.files("fastdecode") / "zoo"
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "config.json").is_file())
+
+
+def resolve(source: str | Path) -> Path:
+    """Turn `zoo:NAME` or a path into an existing model folder."""
+    text = str(source)
+    if text.startswith("zoo:"):
+        name = text[4:]
+        folder = Path(str(resources.files("fastdecode") / "zoo" / name))
+        if not (folder / "config.json").is_file():
+            raise ModelLoadError(f"No zoo model named {name!r}. {close_names(name, zoo_names())}")
+        return folder
+    folder = Path(text).expanduser()
+    if not folder.exists():
+        raise ModelLoadError(f"Model folder {text!r} does not exist. Pass a local Hugging Face folder or zoo:NAME ({', '.join(zoo_names()) or 'no zoo models installed'}).")
+    if not folder.is_dir():
+        raise ModelLoadError(f"{text!r} is a file; pass the folder that holds config.json and model.safetensors.")
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(f"{text!r} has no config.json: it is not a Hugging Face model folder.")
+    return folder
+
+
+def check_weights(folder: Path) -> list[Path]:
+    """The folder's safetensors files, each checked to open; refuse pickled weights."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError) as e:
+            raise ModelLoadError(f"{index} is corrupt ({e}); restore it from the original checkpoint.") from None
+        files = [folder / s for s in shards]
+    else:
+        files = [folder / "model.safetensors"]
+    for f in files:
+        if not f.is_file():
+            pickled = [u for u in UNSAFE_WEIGHTS if (folder / u).exists()]
+            hint = (
+                f" The folder has {pickled[0]}, a pickle format fastdecode does not load because unpickling can run "
+                "code; convert it to safetensors (transformers: model.save_pretrained(dir, safe_serialization=True))."
+                if pickled else ""
+            )
+            raise ModelLoadError(f"Weights file {f} is missing.{hint}")
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                for key in handle.keys():
+                    handle.get_slice(key)  # reads the header entry; fails on a truncated file
+        except Exception as e:  # safetensors raises several error types for a damaged file
+            raise ModelLoadError(f"Weights file {f} is corrupt or truncated ({e}); download or export it again.") from None
+    return files
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    try:
+        return json.loads((folder / "config.json").read_text())
+    except ValueError as e:
+        raise ModelLoadError(f"{folder / 'config.json'} is not valid JSON ({e}).") from None
+
+
+def detect_kind(cfg: dict[str, Any]) -> str:
+    model_type = str(cfg.get("model_type", "")).lower()
+    if model_type in DIFFUSION_MODEL_TYPES or cfg.get("mask_token_id") is not None and "ForCausalLM" not in " ".join(cfg.get("architectures") or []):
+        return "diffusion"
+    if any(a.endswith("ForCausalLM") for a in cfg.get("architectures") or []) or model_type in CONFIG_MAPPING:
+        return "causal"
+    raise ModelLoadError(f"Cannot tell whether model_type {model_type!r} is a causal or a masked-diffusion LM; pass kind='causal' or kind='diffusion'.")
+
+
+def pick_device_dtype(device: str | torch.device | None, dtype: str | torch.dtype | None) -> tuple[torch.device, torch.dtype]:
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ModelLoadError(f"Unknown dtype {dtype!r}. {close_names(dtype, DTYPES)}")
+        dtype = DTYPES[dtype]
+    if dtype is None:
+        dtype = torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    return dev, dtype
+
+
+def load(
+    source: str | Path,
+    *,
+    kind: str | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    trust_remote_code: bool = False,
+) -> CausalLM | MaskedDiffusionLM:
+    """Load model and tokenizer from a local Hugging Face folder or `zoo:NAME`.
+
+    The kind (causal or diffusion) is detected from config.json; weights must be safetensors. The device
+    defaults to CUDA when present, the dtype to bfloat16 on CUDA and float32 on CPU. `trust_remote_code`
+    stays off unless asked: checkpoints such as LLaDA and Dream ship their own modelling code and need it.
+    """
+    folder = resolve(source)
+    cfg = read_config(folder)
+    kind = kind or detect_kind(cfg)
+    if kind not in ("causal", "diffusion"):
+        raise ModelLoadError(f"kind must be 'causal' or 'diffusion', not {kind!r}.")
+    model_type = str(cfg.get("model_type", ""))
+    if model_type not in CONFIG_MAPPING and not trust_remote_code:
+        raise ModelLoadError(
+            f"{folder} has model_type {model_type!r}, whose modelling code is not part of transformers but ships in "
+            "the folder. Loading it runs that code: pass trust_remote_code=True (CLI: --trust-remote-code) only if you trust it."
+        )
+    check_weights(folder)
+    dev, dt = pick_device_dtype(device, dtype)
+    auto = AutoModelForCausalLM if kind == "causal" else AutoModel
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # the library never prints
+    try:
+        model, info = auto.from_pretrained(
+            folder, dtype=dt, use_safetensors=True, trust_remote_code=trust_remote_code, output_loading_info=True
+        )
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        raise ModelLoadError(f"Could not load {folder}: {e}") from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    if info.get("missing_keys"):
+        missing = sorted(info["missing_keys"])
+        raise ModelLoadError(f"{folder} lacks weights for {len(missing)} parameters (e.g. {missing[0]}); the checkpoint is incomplete or does not match config.json.")
+    model.to(dev)
+    tokenizer = _load_tokenizer(folder, trust_remote_code)
+    name = str(source)
+    if kind == "causal":
+        return CausalLM(model, tokenizer, name)
+    return MaskedDiffusionLM(model, tokenizer, name, mask_token_id=_mask_token_id(cfg, tokenizer, folder),
+                             shifted=_shifted(cfg, model_type))
+
+
+def _load_tokenizer(folder: Path, trust_remote_code: bool) -> Any:
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"The tokenizer files in {folder} could not be loaded ({e}).") from None
+
+
+def _mask_token_id(cfg: dict[str, Any], tokenizer: Any, folder: Path) -> int:
+    if isinstance(cfg.get("mask_token_id"), int):
+        return cfg["mask_token_id"]
+    if tokenizer is not None and getattr(tokenizer, "mask_token_id", None) is not None:
+        return int(tokenizer.mask_token_id)
+    raise ModelLoadError(f"{folder} is a masked-diffusion model but neither config.json nor the tokenizer names a mask token; add mask_token_id to config.json.")
+
+
+def _shifted(cfg: dict[str, Any], model_type: str) -> bool:
+    if isinstance(cfg.get("logits_shift"), bool):
+        return cfg["logits_shift"]
+    return bool(DIFFUSION_MODEL_TYPES.get(model_type.lower(), False))

@@ -1,0 +1,177 @@
+"""A small LLaDA-style masked-diffusion LM: a Llama-shaped transformer with bidirectional attention.
+
+Its parameter names equal `LlamaForCausalLM`'s, so an AR checkpoint initialises it directly (the
+AR-to-diffusion adaptation of Dream / DiffuLLaMA). Importing fastdecode registers it with
+`AutoConfig` / `AutoModel`, so `from_pretrained` loads it without remote code.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import MaskedLMOutput
+
+
+class MDLMConfig(PretrainedConfig):
+    model_type = "fastdecode_mdlm"
+
+    def __init__(
+        self,
+        vocab_size: int = 4096,
+        hidden_size: int = 256,
+        intermediate_size: int = 768,
+        num_hidden_layers: int = 4,
+        num_attention_heads: int = 4,
+        num_key_value_heads: int | None = None,
+        max_position_embeddings: int = 512,
+        rms_norm_eps: float = 1e-5,
+        rope_theta: float = 10000.0,
+        mask_token_id: int = 3,
+        logits_shift: bool = False,
+        tie_word_embeddings: bool = False,
+        **kwargs,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.max_position_embeddings = max_position_embeddings
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        self.mask_token_id = mask_token_id
+        self.logits_shift = logits_shift  # False: logits at the same position (LLaDA); True: shifted (Dream)
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin `[B, 1, L, D]` in Llama's half-rotation layout."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    freqs = positions.float()[..., None] * inv_freq  # [B, L, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: MDLMConfig) -> None:
+        super().__init__()
+        self.h, self.kvh = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.d = cfg.hidden_size // cfg.num_attention_heads
+        self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kvh * self.d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kvh * self.d, bias=False)
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        B, L, _ = x.shape
+        q = self.q_proj(x).view(B, L, self.h, self.d).transpose(1, 2)  # [B, H, L, D]
+        k = self.k_proj(x).view(B, L, self.kvh, self.d).transpose(1, 2)
+        v = self.v_proj(x).view(B, L, self.kvh, self.d).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if self.kvh != self.h:
+            k, v = (t.repeat_interleave(self.h // self.kvh, dim=1) for t in (k, v))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)  # bidirectional
+        return self.o_proj(y.transpose(1, 2).reshape(B, L, self.h * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: MDLMConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: MDLMConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: MDLMConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class MDLMForMaskedDiffusion(PreTrainedModel):
+    config_class = MDLMConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["Block"]
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: MDLMConfig) -> None:
+        super().__init__(config)
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, L]
+        attention_mask: torch.Tensor | None = None,  # [B, L], 0 = padding (never attended to)
+        position_ids: torch.Tensor | None = None,  # [B, L]
+        **_: object,
+    ) -> MaskedLMOutput:
+        cfg = self.config
+        x = self.model.embed_tokens(input_ids)
+        if position_ids is None:
+            if attention_mask is None:
+                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+            else:
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        cos, sin = rope(position_ids, cfg.hidden_size // cfg.num_attention_heads, cfg.rope_theta, x.dtype)
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # [B, 1, 1, L]
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask)
+        return MaskedLMOutput(logits=self.lm_head(self.model.norm(x)))
+
+
+AutoConfig.register(MDLMConfig.model_type, MDLMConfig, exist_ok=True)
+AutoModel.register(MDLMConfig, MDLMForMaskedDiffusion, exist_ok=True)
+AutoModelForMaskedLM.register(MDLMConfig, MDLMForMaskedDiffusion, exist_ok=True)

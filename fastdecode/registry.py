@@ -1,0 +1,72 @@
+"""The method registry: `@register("ar.greedy", ...)` on a driver; CLI, bench and tests enumerate it."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .config import MethodConfig
+from .errors import UnknownMethodError, close_names
+from .types import ModelKind, PromptBatch, StepEvent
+
+# A driver runs one method: it owns every model call and yields one event per step.
+Driver = Callable[[Any, PromptBatch, MethodConfig, "RunContext"], Iterator[StepEvent]]
+
+# Packages whose modules register built-in methods on import.
+_BUILTIN_PACKAGES = ("fastdecode.ar",)
+_METHODS: dict[str, Method] = {}
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Run-time objects a driver may need that are not configuration values."""
+
+    generator: Any = None  # torch.Generator for sampling methods, or None
+    draft: Any = None  # drafter model adapter for methods that take one
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    kind: ModelKind
+    config: type[MethodConfig]
+    driver: Driver
+    description: str
+    lossless: bool  # greedy output equals ar.greedy / dlm.baseline token for token
+
+    def params(self) -> list[tuple[str, Any]]:
+        """(name, default) for each parameter."""
+        return [(f.name, f.default) for f in dataclasses.fields(self.config)]
+
+
+def register(name: str, *, kind: ModelKind, config: type[MethodConfig], lossless: bool = False) -> Callable[[Driver], Driver]:
+    """Register `driver` under `name`; the first line of its docstring is the description."""
+
+    def wrap(driver: Driver) -> Driver:
+        if name in _METHODS:
+            raise ValueError(f"method {name!r} is registered twice")
+        doc = (driver.__doc__ or "").strip().splitlines()
+        _METHODS[name] = Method(name, kind, config, driver, doc[0] if doc else "", lossless)
+        return driver
+
+    return wrap
+
+
+def _load_builtins() -> None:
+    for package in _BUILTIN_PACKAGES:
+        importlib.import_module(package)
+
+
+def get_method(name: str) -> Method:
+    _load_builtins()
+    if name not in _METHODS:
+        raise UnknownMethodError(f"Unknown method {name!r}. {close_names(name, _METHODS)} (`fastdecode methods` lists them.)")
+    return _METHODS[name]
+
+
+def list_methods(kind: ModelKind | None = None) -> list[Method]:
+    _load_builtins()
+    return [m for _, m in sorted(_METHODS.items()) if kind is None or m.kind == kind]

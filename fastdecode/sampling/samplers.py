@@ -1,0 +1,16 @@
+"""Logits -> tokens. Sampling always takes an explicit torch.Generator so runs repeat."""
+
+from __future__ import annotations
+
+import torch
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """`[B, V]` -> `[B]` argmax (ties go to the lowest id, as torch.argmax does)."""
+    return logits.argmax(dim=-1)
+
+
+def sample(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """`[B, V]` -> `[B]` one draw from softmax(logits) per row."""
+    probs = logits.float().softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -1,0 +1,30 @@
+"""Every registered method runs on a compatible tiny model and yields valid Stats."""
+
+from __future__ import annotations
+
+import pytest
+
+import fastdecode
+
+METHODS = [m.name for m in fastdecode.methods()]
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_method_runs_and_stats_are_consistent(name, causal, diffusion):
+    method = fastdecode.get_method(name)
+    model = causal if method.kind == "causal" else diffusion
+    results = fastdecode.generate(model, ["the quick brown", "def"], name, max_new_tokens=12)
+    for r in results:
+        s = r.stats
+        assert 1 <= s.new_tokens == len(r.token_ids) <= 12
+        assert s.forwards >= 1 and s.tokens_per_forward == pytest.approx(s.new_tokens / s.forwards)
+        assert s.accepted <= s.proposed or s.proposed == 0
+        assert s.wall_s > 0 and s.tokens_per_s > 0 and s.peak_rss_mb > 0
+        assert s.prompt_tokens == len(r.prompt_ids)
+        assert all(t not in model.eos_token_ids for t in r.token_ids[:-1])
+        assert method.description
+
+
+def test_every_method_documents_its_parameters():
+    for m in fastdecode.methods():
+        assert m.params()[0][0] == "max_new_tokens"

@@ -1,0 +1,119 @@
+"""Every bad input raises the intended error with a message that says how to fix it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import fastdecode
+from fastdecode import IncompatibleMethodError, ModelLoadError, ParameterError, PromptError, UnknownMethodError
+
+
+def test_unknown_method_lists_close_names(causal):
+    with pytest.raises(UnknownMethodError, match=r"Did you mean 'ar.greedy'"):
+        fastdecode.generate(causal, "hi", "ar.gredy")
+
+
+def test_method_that_does_not_fit_the_model_kind(diffusion):
+    with pytest.raises(IncompatibleMethodError, match=r"needs a causal model.*diffusion model"):
+        fastdecode.generate(diffusion, "hi", "ar.greedy")
+
+
+@pytest.mark.parametrize(
+    "params, pattern",
+    [
+        ({"max_new_token": 5}, r"Unknown parameter 'max_new_token'.*Did you mean 'max_new_tokens'"),
+        ({"temprature": 0.5}, r"Did you mean 'temperature'"),
+        ({"max_new_tokens": 0}, r"max_new_tokens=0 is invalid: it must be at least 1"),
+        ({"top_p": 1.5}, r"top_p=1.5 is invalid: it must be in \(0, 1\]"),
+        ({"temperature": -1}, r"temperature=-1.0 is invalid"),
+        ({"top_k": "many"}, r"top_k='many' is invalid: expected a value of type int"),
+        ({"top_k": 2.5}, r"expected a value of type int"),
+    ],
+)
+def test_bad_parameters(causal, params, pattern):
+    with pytest.raises(ParameterError, match=pattern):
+        fastdecode.generate(causal, "hi", "ar.sample", **params)
+
+
+def test_string_parameters_are_coerced(causal):
+    r = fastdecode.generate(causal, "hi", "ar.sample", max_new_tokens="3", top_k="2", seed="1", temperature="0.7")
+    assert len(r.token_ids) <= 3
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n", []])
+def test_empty_prompt(causal, prompt):
+    with pytest.raises(PromptError, match=r"empty|no tokens|No prompts"):
+        fastdecode.generate(causal, prompt)
+
+
+def test_empty_prompt_in_batch_names_it(causal):
+    with pytest.raises(PromptError, match=r"Prompt 1 is empty"):
+        fastdecode.generate(causal, ["fine", ""])
+
+
+def test_prompt_plus_max_tokens_too_long(causal):
+    limit = causal.max_positions
+    with pytest.raises(PromptError, match=r"more than the model's 128 positions.*at most"):
+        fastdecode.generate(causal, list(range(5, 5 + limit - 10)), max_new_tokens=20)
+
+
+def test_missing_folder():
+    with pytest.raises(ModelLoadError, match=r"does not exist"):
+        fastdecode.load("/no/such/model")
+
+
+def test_unknown_zoo_name():
+    with pytest.raises(ModelLoadError, match=r"No zoo model named"):
+        fastdecode.load("zoo:not-a-model")
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"no config.json"):
+        fastdecode.load(tmp_path)
+
+
+def test_missing_weights(tmp_path, causal_dir):
+    shutil.copytree(causal_dir, tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match=r"model.safetensors is missing"):
+        fastdecode.load(tmp_path / "m")
+
+
+def test_pickled_weights_are_refused(tmp_path, causal_dir):
+    shutil.copytree(causal_dir, tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").rename(tmp_path / "m" / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match=r"pytorch_model.bin, a pickle format.*safetensors"):
+        fastdecode.load(tmp_path / "m")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_corrupt_weights(tmp_path, causal_dir, damage):
+    shutil.copytree(causal_dir, tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"\x00garbage" * 10)
+    with pytest.raises(ModelLoadError, match=r"corrupt or truncated"):
+        fastdecode.load(tmp_path / "m")
+
+
+def test_remote_code_stays_off(tmp_path, causal_dir):
+    shutil.copytree(causal_dir, tmp_path / "m")
+    cfg_path = tmp_path / "m" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["model_type"] = "llada"
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"trust_remote_code=True"):
+        fastdecode.load(tmp_path / "m")
+
+
+def test_weights_that_do_not_match_config(tmp_path, causal_dir):
+    shutil.copytree(causal_dir, tmp_path / "m")
+    cfg_path = tmp_path / "m" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["num_hidden_layers"] = 3  # one layer more than the weights hold
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"lacks weights"):
+        fastdecode.load(tmp_path / "m")
