@@ -83,6 +83,54 @@ def info(
     out.print(table)
 
 
+@app.command()
+def demo(items: Annotated[int, typer.Option(help="Test items per task.")] = 8) -> None:
+    """Run every bundled zoo model with every fitting method on a few test items; print one table."""
+    from fastdecode.bench.demo import DEMO_TASKS, demo_rows
+
+    table = Table(title="fastdecode demo: zoo models on held-out test items (batched, this machine)")
+    for col in ("model", "method", "task", "accuracy", "tok/forward", "tok/s"):
+        table.add_column(col, justify="left" if col in ("model", "method", "task") else "right")
+    with err.status("running the demo") as status:
+        for row in demo_rows(items):
+            status.update(f"{row.model} · {row.method} · {row.task}")
+            table.add_row(row.model, row.method, row.task, f"{row.accuracy:.0%}", f"{row.tokens_per_forward:.2f}", f"{row.tokens_per_s:.0f}")
+    out.print(table)
+    err.print(f"[dim]{items} items per task from the default test seed; tasks: {', '.join(DEMO_TASKS)}[/dim]")
+
+
+@app.command()
+def train(
+    name: Annotated[str, typer.Argument(help="Zoo model: ar-small, ar-tiny or dlm-small.")],
+    out_dir: Annotated[Optional[str], typer.Option("--out", help="Output folder (default: the package's zoo/NAME).")] = None,
+    seed: Annotated[int, typer.Option(help="Training seed.")] = 0,
+    threads: Annotated[int, typer.Option(help="torch CPU threads (results depend on it).")] = 2,
+    steps: Annotated[Optional[int], typer.Option(help="Override the recipe's step count (for trials).")] = None,
+    eval_items: Annotated[int, typer.Option(help="Test items per task for the model card.")] = 50,
+) -> None:
+    """Reproduce a zoo model from its recipe and a seed, then evaluate it and write its card."""
+    from pathlib import Path
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from fastdecode.train.recipes import get_recipe
+    from fastdecode.train.zoo import build, zoo_folder
+
+    recipe = get_recipe(name)
+    folder = Path(out_dir) if out_dir else zoo_folder(name)
+    command = f"fastdecode train {name} --seed {seed} --threads {threads}" + (f" --steps {steps}" if steps else "")
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err) as bar:
+        task = bar.add_task(f"training {name}", total=steps or recipe.steps, loss=float("nan"))
+        metrics = build(recipe, folder, seed, threads, steps, eval_items, command,
+                        progress=lambda s, total, loss: bar.update(task, completed=s, loss=loss),
+                        status=lambda msg: bar.console.print(msg))
+    out_metrics = {k: v for k, v in metrics.items() if k != "code_samples"}
+    out.print_json(json.dumps(out_metrics))
+    err.print(f"saved {folder} (card: {folder / 'README.md'})")
+
+
 def main() -> None:
     """Entry point: run the app, turning library errors into one clear line and exit code 2."""
     from fastdecode.errors import FastDecodeError

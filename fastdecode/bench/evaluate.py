@@ -1,0 +1,64 @@
+"""Model quality on the test split: task accuracy, code bits per byte, drafter/target agreement."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ..engine import generate
+from ..models.base import ModelAdapter
+from .tasks import DEFAULT_TEST_SEED, TASKS, Item, format_prompt
+
+DETERMINISTIC_LIST_TASKS = [n for n, t in TASKS.items() if t.family in ("lists", "letters") and t.deterministic]
+
+
+def task_accuracy(
+    model: ModelAdapter, task_name: str, n: int, method: str, params: dict | None = None,
+    seed: int = DEFAULT_TEST_SEED, batch_size: int = 25, on_batch: Callable[[int], None] | None = None,
+) -> float:
+    """Mean score of `method` on the first n test items of a task (batched generation)."""
+    task = TASKS[task_name]
+    items = task.items(seed, n)
+    params = {"max_new_tokens": task.max_new_tokens, **(params or {})}
+    total = 0.0
+    for start in range(0, n, batch_size):
+        chunk = items[start : start + batch_size]
+        results = generate(model, [format_prompt(i.prompt) for i in chunk], method, **params)
+        total += sum(task.score(i, r.text) for i, r in zip(chunk, results))
+        if on_batch is not None:
+            on_batch(len(chunk))
+    return total / n
+
+
+def _teacher_forced(model: ModelAdapter, item: Item) -> tuple[torch.Tensor, list[int], int]:
+    """Logits `[T, V]` over prompt + reference, the ids, and where the reference starts."""
+    prompt = model.encode(format_prompt(item.prompt))
+    ids = prompt + model.tokenizer(item.reference, add_special_tokens=False)["input_ids"]
+    x = torch.tensor([ids], device=model.device)
+    logits = model.forward(x, torch.arange(len(ids), device=model.device)[None])[0]
+    return logits, ids, len(prompt)
+
+
+def bits_per_byte(model: ModelAdapter, items: Sequence[Item]) -> float:
+    """Cross-entropy of the reference continuations in bits, divided by their UTF-8 bytes."""
+    bits, nbytes = 0.0, 0
+    for item in items:
+        logits, ids, start = _teacher_forced(model, item)
+        logp = logits[start - 1 : -1].log_softmax(-1)  # predicts ids[start:]
+        target = torch.tensor(ids[start:], device=logp.device)
+        bits += -logp.gather(1, target[:, None]).sum().item() / math.log(2)
+        nbytes += len(item.reference.encode())
+    return bits / nbytes
+
+
+def greedy_agreement(draft: ModelAdapter, target: ModelAdapter, items: Sequence[Item]) -> float:
+    """Share of reference positions where the two models' teacher-forced argmax tokens agree."""
+    agree = total = 0
+    for item in items:
+        a, _, start = _teacher_forced(draft, item)
+        b, _, _ = _teacher_forced(target, item)
+        agree += (a[start - 1 :].argmax(-1) == b[start - 1 :].argmax(-1)).sum().item()
+        total += a.shape[0] - start + 1
+    return agree / total

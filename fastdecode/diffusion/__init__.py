@@ -1,0 +1,3 @@
+"""Masked-diffusion decoding (LLaDA-style canvases). Importing registers `dlm.*`."""
+
+from . import baseline  # noqa: F401

@@ -1,0 +1,129 @@
+"""Train a zoo model from a recipe and a seed; the loss log and progress go to a callback."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from ..bench.tasks import TASKS
+from ..bench.tasks.code import training_sources
+from ..models.mdlm import MDLMConfig, MDLMForMaskedDiffusion
+from .data import DEFAULT_MIXTURE, Example, batches, collate, encode, item_stream
+from .recipes import Recipe
+from .tokenizer import SPECIAL_TOKENS, train_tokenizer
+
+Progress = Callable[[int, int, float], None]  # (step, total, loss)
+MAX_POSITIONS = 512
+
+
+def tokenizer_corpus(seed: int, mixture: dict[str, float], n_items: int = 6000, code_chars: int = 3_000_000) -> list[str]:
+    """Texts the BPE is trained on: task prompts and answers plus training-module source."""
+    items = itertools.islice(item_stream(mixture, seed), n_items)
+    texts = [f"{i.prompt}\n{i.reference}" for i in items]
+    total = 0
+    for _, source in sorted(training_sources()):
+        texts.append(source)
+        total += len(source)
+        if total > code_chars:
+            break
+    return texts
+
+
+def build_model(recipe: Recipe, tokenizer) -> torch.nn.Module:
+    shape = dict(
+        vocab_size=len(tokenizer), hidden_size=recipe.hidden_size, intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers, num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_kv_heads, max_position_embeddings=MAX_POSITIONS,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+    )
+    if recipe.objective == "ar":
+        return LlamaForCausalLM(LlamaConfig(**shape))
+    return MDLMForMaskedDiffusion(MDLMConfig(mask_token_id=tokenizer.mask_token_id, **shape))
+
+
+def lr_at(step: int, recipe: Recipe) -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak."""
+    if step < recipe.warmup:
+        return recipe.lr * (step + 1) / recipe.warmup
+    progress = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
+    return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def ar_loss(model, ids, attention, answer) -> torch.Tensor:
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # [B, T-1, V]
+    target = ids[:, 1:].masked_fill(~answer[:, 1:], -100)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+
+
+def mdlm_loss(model, ids, attention, answer, mask_id: int, gen: torch.Generator, eps: float = 1e-3) -> torch.Tensor:
+    """LLaDA SFT: mask answer tokens with p ~ U(eps, 1), CE on masked tokens weighted 1/p, per answer length."""
+    B, T = ids.shape
+    p = (1 - eps) * torch.rand(B, 1, generator=gen) + eps  # [B, 1]
+    masked = answer & (torch.rand(B, T, generator=gen) < p)  # [B, T]
+    logits = model(input_ids=ids.masked_fill(masked, mask_id), attention_mask=attention).logits  # [B, T, V]
+    ce = F.cross_entropy(logits.transpose(1, 2), ids, reduction="none")  # [B, T]
+    per_row = (ce * masked / p).sum(1) / answer.sum(1).clamp(min=1)
+    return per_row.mean()
+
+
+def examples(recipe: Recipe, tokenizer, seed: int):
+    mixture = {**DEFAULT_MIXTURE, **recipe.mixture}
+    pad_answers = recipe.objective == "mdlm"
+    for item in item_stream(mixture, seed):
+        yield encode(tokenizer, item, TASKS[item.task].max_new_tokens if pad_answers else None)
+
+
+def train(recipe: Recipe, tokenizer, seed: int, init: torch.nn.Module | None = None,
+          steps: int | None = None, progress: Progress | None = None) -> tuple[torch.nn.Module, list[dict]]:
+    """Train and return (model, loss log). Deterministic for a given seed and thread count."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    model = build_model(recipe, tokenizer)
+    if init is not None:
+        missing, _ = model.load_state_dict(init.state_dict(), strict=False)
+        if missing:
+            raise ValueError(f"initialisation lacks {missing[:3]}")
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=recipe.lr, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(seed)
+    stream = batches(examples(recipe, tokenizer, seed), recipe.batch_tokens, seed=seed)
+    total = steps or recipe.steps
+    log: list[dict] = []
+    start = time.perf_counter()
+    for step in range(total):
+        ids, attention, answer = collate(next(stream), tokenizer.pad_token_id, recipe.max_len)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, recipe)
+        if recipe.objective == "ar":
+            loss = ar_loss(model, ids, attention, answer)
+        else:
+            loss = mdlm_loss(model, ids, attention, answer, tokenizer.mask_token_id, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        log.append({"step": step, "loss": round(loss.item(), 4), "lr": group["lr"], "tokens": int(ids.numel()),
+                    "elapsed_s": round(time.perf_counter() - start, 1)})
+        if progress is not None:
+            progress(step + 1, total, loss.item())
+    model.eval()
+    return model, log
+
+
+def make_tokenizer(recipe: Recipe, seed: int):
+    return train_tokenizer(tokenizer_corpus(seed, {**DEFAULT_MIXTURE, **recipe.mixture}), recipe.vocab_size)
+
+
+__all__ = ["Example", "MAX_POSITIONS", "SPECIAL_TOKENS", "build_model", "make_tokenizer", "train", "Path"]

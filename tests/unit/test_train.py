@@ -1,0 +1,68 @@
+"""Training pieces: encoding matches inference, no test prompt leaks, batching, both objectives learn."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+import fastdecode
+from fastdecode.bench.tasks import TASKS, format_prompt
+from fastdecode.train.data import DEFAULT_MIXTURE, batches, collate, encode, item_stream, held_out_prompts
+from fastdecode.train.loop import ar_loss, build_model, mdlm_loss, train
+from fastdecode.train.recipes import RECIPES, Recipe
+
+
+def test_encoding_matches_what_inference_feeds(tokenizer):
+    item = TASKS["letters.reverse"].items(0, 1)[0]
+    ex = encode(tokenizer, item)
+    assert ex.ids[: ex.prompt_len] == tokenizer(format_prompt(item.prompt))["input_ids"]
+    assert ex.ids[-1] == tokenizer.eos_token_id and ex.ids[0] == tokenizer.bos_token_id
+    padded = encode(tokenizer, item, answer_pad_to=200)
+    assert len(padded.ids) == padded.prompt_len + 200 and padded.ids[-1] == tokenizer.eos_token_id
+
+
+def test_training_stream_uses_no_test_prompt():
+    banned = held_out_prompts(50)
+    mixture = {k: v for k, v in DEFAULT_MIXTURE.items() if not k.startswith("code.")}
+    seen = [i.prompt for i in itertools.islice(item_stream(mixture, seed=0), 600)]
+    assert not banned.intersection(seen)
+    assert len({i.split(":")[0] for i in seen}) > 5  # a real mixture of tasks
+
+
+def test_batches_respect_the_token_budget(tokenizer):
+    mixture = {"letters.copy": 1.0, "lists.sort": 1.0}
+    stream = (encode(tokenizer, i) for i in item_stream(mixture, seed=1))
+    for batch in itertools.islice(batches(stream, max_tokens=600, pool=64), 20):
+        ids, attention, answer = collate(batch, tokenizer.pad_token_id, max_len=384)
+        assert ids.numel() <= 600 or len(batch) == 1
+        assert (answer <= attention.bool()).all() and answer.any()
+
+
+TINY = Recipe("t", "ar", 32, 1, 2, 1, 64, steps=30, lr=3e-3, warmup=5, batch_tokens=512,
+              mixture={k: 0.0 for k in DEFAULT_MIXTURE} | {"letters.copy": 1.0})
+
+
+def test_ar_training_lowers_the_loss(tokenizer):
+    _, log = train(TINY, tokenizer, seed=0)
+    first, last = log[0]["loss"], sum(r["loss"] for r in log[-5:]) / 5
+    assert last < first - 1.0
+
+
+def test_mdlm_loss_counts_only_masked_answer_tokens(tokenizer):
+    model = build_model(Recipe("m", "mdlm", 32, 1, 2, 1, 64, steps=1, lr=1e-3), tokenizer)
+    ids = torch.randint(4, 200, (2, 12))
+    attention = torch.ones_like(ids)
+    no_answer = torch.zeros_like(ids, dtype=torch.bool)
+    gen = torch.Generator().manual_seed(0)
+    assert mdlm_loss(model, ids, attention, no_answer, tokenizer.mask_token_id, gen).item() == 0.0
+    answer = no_answer.clone()
+    answer[:, 6:] = True
+    assert mdlm_loss(model, ids, attention, answer, tokenizer.mask_token_id, gen).item() > 0.0
+    assert ar_loss(build_model(TINY, tokenizer), ids, attention, answer).item() > 0.0
+
+
+def test_recipes_are_consistent():
+    assert {"ar-small", "ar-tiny", "dlm-small"} <= set(RECIPES)
+    assert RECIPES["dlm-small"].init_from == "ar-small"
+    assert fastdecode.methods("causal")
