@@ -29,6 +29,7 @@ def generate(
     param: Annotated[list[str], typer.Option("--param", help="Method parameter name=value; repeatable.")] = [],  # noqa: B006
     max_new_tokens: Annotated[Optional[int], typer.Option(help="Shortcut for --param max_new_tokens=N.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print results as JSON lines.")] = False,
+    draft: Annotated[Optional[str], typer.Option(help="Draft model folder or zoo:NAME, for methods that take one.")] = None,
     trust_remote_code: RemoteOpt = False,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
@@ -43,7 +44,8 @@ def generate(
     fastdecode.get_method(method)  # fail on a bad method name before loading the model
     with err.status(f"loading {model}"):
         m = fastdecode.load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-    results = fastdecode.generate(m, list(prompt), method, **params)
+        d = fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code) if draft else None
+    results = fastdecode.generate(m, list(prompt), method, draft=d, **params)
     for r in results:
         if as_json:
             out.print_json(json.dumps({"text": r.text, "token_ids": r.token_ids, "method": r.method, "stats": r.stats.to_dict()}))
@@ -83,20 +85,148 @@ def info(
     out.print(table)
 
 
-@app.command()
-def demo(items: Annotated[int, typer.Option(help="Test items per task.")] = 8) -> None:
-    """Run every bundled zoo model with every fitting method on a few test items; print one table."""
-    from fastdecode.bench.demo import DEMO_TASKS, demo_rows
+def _progress_bar():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    table = Table(title="fastdecode demo: zoo models on held-out test items (batched, this machine)")
-    for col in ("model", "method", "task", "accuracy", "tok/forward", "tok/s"):
-        table.add_column(col, justify="left" if col in ("model", "method", "task") else "right")
-    with err.status("running the demo") as status:
-        for row in demo_rows(items):
-            status.update(f"{row.model} · {row.method} · {row.task}")
-            table.add_row(row.model, row.method, row.task, f"{row.accuracy:.0%}", f"{row.tokens_per_forward:.2f}", f"{row.tokens_per_s:.0f}")
-    out.print(table)
-    err.print(f"[dim]{items} items per task from the default test seed; tasks: {', '.join(DEMO_TASKS)}[/dim]")
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    return Progress(*columns, console=err)
+
+
+def _command(name: str, *args: str, **options) -> str:
+    """The canonical command line for a run, written into results and reports so that they can be reproduced."""
+    import shlex
+
+    parts = ["fastdecode", name, *args]
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif isinstance(value, (list, tuple)):
+            if value and key == "param":
+                parts += [a for v in value for a in (flag, v)]
+            elif value:
+                parts += [flag, *map(str, value)]
+        elif value not in (None, False):
+            parts += [flag, str(value)]
+    return shlex.join(parts)
+
+
+def _describe(progress) -> str:
+    job = progress.job
+    what = f"{job.method} · {job.task.name}" if job is not None else ""
+    return f"warm-up {what}" if progress.phase == "warmup" else what
+
+
+def _print_summaries(summaries, title: str) -> None:
+    """One table per (suite, model), baseline first."""
+    groups: dict[tuple[str, str], list] = {}
+    for s in summaries:
+        groups.setdefault((s.suite, s.model), []).append(s)
+    for (suite, model), group in groups.items():
+        table = Table(title=f"{title}\n{suite} · {model}")
+        for col in ("method", "accuracy", "TPF", "fwd/item", "tok/s", "speed-up", "= base", "items"):
+            table.add_column(col, justify="left" if col == "method" else "right")
+        for s in group:
+            table.add_row(s.label + (" (baseline)" if s.is_baseline else ""), f"{s.accuracy:.0%}", f"{s.tpf:.2f}",
+                          f"{s.forwards_per_item:.1f}", f"{s.tokens_per_s:.0f}", f"{s.speedup:.2f}×" if s.speedup else "—",
+                          f"{s.equal_rate:.0%}" if s.equal_rate is not None else "—", str(s.items))
+        out.print(table)
+
+
+@app.command()
+def bench(
+    suite: Annotated[str, typer.Option(help="Suite: parallel-lists, puzzles, code or quick.")],
+    model: ModelOpt,
+    methods: Annotated[list[str], typer.Option("--methods", help="Methods to run: --methods m1 m2 ... (the baseline is added).")],
+    out_path: Annotated[str, typer.Option("--out", help="Results JSONL; re-running with the same file resumes it.")],
+    draft: Annotated[Optional[str], typer.Option(help="Draft model folder or zoo:NAME (hf.assisted needs one).")] = None,
+    param: Annotated[list[str], typer.Option("--param", help="method.name=value, e.g. ar.sample.seed=1; repeatable.")] = [],  # noqa: B006
+    limit: Annotated[Optional[int], typer.Option(help="At most N items per task.")] = None,
+    seeds: Annotated[Optional[list[int]], typer.Option("--seeds", help="Test seeds (>= 1000000) to draw items from: --seeds S1 S2 ...")] = None,
+    warmup: Annotated[bool, typer.Option(help="One unrecorded generation per method first.")] = True,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice); recorded in each row.")] = None,
+    trust_remote_code: RemoteOpt = False,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+) -> None:
+    """Run methods on a suite's test items, one generation at a time, one JSONL row each (resumable)."""
+    import torch
+
+    from fastdecode.bench.harness import read_rows, run_bench, split_params
+    from fastdecode.bench.report import summarize
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    command = _command("bench", suite=suite, model=model, draft=draft, methods=methods, param=param, limit=limit,
+                       seeds=seeds, out=out_path, threads=threads, device=device, dtype=dtype,
+                       no_warmup=not warmup, trust_remote_code=trust_remote_code)
+    load_kwargs = {"device": device, "dtype": dtype, "trust_remote_code": trust_remote_code}
+    with _progress_bar() as bar:
+        task = bar.add_task(f"loading {model}", total=None)
+
+        def on_progress(p) -> None:
+            bar.update(task, total=p.total, completed=p.done, description=_describe(p))
+
+        try:
+            summary = run_bench(suite, model, methods, out_path, draft=draft, params=split_params(param), seeds=seeds,
+                                limit=limit, warmup=warmup, command=command, load_kwargs=load_kwargs, on_progress=on_progress)
+        except KeyboardInterrupt:
+            bar.stop()
+            err.print(f"interrupted: the rows finished so far are in {out_path}; run the same command again to resume.")
+            raise typer.Exit(130) from None
+    rows = [r for r in read_rows(out_path) if r["suite"] == suite and r["model"] == model]
+    _print_summaries(summarize(rows), "this file, this machine")
+    err.print(f"{summary.written} rows written, {summary.skipped} already there: {out_path}. "
+              f"Full report: fastdecode report {out_path} --plots DIR")
+
+
+@app.command()
+def report(
+    files: Annotated[list[str], typer.Argument(help="Results JSONL files from `fastdecode bench`.")],
+    out_path: Annotated[Optional[str], typer.Option("--out", help="Write the Markdown here (e.g. docs/RESULTS.md).")] = None,
+    plots: Annotated[Optional[str], typer.Option(help="Folder for the PNG plots.")] = None,
+) -> None:
+    """Tables (accuracy, TPF, tokens/s, speed-up, = baseline), the leaderboard figure and plots from bench results."""
+    from rich.markdown import Markdown
+
+    from fastdecode.bench.report import build_report
+
+    command = _command("report", *files, out=out_path, plots=plots)
+    result = build_report(files, out=out_path, plots_dir=plots, command=command)
+    if out.is_terminal:
+        out.print(Markdown(result.markdown))
+    else:
+        out.print(result.markdown, markup=False, highlight=False, soft_wrap=True)
+    for path in [*([out_path] if out_path else []), *map(str, result.plots)]:
+        err.print(f"wrote {path}")
+
+
+@app.command()
+def demo(
+    limit: Annotated[Optional[int], typer.Option(help="At most N items per task (default: the quick suite's).")] = None,
+    out_dir: Annotated[str, typer.Option("--out", help="Folder for results.jsonl, report.md and the plots.")] = "runs/demo",
+    resume: Annotated[bool, typer.Option(help="Keep the rows of an earlier demo run instead of measuring again.")] = False,
+) -> None:
+    """Run the quick suite on the bundled zoo models with the baselines and reference methods; print the table."""
+    from fastdecode.bench.demo import require_models, run_demo, zoo_plan
+
+    plan, notes = zoo_plan()
+    for note in notes:
+        err.print(f"[yellow]skipped:[/yellow] {note}", highlight=False)
+    require_models(plan)
+    with _progress_bar() as bar:
+        tasks: dict[str, object] = {}
+
+        def on_progress(m, p) -> None:
+            if m.model not in tasks:
+                tasks[m.model] = bar.add_task(m.model, total=p.total)
+            bar.update(tasks[m.model], total=p.total, completed=p.done, description=f"{m.model} · {_describe(p)}")
+
+        result = run_demo(plan, out_dir, limit=limit, fresh=not resume, on_progress=on_progress)
+    _print_summaries(result.report.summaries, "fastdecode demo: held-out test items, batch size 1, this machine")
+    err.print(f"results: {result.results} · report: {result.report_path} · plots: "
+              + ", ".join(str(p) for p in result.report.plots), highlight=False)
 
 
 @app.command()
@@ -104,7 +234,7 @@ def train(
     name: Annotated[str, typer.Argument(help="Zoo model: ar-small, ar-tiny or dlm-small.")],
     out_dir: Annotated[Optional[str], typer.Option("--out", help="Output folder (default: the package's zoo/NAME).")] = None,
     seed: Annotated[int, typer.Option(help="Training seed.")] = 0,
-    threads: Annotated[int, typer.Option(help="torch CPU threads (results depend on it).")] = 2,
+    threads: Annotated[int, typer.Option(help="torch CPU threads (results depend on it).")] = 1,
     steps: Annotated[Optional[int], typer.Option(help="Override the recipe's step count (for trials).")] = None,
     eval_items: Annotated[int, typer.Option(help="Test items per task for the model card.")] = 50,
 ) -> None:
@@ -131,11 +261,27 @@ def train(
     err.print(f"saved {folder} (card: {folder / 'README.md'})")
 
 
+def expand_list_options(argv: list[str]) -> list[str]:
+    """`bench --methods a b --seeds 1 2` -> `--methods a --methods b --seeds 1 --seeds 2` (click takes one value per option)."""
+    if "bench" not in argv[1:2]:
+        return argv
+    out: list[str] = []
+    current = None
+    for arg in argv:
+        if arg.startswith("-"):
+            current = arg if arg in ("--methods", "--seeds") else None
+        elif current is not None and out[-1] != current:
+            out.append(current)
+        out.append(arg)
+    return out
+
+
 def main() -> None:
     """Entry point: run the app, turning library errors into one clear line and exit code 2."""
     from fastdecode.errors import FastDecodeError
 
     debug = os.environ.get("FASTDECODE_DEBUG") == "1"
+    sys.argv = expand_list_options(sys.argv)
     try:
         app(standalone_mode=False)
     except FastDecodeError as e:

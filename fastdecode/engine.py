@@ -33,6 +33,7 @@ def stream(
     Validation (method, parameters, prompts) happens before the first event, so errors surface at once.
     """
     spec = resolve(model, method)
+    check_draft(spec, model, draft)
     cfg = build_config(spec.config, params, method)
     batch = encode_batch(model, prompts, cfg.max_new_tokens)
     ctx = RunContext(generator=generator, draft=draft)
@@ -66,6 +67,28 @@ def resolve(model: ModelAdapter, name: str) -> Method:
             f"Methods that fit it: {fitting}."
         )
     return spec
+
+
+def check_draft(spec: Method, model: ModelAdapter, draft: ModelAdapter | None) -> None:
+    """A method that takes a draft needs one: causal, with the target's vocabulary, on the target's device."""
+    if not spec.needs_draft:
+        return
+    if draft is None:
+        raise IncompatibleMethodError(
+            f"Method {spec.name!r} needs a draft model: pass draft=fastdecode.load(...) (CLI: --draft PATH), "
+            "a small causal LM trained with the target's tokenizer, e.g. zoo:ar-tiny for zoo:ar-small."
+        )
+    if draft.kind != "causal":
+        raise IncompatibleMethodError(f"The draft model of {spec.name!r} must be a causal LM, not a {draft.kind} model.")
+    if draft.vocab_size != model.vocab_size:
+        raise IncompatibleMethodError(
+            f"The draft's vocabulary ({draft.vocab_size} tokens) differs from the target's ({model.vocab_size}); "
+            f"{spec.name!r} needs the same tokenizer: pick a draft trained with the target's tokenizer."
+        )
+    if draft.device != model.device:
+        raise IncompatibleMethodError(
+            f"The draft model is on {draft.device} but the target is on {model.device}: load both on the same device."
+        )
 
 
 def _is_batch(prompts: Any) -> bool:

@@ -36,20 +36,23 @@ class Method:
     driver: Driver
     description: str
     lossless: bool  # greedy output equals ar.greedy / dlm.baseline token for token
+    needs_draft: bool = False  # takes a separate draft model (generate(..., draft=...), CLI --draft)
 
     def params(self) -> list[tuple[str, Any]]:
         """(name, default) for each parameter."""
         return [(f.name, f.default) for f in dataclasses.fields(self.config)]
 
 
-def register(name: str, *, kind: ModelKind, config: type[MethodConfig], lossless: bool = False) -> Callable[[Driver], Driver]:
+def register(
+    name: str, *, kind: ModelKind, config: type[MethodConfig], lossless: bool = False, needs_draft: bool = False
+) -> Callable[[Driver], Driver]:
     """Register `driver` under `name`; the first line of its docstring is the description."""
 
     def wrap(driver: Driver) -> Driver:
         if name in _METHODS:
             raise ValueError(f"method {name!r} is registered twice")
         doc = (driver.__doc__ or "").strip().splitlines()
-        _METHODS[name] = Method(name, kind, config, driver, doc[0] if doc else "", lossless)
+        _METHODS[name] = Method(name, kind, config, driver, doc[0] if doc else "", lossless, needs_draft)
         return driver
 
     return wrap

@@ -1,49 +1,101 @@
-"""The demo: every bundled zoo model, a few test items per task, each fitting method, one table."""
+"""The demo: the `quick` suite through the bench harness on the bundled zoo models, then the report and plots.
+
+Models that are not bundled (or whose methods are not registered) are skipped with a note, so the demo
+runs with whatever the zoo holds. `run_demo` takes any model paths, which is how the tests drive it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from ..engine import generate
-from ..errors import ModelLoadError
-from ..models.loading import load, zoo_names
+from ..models.loading import zoo_names
 from ..registry import list_methods
-from .tasks import DEFAULT_TEST_SEED, TASKS, format_prompt
+from .harness import Progress, run_bench
+from .report import Report, build_report
+from .suites import BenchError, Suite
 
-DEMO_TASKS = ["lists.sort", "lists.insert_index", "letters.reverse", "puzzles.sudoku", "code.complete"]
+DEMO_DIR = Path("runs/demo")
+DEMO_SUITE = "quick"
+# causal methods shown on the target; hf.assisted joins them when the drafter is bundled
+CAUSAL_METHODS = ("ar.greedy", "ar.sample", "hf.greedy", "hf.prompt_lookup")
 DEMO_PARAMS = {"ar.sample": {"temperature": 0.7, "seed": 0}, "dlm.baseline": {"block_length": 16}}
 
 
 @dataclass(frozen=True)
-class DemoRow:
+class DemoModel:
+    """A model to run, the methods to run on it (the baseline is added by the harness) and its drafter."""
+
     model: str
-    method: str
-    task: str
-    accuracy: float
-    tokens_per_forward: float
-    tokens_per_s: float
-    new_tokens: int
+    methods: tuple[str, ...]
+    draft: str | None = None
 
 
-def demo_rows(items_per_task: int = 8) -> Iterator[DemoRow]:
-    names = zoo_names()
-    if not names:
-        raise ModelLoadError("No zoo models are bundled; build them with `fastdecode train ar-small` (see README).")
-    for name in names:
-        model = load(f"zoo:{name}")
-        for method in list_methods(model.kind):
-            for task_name in DEMO_TASKS:
-                task = TASKS[task_name]
-                items = task.items(DEFAULT_TEST_SEED, items_per_task)
-                params = {"max_new_tokens": task.max_new_tokens, **DEMO_PARAMS.get(method.name, {})}
-                results = generate(model, [format_prompt(i.prompt) for i in items], method.name, **params)
-                new = sum(r.stats.new_tokens for r in results)
-                forwards = sum(r.stats.forwards for r in results)
-                yield DemoRow(
-                    name, method.name, task_name,
-                    accuracy=sum(task.score(i, r.text) for i, r in zip(items, results)) / len(items),
-                    tokens_per_forward=new / forwards,
-                    tokens_per_s=new / results[0].stats.wall_s,
-                    new_tokens=new,
-                )
+@dataclass
+class DemoResult:
+    results: Path
+    report_path: Path
+    report: Report
+    notes: list[str] = field(default_factory=list)
+
+
+def zoo_plan(available: Sequence[str] | None = None) -> tuple[list[DemoModel], list[str]]:
+    """What the demo runs given the bundled zoo models, and a note for everything it has to skip."""
+    names = set(zoo_names() if available is None else available)
+    registered = {m.name for m in list_methods()}
+    plan: list[DemoModel] = []
+    notes: list[str] = []
+    if "ar-small" in names:
+        methods = [m for m in CAUSAL_METHODS if m in registered]
+        draft = None
+        if "ar-tiny" in names:
+            methods.append("hf.assisted")
+            draft = "zoo:ar-tiny"
+        else:
+            notes.append("zoo:ar-tiny is not bundled, so hf.assisted (which drafts with it) is skipped; "
+                         "make it with `fastdecode train ar-tiny`.")
+        plan.append(DemoModel("zoo:ar-small", tuple(methods), draft))
+    else:
+        notes.append("zoo:ar-small is not bundled, so the causal methods are skipped; make it with `fastdecode train ar-small`.")
+    if "dlm-small" not in names:
+        notes.append("zoo:dlm-small is not bundled, so the diffusion methods are skipped; make it with `fastdecode train dlm-small`.")
+    elif "dlm.baseline" not in registered:
+        notes.append("zoo:dlm-small is bundled but no diffusion method (dlm.baseline) is registered, so it is skipped.")
+    else:
+        plan.append(DemoModel("zoo:dlm-small", ("dlm.baseline",)))
+    return plan, notes
+
+
+def require_models(models: Sequence[DemoModel]) -> None:
+    if not models:
+        raise BenchError("No zoo models to run: make them with `fastdecode train ar-small` (see README).")
+
+
+def run_demo(
+    models: Sequence[DemoModel],
+    out_dir: str | Path = DEMO_DIR,
+    *,
+    suite: str | Suite = DEMO_SUITE,
+    limit: int | None = None,
+    fresh: bool = True,
+    command: str | None = "fastdecode demo",
+    on_progress: Callable[[DemoModel, Progress], None] | None = None,
+) -> DemoResult:
+    """Bench every model on `suite` into `out_dir/results.jsonl`, then write `out_dir/report.md` and the plots.
+
+    `fresh` starts a new results file (the demo measures this machine); otherwise finished rows are kept.
+    """
+    require_models(models)
+    out_dir = Path(out_dir)
+    results = out_dir / "results.jsonl"
+    if fresh and results.exists():
+        results.unlink()
+    for m in models:
+        params = {k: v for k, v in DEMO_PARAMS.items() if k in m.methods}
+        run_bench(suite, m.model, list(m.methods), results, draft=m.draft, params=params, limit=limit, command=command,
+                  on_progress=(lambda p, m=m: on_progress(m, p)) if on_progress else None)
+    report_path = out_dir / "report.md"
+    report = build_report([results], out=report_path, plots_dir=out_dir, command=f"fastdecode report {results} "
+                          f"--out {report_path} --plots {out_dir}")
+    return DemoResult(results, report_path, report)

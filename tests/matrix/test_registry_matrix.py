@@ -13,7 +13,8 @@ METHODS = [m.name for m in fastdecode.methods()]
 def test_method_runs_and_stats_are_consistent(name, causal, diffusion):
     method = fastdecode.get_method(name)
     model = causal if method.kind == "causal" else diffusion
-    results = fastdecode.generate(model, ["the quick brown", "def"], name, max_new_tokens=12)
+    draft = causal if method.needs_draft else None  # the target drafting for itself is a valid draft model
+    results = fastdecode.generate(model, ["the quick brown", "def"], name, max_new_tokens=12, draft=draft)
     for r in results:
         s = r.stats
         assert 1 <= s.new_tokens == len(r.token_ids) <= 12
@@ -28,3 +29,11 @@ def test_method_runs_and_stats_are_consistent(name, causal, diffusion):
 def test_every_method_documents_its_parameters():
     for m in fastdecode.methods():
         assert m.params()[0][0] == "max_new_tokens"
+
+
+@pytest.mark.parametrize("name", [m.name for m in fastdecode.methods() if m.needs_draft])
+def test_methods_needing_a_draft_refuse_to_run_without_one(name, causal, diffusion):
+    with pytest.raises(fastdecode.IncompatibleMethodError, match="needs a draft model"):
+        fastdecode.generate(causal, "the", name, max_new_tokens=4)
+    with pytest.raises(fastdecode.IncompatibleMethodError, match="must be a causal LM"):
+        fastdecode.generate(causal, "the", name, max_new_tokens=4, draft=diffusion)

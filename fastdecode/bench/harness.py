@@ -1,0 +1,366 @@
+"""The bench harness: every (method x test item x seed) of a suite, one generation at a time, one JSONL row each.
+
+Rows are appended and flushed one by one, so an interrupted run leaves a valid file, and a re-run with
+the same output skips the rows it already holds. The baseline (`ar.greedy` for causal models,
+`dlm.baseline` for diffusion models) always runs in the same invocation, so `equal_to_baseline` and
+speed ratios compare runs made on one machine. Generation is batch size 1, as Spec-Bench measures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from ..config import build_config
+from ..engine import generate, resolve
+from ..models.base import ModelAdapter
+from ..models.loading import load
+from ..registry import get_method
+from .suites import BenchError, Suite, get_suite
+from .tasks import Item, Task, format_prompt
+from .tasks.code import first_line_exact
+
+SCHEMA = 1
+BASELINES = {"causal": "ar.greedy", "diffusion": "dlm.baseline"}
+# scores beyond the task's own scorer, by task name (all in [0, 1])
+EXTRA_SCORES: dict[str, dict[str, Callable[[Item, str], float]]] = {"code.complete": {"first_line_exact": first_line_exact}}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One generation to run: a method with its resolved parameters on one test item."""
+
+    task: Task
+    item: Item
+    index: int  # position of the item in task.items(seed, n)
+    seed: int
+    method: str
+    params: dict[str, Any]  # the method's full config, as a dict
+    is_baseline: bool
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Reported after every row (ran or skipped) and before each method's warm-up."""
+
+    done: int  # rows finished, skipped ones included
+    total: int
+    skipped: int  # rows found in the output file and not run again
+    job: Job | None
+    phase: str  # "warmup", "row" or "skip"
+
+
+@dataclass
+class BenchSummary:
+    path: Path
+    total: int
+    written: int = 0
+    skipped: int = 0
+    methods: list[str] = field(default_factory=list)
+    baseline: str = ""
+
+
+def row_key(row: Mapping[str, Any]) -> str:
+    """What makes a row unique: resuming skips a job whose key is already in the file."""
+    fields = ("suite", "task", "item", "seed", "method", "params", "model", "draft")
+    return json.dumps([row.get(k) for k in fields], sort_keys=True)
+
+
+# -- the JSONL file --------------------------------------------------------------------------------
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a results file. A truncated last line (a hard kill mid-write) is ignored."""
+    rows, _ = _scan(Path(path))
+    return rows
+
+
+def _scan(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Rows and the byte length of the valid prefix; refuses damage anywhere but the last line."""
+    if not path.exists():
+        return [], 0
+    data = path.read_bytes()
+    rows, valid = [], 0
+    lines = data.split(b"\n")
+    for n, line in enumerate(lines, start=1):
+        last = n == len(lines)
+        if not line.strip():
+            valid += len(line) + (0 if last else 1)
+            continue
+        try:
+            row = json.loads(line)
+            if last:  # a complete row always ends with a newline
+                raise ValueError("no newline")
+        except ValueError:
+            if last or all(not rest.strip() for rest in lines[n:]):
+                break
+            raise BenchError(f"{path} line {n} is not a JSON row; the file is damaged. Move it away or fix that line.") from None
+        rows.append(row)
+        valid += len(line) + 1
+    return rows, valid
+
+
+def _open_for_append(path: Path) -> tuple[list[dict[str, Any]], Any]:
+    """Existing rows, and the file opened for appending after its last complete row."""
+    rows, valid = _scan(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.stat().st_size != valid:
+        with path.open("r+b") as f:
+            f.truncate(valid)  # drop the partial line so the next row starts clean
+    return rows, path.open("a", encoding="utf-8")
+
+
+# -- environment -----------------------------------------------------------------------------------
+
+def machine(device: torch.device) -> dict[str, Any]:
+    """Where the numbers were measured."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = _cpu_name() or platform.processor() or platform.machine()
+    return {
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+        "device_name": name,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def versions() -> dict[str, str]:
+    from .. import __version__
+
+    return {"fastdecode_version": __version__, "torch_version": torch.__version__,
+            "transformers_version": transformers.__version__}
+
+
+# -- planning --------------------------------------------------------------------------------------
+
+def split_params(items: Sequence[str]) -> dict[str, dict[str, str]]:
+    """CLI `method.name=value` strings -> {method: {name: value}} (method names contain dots)."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        method, dot, name = key.strip().rpartition(".")
+        if not sep or not dot or not method or not name:
+            raise BenchError(f"Cannot read --param {item!r}: write it as method.name=value, e.g. --param ar.sample.seed=1.")
+        out.setdefault(method, {})[name] = value.strip()
+    return out
+
+
+def plan_jobs(suite: Suite, methods: Sequence[str], baseline: str, params: Mapping[str, Mapping[str, Any]],
+              seeds: Sequence[int] | None, limit: int | None) -> list[Job]:
+    """Every job, the baseline's first; parameters are validated here, before anything runs."""
+    plan = suite.plan(list(seeds) if seeds else None, limit)
+    items = {(task.name, seed): task.items(seed, n) for task, seed, n in plan}
+    jobs = []
+    for method in methods:
+        spec = get_method(method)
+        for task, seed, _ in plan:
+            given = {"max_new_tokens": task.max_new_tokens, **params.get(method, {})}
+            cfg = dataclasses.asdict(build_config(spec.config, given, method))
+            for index, item in enumerate(items[(task.name, seed)]):
+                jobs.append(Job(task, item, index, seed, method, cfg, method == baseline))
+    return jobs
+
+
+def _model(source: str | ModelAdapter | None, load_kwargs: Mapping[str, Any]) -> tuple[ModelAdapter | None, str | None]:
+    if source is None or isinstance(source, ModelAdapter):
+        return source, (source.name if source is not None else None)
+    return load(source, **load_kwargs), str(source)
+
+
+# -- running ---------------------------------------------------------------------------------------
+
+def run_bench(
+    suite: str | Suite,
+    model: str | ModelAdapter,
+    methods: Sequence[str],
+    out: str | Path,
+    *,
+    draft: str | ModelAdapter | None = None,
+    params: Mapping[str, Mapping[str, Any]] | None = None,
+    seeds: Sequence[int] | None = None,
+    limit: int | None = None,
+    warmup: bool = True,
+    command: str | None = None,
+    load_kwargs: Mapping[str, Any] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> BenchSummary:
+    """Run `methods` (plus the baseline) on every test item of `suite`, appending one row per generation to `out`.
+
+    `params` maps a method name to its parameters; `max_new_tokens` defaults to each task's budget.
+    Rows already in `out` (same suite, task, item, seed, method, parameters, model and draft) are skipped.
+    """
+    suite = get_suite(suite) if isinstance(suite, str) else suite
+    params = _check_request(suite, methods, params, seeds, limit)
+    target, model_id = _model(model, load_kwargs or {})
+    assistant, draft_id = _model(draft, load_kwargs or {})
+    assert target is not None and model_id is not None
+    baseline = BASELINES[target.kind]
+    order = [baseline, *(m for m in dict.fromkeys(methods) if m != baseline)]
+    for name in order:
+        resolve(target, name)  # a method that does not fit the model is refused here
+    jobs = plan_jobs(suite, order, baseline, params, seeds, limit)
+    summary = BenchSummary(Path(out), len(jobs), methods=order, baseline=baseline)
+    meta = {"suite": suite.name, "model": model_id, "draft": draft_id, "baseline": baseline, "schema": SCHEMA,
+            **versions(), "machine": machine(target.device), "command": command}
+    existing, handle = _open_for_append(summary.path)
+    with handle:
+        _execute(jobs, existing, handle, target, assistant, meta, summary, warmup, on_progress or (lambda p: None))
+    return summary
+
+
+def _check_request(suite: Suite, methods: Sequence[str], params: Mapping[str, Mapping[str, Any]] | None,
+                   seeds: Sequence[int] | None, limit: int | None) -> dict[str, dict[str, Any]]:
+    """Refuse bad names, stray parameters and training seeds before any model is loaded."""
+    params = {m: dict(p) for m, p in (params or {}).items()}
+    for name in [*methods, *params]:
+        get_method(name)
+    unused = sorted(set(params) - set(methods) - set(BASELINES.values()))
+    if unused:
+        raise BenchError(f"--param given for {', '.join(unused)}, which is not in --methods {' '.join(methods)}.")
+    suite.plan(list(seeds) if seeds else None, limit)
+    return params
+
+
+def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, target: ModelAdapter,
+             assistant: ModelAdapter | None, meta: dict[str, Any], summary: BenchSummary, warmup: bool,
+             report: Callable[[Progress], None]) -> None:
+    """Skip the jobs already in the file, then run the rest method by method, each after a warm-up."""
+    done_keys = {row_key(r) for r in existing}
+    reference = {_item_key(r): r["token_ids"] for r in existing
+                 if r.get("is_baseline") and r.get("model") == meta["model"] and r.get("suite") == meta["suite"]}
+    pending: dict[str, list[Job]] = {}
+    for job in jobs:
+        if _job_row_key(job, meta) in done_keys:
+            summary.skipped += 1
+            report(Progress(summary.skipped, summary.total, summary.skipped, job, "skip"))
+        else:
+            pending.setdefault(job.method, []).append(job)
+    _preflight(target, assistant, [todo[0] for todo in pending.values()])
+    for todo in pending.values():  # the baseline's jobs come first
+        if warmup:
+            report(Progress(summary.written + summary.skipped, summary.total, summary.skipped, todo[0], "warmup"))
+            _generate(target, assistant, todo[0])
+        for job in todo:
+            row = _row(job, target, assistant, meta, reference)
+            handle.write(json.dumps(row) + "\n")
+            handle.flush()
+            if job.is_baseline:
+                reference[_item_key(row)] = row["token_ids"]
+            summary.written += 1
+            report(Progress(summary.written + summary.skipped, summary.total, summary.skipped, job, "row"))
+
+
+def _item_key(row: Mapping[str, Any]) -> tuple[str, int, int]:
+    return row["task"], row["item"], row["seed"]
+
+
+def _job_row_key(job: Job, meta: Mapping[str, Any]) -> str:
+    return row_key({"suite": meta["suite"], "task": job.task.name, "item": job.index, "seed": job.seed,
+                    "method": job.method, "params": job.params, "model": meta["model"], "draft": meta["draft"]})
+
+
+def _generate(target: ModelAdapter, assistant: ModelAdapter | None, job: Job, **override: Any):
+    return generate(target, format_prompt(job.item.prompt), job.method, draft=assistant, **{**job.params, **override})
+
+
+def _preflight(target: ModelAdapter, assistant: ModelAdapter | None, jobs: list[Job]) -> None:
+    """One short generation per method, so a method that cannot run fails before any row is written."""
+    for job in jobs:
+        try:  # the shortest generation the config accepts (diffusion block sizes must divide it)
+            build_config(get_method(job.method).config, {**job.params, "max_new_tokens": 1}, job.method)
+            short = {"max_new_tokens": 1}
+        except ValueError:
+            short = {}
+        _generate(target, assistant, job, **short)
+
+
+def _row(job: Job, target: ModelAdapter, assistant: ModelAdapter | None,
+         meta: Mapping[str, Any], reference: Mapping[tuple[str, int, int], list[int]]) -> dict[str, Any]:
+    result = _generate(target, assistant, job)
+    extra = EXTRA_SCORES.get(job.task.name, {})
+    base = reference.get((job.task.name, job.index, job.seed))
+    return {
+        "suite": meta["suite"], "task": job.task.name, "item": job.index, "seed": job.seed, "method": job.method,
+        "params": job.params, "model": meta["model"], "draft": meta["draft"],
+        "is_baseline": job.is_baseline, "baseline": meta["baseline"], "lossless": get_method(job.method).lossless,
+        "score": job.task.score(job.item, result.text),
+        "scores": {name: fn(job.item, result.text) for name, fn in extra.items()},
+        "equal_to_baseline": True if job.is_baseline else (None if base is None else result.token_ids == base),
+        **result.stats.to_dict(),
+        "output": result.text, "token_ids": result.token_ids,
+        **{k: v for k, v in meta.items() if k not in ("suite", "model", "draft", "baseline")},
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def iter_rows(paths: Sequence[str | Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(source file, row) over several results files, in order."""
+    for p in paths:
+        for row in read_rows(p):
+            yield Path(p), row
+
+
+def measure_overhead(model: str | ModelAdapter, suite: str = "quick", method: str = "ar.greedy", repeats: int = 3,
+                     limit: int | None = None) -> dict[str, float]:
+    """Harness time vs. calling `generate()` directly on the same items, alternating, median of `repeats`.
+
+    Both sides generate every item of `suite` with the baseline and `method` once (after one shared
+    warm-up); the harness side also plans, pre-flights, scores, writes and flushes the rows (no warm-up,
+    one file per repeat).
+    """
+    import statistics
+    import tempfile
+
+    target, _ = _model(model, {})
+    assert target is not None
+    baseline = BASELINES[target.kind]
+    methods = list(dict.fromkeys([baseline, method]))  # the harness always runs the baseline too
+    jobs = plan_jobs(get_suite(suite), methods, baseline, {}, None, limit)
+    for name in methods:
+        _generate(target, None, next(j for j in jobs if j.method == name))
+    direct, bench = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeats):
+            start = time.perf_counter()
+            for job in jobs:
+                _generate(target, None, job)
+            direct.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            run_bench(suite, target, [method], Path(tmp) / f"{r}.jsonl", limit=limit, warmup=False)
+            bench.append(time.perf_counter() - start)
+        # the harness's own work per row, timed without the generation: score, serialise, append, flush
+        rows = read_rows(Path(tmp) / "0.jsonl")
+        start = time.perf_counter()
+        with (Path(tmp) / "again.jsonl").open("a", encoding="utf-8") as handle:
+            for job, row in zip(jobs, rows):
+                job.task.score(job.item, row["output"])
+                handle.write(json.dumps(row) + "\n")
+                handle.flush()
+        per_row = (time.perf_counter() - start) / len(rows)
+    d, b = statistics.median(direct), statistics.median(bench)
+    return {"generations": len(jobs), "direct_s": d, "harness_s": b, "overhead": (b - d) / d,
+            "bookkeeping_ms_per_row": 1000 * per_row, "bookkeeping_share": per_row * len(jobs) / d}

@@ -1,0 +1,338 @@
+"""`fastdecode report`: bench JSONL rows -> Markdown tables, the ParallelBench leaderboard figure and PNG plots.
+
+Per suite and model, each method configuration gets: accuracy (mean score), TPF (sum new tokens / sum
+forwards), forwards per item, tokens/s (sum tokens / sum wall time), speed-up over the baseline measured
+in the same file, and the share of items whose tokens equal the baseline's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .harness import read_rows
+from .suites import BenchError
+
+LEADERBOARD_FRACTIONS = (0.80, 0.90, 0.95)  # of the baseline's accuracy (ParallelBench reports absolute 80/75/70 %)
+IGNORED_PARAMS = ("max_new_tokens",)  # set per task, so not part of a configuration's name
+
+
+@dataclass
+class Summary:
+    """One method configuration on one (suite, model)."""
+
+    suite: str
+    model: str
+    method: str
+    label: str  # the method plus whatever tells its configurations apart
+    is_baseline: bool
+    items: int
+    accuracy: float
+    tpf: float
+    forwards_per_item: float
+    draft_forwards_per_item: float
+    tokens_per_s: float
+    speedup: float | None
+    equal_rate: float | None
+    peak_rss_mb: float
+    acceptance_rate: float | None
+    by_task: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    markdown: str
+    summaries: list[Summary]
+    plots: list[Path]
+
+
+def _config_id(row: dict[str, Any]) -> tuple[str, str, str]:
+    params = {k: v for k, v in (row.get("params") or {}).items() if k not in IGNORED_PARAMS}
+    draft = "" if row.get("is_baseline") else (row.get("draft") or "")
+    return row["method"], json.dumps(params, sort_keys=True), draft
+
+
+def _labels(configs: Sequence[tuple[str, str, str]]) -> dict[tuple[str, str, str], str]:
+    """A method's name, plus the parameters (and draft) that differ between its configurations."""
+    by_method: dict[str, list[tuple[str, str, str]]] = defaultdict(list)
+    for c in configs:
+        by_method[c[0]].append(c)
+    labels = {}
+    for method, group in by_method.items():
+        for c in group:
+            if len(group) == 1:
+                labels[c] = method
+                continue
+            params = json.loads(c[1])
+            varying = [k for k in params if len({json.dumps(json.loads(g[1]).get(k)) for g in group}) > 1]
+            bits = [f"{k}={params[k]}" for k in varying]
+            if len({g[2] for g in group}) > 1:
+                bits.append(f"draft={c[2] or '-'}")
+            labels[c] = f"{method} ({', '.join(bits)})"
+    return labels
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[Summary]:
+    """One Summary per (suite, model, method configuration), baseline first within each group."""
+    groups: dict[tuple[str, str], dict[tuple[str, str, str], list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        groups[(row["suite"], row["model"])][_config_id(row)].append(row)
+    out = []
+    for (suite, model), configs in groups.items():
+        labels = _labels(list(configs))
+        base_rows = [r for rows_ in configs.values() for r in rows_ if r.get("is_baseline")]
+        base_speed = _rate(base_rows)
+        group = []
+        for config, rs in configs.items():
+            speed = _rate(rs)
+            equal = [r["equal_to_baseline"] for r in rs if r.get("equal_to_baseline") is not None]
+            proposed = sum(r.get("proposed", 0) for r in rs)
+            per_task: dict[str, list[float]] = defaultdict(list)
+            for r in rs:
+                per_task[r["task"]].append(r["score"])
+            group.append(Summary(
+                suite=suite, model=model, method=config[0], label=labels[config],
+                is_baseline=any(r.get("is_baseline") for r in rs), items=len(rs),
+                accuracy=_mean([r["score"] for r in rs]),
+                tpf=_ratio(sum(r["new_tokens"] for r in rs), sum(r["forwards"] for r in rs)),
+                forwards_per_item=_mean([r["forwards"] for r in rs]),
+                draft_forwards_per_item=_mean([r.get("draft_forwards", 0) for r in rs]),
+                tokens_per_s=speed,
+                speedup=speed / base_speed if base_speed else None,
+                equal_rate=_mean(equal) if equal else None,
+                peak_rss_mb=max(r.get("peak_rss_mb", 0.0) for r in rs),
+                acceptance_rate=sum(r.get("accepted", 0) for r in rs) / proposed if proposed else None,
+                by_task={t: _mean(s) for t, s in per_task.items()},
+            ))
+        group.sort(key=lambda s: (not s.is_baseline, s.label))
+        out.extend(group)
+    return out
+
+
+def _rate(rows: Sequence[dict[str, Any]]) -> float:
+    return _ratio(sum(r["new_tokens"] for r in rows), sum(r["wall_s"] for r in rows))
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def leaderboard(summaries: Sequence[Summary]) -> list[tuple[str, str, float, dict[float, Summary | None]]]:
+    """Per (suite, model): the baseline's accuracy and, per fraction, the highest-TPF configuration whose
+    accuracy is at least that fraction of the baseline's (ParallelBench's leaderboard metric)."""
+    out = []
+    for (suite, model), group in _grouped(summaries).items():
+        base = next((s for s in group if s.is_baseline), None)
+        if base is None:
+            continue
+        best: dict[float, Summary | None] = {}
+        for frac in LEADERBOARD_FRACTIONS:
+            fit = [s for s in group if s.accuracy >= frac * base.accuracy - 1e-12]
+            best[frac] = max(fit, key=lambda s: s.tpf, default=None)
+        out.append((suite, model, base.accuracy, best))
+    return out
+
+
+def _grouped(summaries: Sequence[Summary]) -> dict[tuple[str, str], list[Summary]]:
+    groups: dict[tuple[str, str], list[Summary]] = defaultdict(list)
+    for s in summaries:
+        groups[(s.suite, s.model)].append(s)
+    return dict(groups)
+
+
+# -- Markdown --------------------------------------------------------------------------------------
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x: float | None, digits: int = 2, suffix: str = "") -> str:
+    return "—" if x is None else f"{x:.{digits}f}{suffix}"
+
+
+def method_table(group: Sequence[Summary]) -> list[str]:
+    lines = [
+        "| method | accuracy | TPF (tokens/forward) | forwards/item | draft forwards/item | tokens/s | speed-up | = baseline | acceptance | items | peak RSS (MiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in group:
+        name = f"**{s.label}** (baseline)" if s.is_baseline else s.label
+        lines.append(
+            f"| {name} | {_pct(s.accuracy)} | {s.tpf:.2f} | {s.forwards_per_item:.1f} | {s.draft_forwards_per_item:.1f} "
+            f"| {s.tokens_per_s:.1f} | {_num(s.speedup, 2, '×')} | {_pct(s.equal_rate)} | {_pct(s.acceptance_rate)} "
+            f"| {s.items} | {s.peak_rss_mb:.0f} |"
+        )
+    return lines
+
+
+def task_table(group: Sequence[Summary]) -> list[str]:
+    tasks = list(dict.fromkeys(t for s in group for t in s.by_task))
+    lines = ["| task | " + " | ".join(s.label for s in group) + " |", "|---|" + "---:|" * len(group)]
+    for t in tasks:
+        lines.append(f"| {t} | " + " | ".join(_pct(s.by_task.get(t)) for s in group) + " |")
+    return lines
+
+
+def render(rows: Sequence[dict[str, Any]], summaries: Sequence[Summary], sources: Sequence[Path],
+           command: str | None, plots: dict[tuple[str, str], list[Path]], out_dir: Path | None) -> str:
+    lines = ["# fastdecode benchmark report", ""]
+    if command:
+        lines += [f"Reproduce this report: `{command}`", ""]
+    lines += ["Sources:", ""]
+    for src in sources:
+        mine = [r for r in rows if r.get("_source") == str(src)]
+        commands = sorted({r["command"] for r in mine if r.get("command")})
+        lines.append(f"- `{src}`: {len(mine)} rows" + ("; made by " + "; ".join(f"`{c}`" for c in commands) if commands else ""))
+    lines += ["", "TPF = generated tokens ÷ target forward passes (hardware independent); tokens/s = generated tokens ÷ wall "
+              "time, batch size 1; speed-up = tokens/s ÷ the baseline's tokens/s in the same file (same machine); "
+              "= baseline: share of items whose tokens equal the baseline's exactly; acceptance: accepted ÷ drafted "
+              "tokens (diffusion: committed ÷ masked positions offered).", ""]
+    for (suite, model), group in _grouped(summaries).items():
+        mine = [r for r in rows if r["suite"] == suite and r["model"] == model]
+        lines += [f"## {suite} · {model}", ""]
+        lines += [_environment(mine), ""]
+        lines += method_table(group) + [""]
+        lines += ["Accuracy by task:", ""] + task_table(group) + [""]
+        for png in plots.get((suite, model), []):
+            link = os.path.relpath(png, out_dir) if out_dir else str(png)
+            lines += [f"![{png.stem}]({link})", ""]
+    board = leaderboard(summaries)
+    if board:
+        lines += ["## Leaderboard: highest TPF at ≥ 80 / 90 / 95 % of the baseline's accuracy", "",
+                  "After ParallelBench's leaderboard (the most tokens per forward a method reaches while keeping its "
+                  "accuracy); here relative to the baseline measured in the same run.", "",
+                  "| suite | model | baseline accuracy | " + " | ".join(f"≥ {int(f * 100)}%" for f in LEADERBOARD_FRACTIONS) + " |",
+                  "|---|---|---:|" + "---|" * len(LEADERBOARD_FRACTIONS)]
+        for suite, model, base_acc, best in board:
+            cells = [f"{b.tpf:.2f} ({b.label})" if b else "—" for b in best.values()]
+            if base_acc == 0:  # every method keeps 80 % of nothing
+                cells = ["n/a (the baseline scores 0)"] * len(cells)
+            lines.append(f"| {suite} | {model} | {_pct(base_acc)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _environment(rows: Sequence[dict[str, Any]]) -> str:
+    def values(key: str) -> str:
+        return ", ".join(sorted({str(r.get(key)) for r in rows if r.get(key) is not None})) or "—"
+
+    found = [r["machine"] for r in rows if isinstance(r.get("machine"), dict)]
+    machines = sorted({f"{m.get('device_name')} ({m.get('device')}, {m.get('cores')} cores, "
+                       f"{m.get('torch_threads')} torch threads)" for m in found})
+    drafts = values("draft")
+    parts = [f"baseline `{values('baseline')}`", f"seeds {values('seed')}", f"machine: {'; '.join(machines) or '—'}",
+             f"fastdecode {values('fastdecode_version')}, torch {values('torch_version')}, "
+             f"transformers {values('transformers_version')}"]
+    if drafts != "—":
+        parts.insert(1, f"draft `{drafts}`")
+    text = " · ".join(parts)
+    if len(machines) > 1:
+        text += ("\n\n**Warning:** these rows were measured under more than one machine or thread setting, so their "
+                 "tokens/s and speed-ups are not comparable.")
+    return text
+
+
+# -- plots -----------------------------------------------------------------------------------------
+
+def slug(text: str) -> str:
+    text = text.removeprefix("zoo:") if text.startswith("zoo:") else Path(text).name or text
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "model"
+
+
+def plot(group: Sequence[Summary], folder: Path) -> list[Path]:
+    """Two PNGs for one (suite, model): accuracy vs TPF (the speed-quality frontier) and speed-up bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    suite, model = group[0].suite, group[0].model
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{slug(suite)}-{slug(model)}"
+    colors = plt.get_cmap("tab10")
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    markers = "osD^vPXph<>"  # distinct shapes, so configurations at the same point stay visible
+    for i, s in enumerate(group):
+        ax.scatter(s.tpf, 100 * s.accuracy, s=200 if s.is_baseline else 110 - 8 * (i % 8),
+                   marker="*" if s.is_baseline else markers[i % len(markers)], color=colors(i % 10),
+                   edgecolor="black", linewidth=0.6, alpha=0.9, zorder=4 if s.is_baseline else 3,
+                   label=f"{s.label} (baseline)" if s.is_baseline else s.label)
+    front = _frontier(group)
+    if len(front) > 1:
+        ax.plot([s.tpf for s in front], [100 * s.accuracy for s in front], color="grey", linestyle="--",
+                linewidth=1, zorder=2, label="frontier")
+    ax.set_xlabel("tokens per forward (TPF, generated tokens / target forward)")
+    ax.set_ylabel("accuracy (% mean task score)")
+    ax.set_ylim(-5, 105)
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"Speed–quality frontier · {suite} · {model}", fontsize=10)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    frontier_png = folder / f"frontier-{stem}.png"
+    fig.savefig(frontier_png, dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.4, 0.5 * len(group) + 1.6))
+    labels = [s.label for s in group]
+    speed = [s.speedup or 0.0 for s in group]
+    bars = ax.barh(range(len(group)), speed, color=[colors(i % 10) for i in range(len(group))], edgecolor="black", linewidth=0.6)
+    for bar, s in zip(bars, group):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {s.speedup or 0:.2f}× ({s.tokens_per_s:.0f} tok/s)",
+                va="center", fontsize=8)
+    ax.axvline(1.0, color="black", linestyle="--", linewidth=1, label="baseline = 1×")
+    ax.set_yticks(range(len(group)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("speed-up over the baseline (× its tokens/s, same run, batch size 1)")
+    ax.set_xlim(0, max(speed + [1.0]) * 1.35)
+    ax.set_title(f"Speed-up · {suite} · {model}", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    speedup_png = folder / f"speedup-{stem}.png"
+    fig.savefig(speedup_png, dpi=120)
+    plt.close(fig)
+    return [frontier_png, speedup_png]
+
+
+def _frontier(group: Sequence[Summary]) -> list[Summary]:
+    """Configurations no other beats on both accuracy and TPF, by increasing TPF."""
+    front = [s for s in group if not any(o.tpf >= s.tpf and o.accuracy >= s.accuracy and
+                                         (o.tpf > s.tpf or o.accuracy > s.accuracy) for o in group)]
+    return sorted(front, key=lambda s: s.tpf)
+
+
+# -- entry point -----------------------------------------------------------------------------------
+
+def build_report(paths: Sequence[str | Path], out: str | Path | None = None, plots_dir: str | Path | None = None,
+                 command: str | None = None) -> Report:
+    """Read results files, write the Markdown (to `out` if given) and the PNGs (to `plots_dir` if given)."""
+    sources = [Path(p) for p in paths]
+    rows = []
+    for src in sources:
+        if not src.is_file():
+            raise BenchError(f"Results file {src} does not exist; make it with `fastdecode bench ... --out {src}`.")
+        for row in read_rows(src):
+            row["_source"] = str(src)
+            rows.append(row)
+    summaries = summarize(rows)
+    plots: dict[tuple[str, str], list[Path]] = {}
+    if plots_dir is not None:
+        for key, group in _grouped(summaries).items():
+            plots[key] = plot(group, Path(plots_dir))
+    out_dir = Path(out).parent if out is not None else None
+    markdown = render(rows, summaries, sources, command, plots, out_dir)
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(markdown + "\n", encoding="utf-8")
+    return Report(markdown, summaries, [p for ps in plots.values() for p in ps])

@@ -1,0 +1,146 @@
+"""One driver for every `hf.*` method: call transformers' `generate()` once per prompt, watch it with hooks.
+
+transformers runs its own loop, so the driver reads the steps back from forward hooks: every target
+forward is one verification step whose input ends with the drafted tokens (none for plain greedy), and
+whose logits say how many of them greedy verification kept. Forwards made inside the assistant's own
+`generate()` count as draft forwards, even when the assistant is the target module itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers.utils import logging as hf_logging
+
+from ..models.causal import CausalLM
+from ..types import PromptBatch, StepEvent
+
+
+@dataclass
+class Step:
+    """One target forward: drafted tokens verified and how many of them matched the target's argmax."""
+
+    proposed: int
+    accepted: int
+    draft_forwards: int
+
+
+@dataclass
+class Run:
+    """One prompt's `generate()`: the tokens transformers returned and the steps the hooks saw."""
+
+    tokens: list[int] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+
+    def split(self) -> list[list[int]]:
+        """The returned tokens cut into the steps that produced them (accepted drafts + one target token)."""
+        chunks, start = [], 0
+        for step in self.steps:
+            chunks.append(self.tokens[start : start + step.accepted + 1])
+            start += step.accepted + 1
+        if start < len(self.tokens) and chunks:  # never drop a token, even if a step was misread
+            chunks[-1].extend(self.tokens[start:])
+        return chunks
+
+
+class _Watcher:
+    """Forward hooks on the target (and assistant) module; removed, and the assistant restored, on exit."""
+
+    def __init__(self, target: torch.nn.Module, assistant: torch.nn.Module | None, prompt_len: int) -> None:
+        self.target, self.assistant = target, assistant
+        self.run = Run()
+        self._prompt_len = prompt_len
+        self._drafting = 0  # > 0 while the assistant's generate() runs
+        self._draft_forwards = 0  # since the last target forward
+        self._handles: list[Any] = []
+
+    def _on_forward(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if self._drafting:
+            self._draft_forwards += 1
+            return
+        ids = kwargs.get("input_ids", args[0] if args else None)  # [1, T]
+        T = int(ids.shape[1])
+        drafted = T - self._prompt_len if not self.run.steps else T - 1  # the first forward also holds the prompt
+        candidates = ids[0, T - drafted :]  # [c]
+        predicted = output.logits[0, -(drafted + 1) :].argmax(-1)  # [c + 1]: what the target picks at each position
+        agree = (candidates == predicted[:drafted]).long().cumprod(0).sum()
+        self.run.steps.append(Step(drafted, int(agree), self._draft_forwards))
+        self._draft_forwards = 0
+
+    def __enter__(self) -> _Watcher:
+        modules = {id(m): m for m in (self.target, self.assistant) if m is not None}
+        self._handles = [m.register_forward_hook(self._on_forward, with_kwargs=True) for m in modules.values()]
+        if self.assistant is not None:
+            inner = self.assistant.generate  # transformers calls `assistant_model.generate(...)` for each draft
+
+            def drafting(*args: Any, **kwargs: Any) -> Any:
+                self._drafting += 1
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    self._drafting -= 1
+
+            self.assistant.generate = drafting  # an instance attribute, deleted on exit
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+        if self.assistant is not None:
+            del self.assistant.generate
+
+
+def generate_one(model: CausalLM, prompt: list[int], gen_kwargs: dict[str, Any], assistant: torch.nn.Module | None) -> Run:
+    """Greedy `model.model.generate()` on one unpadded prompt."""
+    ids = torch.tensor([prompt], dtype=torch.long, device=model.device)  # [1, L]
+    target = model.model
+    generate = type(target).generate.__get__(target)  # the class's method, never the drafting wrapper
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the library never prints; transformers warns about generation flags
+    try:
+        with _Watcher(target, assistant, len(prompt)) as watcher, torch.inference_mode():
+            out = generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                eos_token_id=sorted(model.eos_token_ids),
+                pad_token_id=model.pad_token_id,
+                assistant_model=assistant,
+                **gen_kwargs,
+            )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    watcher.run.tokens = out[0, len(prompt) :].tolist()
+    return watcher.run
+
+
+def hf_driver(
+    model: CausalLM, batch: PromptBatch, gen_kwargs: dict[str, Any], assistant: torch.nn.Module | None = None
+) -> Iterator[StepEvent]:
+    """Generate each prompt on its own, then replay the steps of all rows in lockstep, one event per step.
+
+    In a batch, an event's draft forwards are the most any row spent at that step, as a batched drafter
+    would; everything else is per row and exact.
+    """
+    runs = [generate_one(model, batch.row(b), gen_kwargs, assistant) for b in range(batch.size)]
+    chunks = [run.split() for run in runs]
+    offsets = [0] * batch.size
+    for index in range(max(len(c) for c in chunks)):
+        live = [b for b in range(batch.size) if index < len(chunks[b])]
+        tokens: list[tuple[tuple[int, int], ...]] = [()] * batch.size
+        for b in live:
+            tokens[b] = tuple(enumerate(chunks[b][index], start=offsets[b]))
+            offsets[b] += len(chunks[b][index])
+        steps = [runs[b].steps[index] if b in live else None for b in range(batch.size)]
+        yield StepEvent(
+            index=index,
+            tokens=tuple(tokens),
+            forwards=1,
+            draft_forwards=max(s.draft_forwards for s in steps if s is not None),
+            proposed=tuple(s.proposed if s else 0 for s in steps),
+            accepted=tuple(s.accepted if s else 0 for s in steps),
+            finished=tuple(index >= len(c) - 1 for c in chunks),
+        )

@@ -1,0 +1,149 @@
+"""The bench harness end to end on tiny models: rows, resume, refusals and the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fastdecode.bench import harness
+from fastdecode.bench.harness import read_rows, row_key, run_bench, split_params
+from fastdecode.bench.report import build_report
+from fastdecode.bench.suites import SUITES, BenchError, Suite, get_suite
+from fastdecode.bench.tasks import DEFAULT_TEST_SEED, TASKS
+from fastdecode.stats import Stats
+
+SUITE = Suite("tiny", "three items", (("lists.sort", 2), ("puzzles.sudoku", 1)))
+SHORT = {"ar.greedy": {"max_new_tokens": 12}, "hf.greedy": {"max_new_tokens": 12}, "ar.sample": {"max_new_tokens": 12, "seed": 0}}
+
+
+def bench(target, out, methods=("hf.greedy", "ar.sample"), **kwargs):
+    params = {m: p for m, p in SHORT.items() if m in (*methods, "ar.greedy")}
+    return run_bench(SUITE, target, list(methods), out, params=params, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def results(target, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "results.jsonl"
+    summary = bench(target, out)
+    return summary, out
+
+
+def test_rows_are_complete_and_consistent(results, target):
+    summary, out = results
+    rows = read_rows(out)
+    assert summary.written == len(rows) == 3 * 3  # ar.greedy added as the baseline
+    assert [line for line in out.read_text().splitlines() if line]  # plain JSON lines
+    assert {r["method"] for r in rows} == {"ar.greedy", "hf.greedy", "ar.sample"}
+    stat_fields = set(Stats().to_dict())
+    for r in rows:
+        assert stat_fields <= set(r)
+        assert r["tokens_per_forward"] == pytest.approx(r["new_tokens"] / r["forwards"])
+        assert r["accepted"] <= r["proposed"] or r["proposed"] == 0
+        assert r["new_tokens"] == len(r["token_ids"]) <= 12
+        assert 0.0 <= r["score"] <= 1.0
+        assert r["suite"] == "tiny" and r["seed"] == DEFAULT_TEST_SEED and r["model"] == target.name
+        assert r["params"]["max_new_tokens"] == 12 and r["is_baseline"] == (r["method"] == "ar.greedy")
+        assert r["fastdecode_version"] and r["torch_version"] and r["machine"]["cores"] >= 1
+    by = {(r["method"], r["task"], r["item"]): r for r in rows}
+    for (method, task, item), r in by.items():
+        base = by[("ar.greedy", task, item)]
+        assert r["equal_to_baseline"] == (r["token_ids"] == base["token_ids"])
+        if method == "hf.greedy":
+            assert r["equal_to_baseline"] is True
+    assert by[("ar.sample", "lists.sort", 0)]["params"]["seed"] == 0
+
+
+def test_report_renders_markdown_and_plots(results, tmp_path):
+    _, out = results
+    report = build_report([out], out=tmp_path / "RESULTS.md", plots_dir=tmp_path / "plots", command="fastdecode report x")
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert text.startswith("# fastdecode benchmark report") and "`fastdecode report x`" in text
+    assert str(out) in text and "Leaderboard" in text and "≥ 95%" in text
+    for method in ("ar.greedy", "hf.greedy", "ar.sample"):
+        assert f"| {method}" in text or f"**{method}**" in text
+    assert len(report.plots) == 2 and all(p.stat().st_size > 1000 for p in report.plots)
+    assert all(f"]({p.relative_to(tmp_path)})" in text for p in report.plots)
+    base = next(s for s in report.summaries if s.is_baseline)
+    assert base.speedup == pytest.approx(1.0) and base.equal_rate == 1.0 and base.tpf == pytest.approx(1.0)
+
+
+def test_resume_after_interrupt_gives_the_same_rows(target, tmp_path):
+    out = tmp_path / "r.jsonl"
+
+    def stop_after_four(progress):
+        if progress.phase == "row" and progress.done == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bench(target, out, on_progress=stop_after_four)
+    assert len(read_rows(out)) == 4
+    with out.open("a") as f:  # a hard kill in the middle of writing a row
+        f.write('{"suite": "tiny", "task": "lists.so')
+    assert len(read_rows(out)) == 4
+    summary = bench(target, out)
+    assert (summary.skipped, summary.written) == (4, 5)
+    rows = read_rows(out)
+    keys = [row_key(r) for r in rows]
+    assert len(keys) == len(set(keys)) == 9
+    assert all(json.loads(line) for line in out.read_text().splitlines())  # the partial line is gone
+    again = bench(target, out)
+    assert (again.skipped, again.written) == (9, 0)
+    assert {r["equal_to_baseline"] for r in rows if r["method"] == "hf.greedy"} == {True}
+
+
+def test_a_damaged_middle_line_is_refused(tmp_path):
+    out = tmp_path / "r.jsonl"
+    out.write_text('{"a": 1}\nnot json\n{"b": 2}\n')
+    with pytest.raises(BenchError, match="line 2"):
+        read_rows(out)
+
+
+def test_training_seeds_are_refused(target, tmp_path):
+    with pytest.raises(BenchError, match="not a test seed"):
+        bench(target, tmp_path / "r.jsonl", seeds=[5])
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_other_test_seeds_draw_other_items(target, tmp_path):
+    out = tmp_path / "r.jsonl"
+    bench(target, out, methods=["hf.greedy"], seeds=[DEFAULT_TEST_SEED + 7], limit=1)
+    rows = read_rows(out)
+    assert {r["seed"] for r in rows} == {DEFAULT_TEST_SEED + 7} and len(rows) == 2 * 2
+
+
+def test_unknown_suite_names_the_close_one():
+    with pytest.raises(BenchError, match="Did you mean 'puzzles'"):
+        get_suite("puzzle")
+
+
+def test_suites_cover_their_tasks():
+    assert {t for t, _ in SUITES["parallel-lists"].tasks} == {n for n, t in TASKS.items() if t.family in ("lists", "letters")}
+    assert {t for t, _ in SUITES["puzzles"].tasks} == {"puzzles.sudoku", "puzzles.latin_square"}
+    assert [t for t, _ in SUITES["code"].tasks] == ["code.complete"]
+    assert sum(n for _, n in SUITES["quick"].tasks) <= 20
+    assert [(t.name, n) for t, _, n in SUITES["puzzles"].plan(limit=3)] == [("puzzles.sudoku", 3), ("puzzles.latin_square", 3)]
+
+
+def test_bad_requests_fail_before_running(target, tmp_path):
+    with pytest.raises(BenchError, match="not in --methods"):
+        run_bench(SUITE, target, ["hf.greedy"], tmp_path / "r.jsonl", params={"ar.sample": {"seed": 1}})
+    with pytest.raises(Exception, match="needs a diffusion model"):
+        run_bench(SUITE, target, ["dlm.baseline"], tmp_path / "r.jsonl")
+    with pytest.raises(Exception, match="--draft"):
+        run_bench(SUITE, target, ["hf.assisted"], tmp_path / "r.jsonl")
+    assert not read_rows(tmp_path / "r.jsonl")
+
+
+def test_split_params():
+    assert split_params(["ar.sample.seed=1", "hf.prompt_lookup.num_tokens=5"]) == {
+        "ar.sample": {"seed": "1"}, "hf.prompt_lookup": {"num_tokens": "5"}}
+    with pytest.raises(BenchError, match="method.name=value"):
+        split_params(["seed=1"])
+
+
+def test_harness_is_quiet(target, tmp_path, capsys):
+    bench(target, tmp_path / "r.jsonl", methods=["hf.greedy"], limit=1)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+    assert harness.SCHEMA == 1

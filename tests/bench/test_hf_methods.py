@@ -1,0 +1,72 @@
+"""The transformers reference methods reproduce ar.greedy token for token, and their counts add up."""
+
+from __future__ import annotations
+
+import pytest
+
+import fastdecode
+from fastdecode.bench.tasks import DEFAULT_TEST_SEED, TASKS, format_prompt
+
+PROMPTS = ["the quick brown", "def add(a, b):", format_prompt(TASKS["letters.reverse"].items(DEFAULT_TEST_SEED, 1)[0].prompt)]
+
+
+def check_stats(result, max_new_tokens: int) -> None:
+    s = result.stats
+    assert s.new_tokens == len(result.token_ids) <= max_new_tokens
+    assert s.tokens_per_forward == pytest.approx(s.new_tokens / s.forwards)
+    assert 0 <= s.accepted <= s.proposed
+    assert sum(s.accepted_per_position) == s.accepted
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("method, kwargs", [
+    ("hf.greedy", {}),
+    ("hf.prompt_lookup", {}),
+    ("hf.prompt_lookup", {"num_tokens": 3, "max_matching_ngram_size": 1}),
+    ("hf.assisted", {"draft": "other"}),
+    ("hf.assisted", {"draft": "self", "assistant_confidence_threshold": 0.0, "num_assistant_tokens": 5}),
+])
+def test_same_tokens_as_ar_greedy(target, draft, prompt, method, kwargs):
+    kwargs = {**kwargs}
+    if "draft" in kwargs:
+        kwargs["draft"] = target if kwargs["draft"] == "self" else draft
+    reference = fastdecode.generate(target, prompt, "ar.greedy", max_new_tokens=24)
+    result = fastdecode.generate(target, prompt, method, max_new_tokens=24, trace=True, **kwargs)
+    assert result.token_ids == reference.token_ids
+    assert result.text == reference.text
+    check_stats(result, 24)
+    # the steps read back from the hooks rebuild the output
+    assert [t for ev in result.trace for _, t in ev.tokens[0]][: len(result.token_ids)] == result.token_ids
+    if method == "hf.greedy":
+        assert result.stats.forwards == reference.stats.forwards and result.stats.proposed == 0
+    if kwargs.get("draft") is target:  # a drafter identical to the target is accepted every time
+        assert result.stats.accepted == result.stats.proposed > 0
+        assert result.stats.forwards < reference.stats.forwards
+        assert result.stats.draft_forwards > 0
+
+
+def test_batch_equals_one_by_one(target, draft):
+    one = [fastdecode.generate(target, p, "hf.assisted", draft=draft, max_new_tokens=12) for p in PROMPTS]
+    batch = fastdecode.generate(target, PROMPTS, "hf.assisted", draft=draft, max_new_tokens=12)
+    for a, b in zip(one, batch):
+        assert a.token_ids == b.token_ids
+        assert (a.stats.forwards, a.stats.proposed, a.stats.accepted) == (b.stats.forwards, b.stats.proposed, b.stats.accepted)
+
+
+def test_assisted_needs_a_draft(target):
+    with pytest.raises(fastdecode.IncompatibleMethodError, match="--draft"):
+        fastdecode.generate(target, "the quick", "hf.assisted", max_new_tokens=4)
+
+
+def test_hooks_and_assistant_are_restored(target):
+    fastdecode.generate(target, "the quick", "hf.assisted", draft=target, max_new_tokens=6)
+    assert not target.model._forward_hooks
+    assert "generate" not in vars(target.model)
+    assert target.model.generation_config.num_assistant_tokens is None
+
+
+def test_registered_as_lossless_causal_methods():
+    for name in ("hf.greedy", "hf.assisted", "hf.prompt_lookup"):
+        method = fastdecode.get_method(name)
+        assert method.kind == "causal" and method.lossless
+    assert dict(fastdecode.get_method("hf.prompt_lookup").params())["max_matching_ngram_size"] == 2
