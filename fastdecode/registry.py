@@ -16,7 +16,7 @@ from .types import ModelKind, PromptBatch, StepEvent
 Driver = Callable[[Any, PromptBatch, MethodConfig, "RunContext"], Iterator[StepEvent]]
 
 # Packages whose modules register built-in methods on import.
-_BUILTIN_PACKAGES = ("fastdecode.ar", "fastdecode.diffusion", "fastdecode.hf")
+_BUILTIN_PACKAGES = ("fastdecode.ar", "fastdecode.diffusion", "fastdecode.hf", "fastdecode.spec")
 _METHODS: dict[str, Method] = {}
 
 

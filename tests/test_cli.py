@@ -52,6 +52,7 @@ def test_info_shows_kind_and_mask(diffusion_dir):
         (["generate", "-m", "{causal}", "-p", "x", "--param", "tmperature=1"], "Unknown parameter"),
         (["generate", "-m", "{causal}", "-p", "   "], "empty"),
         (["generate", "-m", "{diffusion}", "-p", "x"], "needs a causal model"),
+        (["generate", "-m", "{causal}", "-p", "x", "--method", "spec.draft_model"], "needs a draft model"),
     ],
 )
 def test_errors_are_one_line_without_traceback(args, message, causal_dir, diffusion_dir):
@@ -59,3 +60,11 @@ def test_errors_are_one_line_without_traceback(args, message, causal_dir, diffus
     p = run(*args)
     assert p.returncode == 2
     assert message in " ".join(p.stderr.split()) and "Traceback" not in p.stderr
+
+
+def test_generate_with_a_draft_model(causal_dir):
+    p = run("generate", "-m", str(causal_dir), "--draft", str(causal_dir), "--method", "spec.draft_model",
+            "-p", "the quick", "--max-new-tokens", "8", "--json")
+    assert p.returncode == 0, p.stderr
+    stats = json.loads(p.stdout)["stats"]
+    assert stats["draft_forwards"] > 0 and stats["accepted"] == stats["proposed"]  # a draft equal to the target

@@ -1,0 +1,1 @@
+"""Drafters, one file per method; importing a file registers its `spec.*` method."""

@@ -1,0 +1,98 @@
+"""spec.recycling: Token Recycling (Luo et al. 2024), candidate tokens the target ranked highly are kept in an
+adjacency matrix and recycled as a draft tree.
+
+A[v] holds the target's top-k next tokens the last time v was an input. Each step the tree template is filled
+breadth first from the last context token (a node of rank r under a parent with token v gets token A[v, r]),
+verified in one forward with a tree mask, and A is overwritten for every input token of that forward with the
+top-k of its logits, so candidates from rejected branches are reused.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ...config import check
+from ...errors import ParameterError
+from ...models.causal import CausalLM
+from ...registry import RunContext, register
+from ...types import PromptBatch, StepEvent
+from ..loop import BaseDrafter, Draft, SpecConfig, speculative
+
+
+@dataclass(frozen=True)
+class RecyclingConfig(SpecConfig):
+    top_k_candidates: int = 8  # k, candidates kept per token (the paper's output-id top-k)
+    template: str = "7,5,3,2,1,0"  # per depth, the largest sum of candidate ranks on a root path (71 nodes, 6 deep)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.top_k_candidates >= 1, "top_k_candidates", self.top_k_candidates, "must be at least 1")
+        budgets = parse_template(self.template)
+        check(all(a >= b for a, b in zip(budgets, budgets[1:])), "template", self.template, "must not increase with depth")
+
+
+def parse_template(text: str) -> list[int]:
+    try:
+        budgets = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        budgets = []
+    if not budgets or min(budgets) < 0:
+        raise ParameterError(f"Parameter template={text!r} is invalid: write rank budgets per depth, e.g. '7,5,3,2,1,0'.")
+    return budgets
+
+
+def tree_template(budgets: list[int], width: int) -> list[tuple[int, int]]:
+    """(parent, rank) of every node, breadth first: a root path of ranks r_1..r_d is a node iff sum(r) <= budgets[d-1]."""
+    nodes: list[tuple[int, int]] = []
+    level: list[tuple[int, int]] = [(-1, 0)]  # (node index, rank sum so far); -1 is the root
+    for budget in budgets:
+        nxt = []
+        for (parent, total), rank in itertools.product(level, range(width)):
+            if total + rank <= budget:
+                nodes.append((parent, rank))
+                nxt.append((len(nodes) - 1, total + rank))
+        level = nxt
+    return nodes
+
+
+class RecyclingDrafter(BaseDrafter):
+    def __init__(self, cfg: RecyclingConfig, vocab_size: int) -> None:
+        self.k = cfg.top_k_candidates
+        self.template = tree_template(parse_template(cfg.template), self.k)
+        self.depth = [0] * len(self.template)
+        for i, (parent, _) in enumerate(self.template):
+            self.depth[i] = 1 if parent < 0 else self.depth[parent] + 1
+        self.adjacency = torch.full((vocab_size, self.k), -1, dtype=torch.long)  # [V, k] A, -1 = not seen yet
+        self._inputs: list[int] = []  # tokens whose logits the verification forward returns
+
+    def propose(self, context: torch.Tensor, k: int) -> Draft:
+        root = int(context[-1])
+        tokens: list[int] = []
+        parents: list[int] = []
+        placed: dict[int, int] = {}  # template index -> draft node index
+        for i, (parent, rank) in enumerate(self.template):
+            if self.depth[i] > k or (parent >= 0 and parent not in placed):
+                continue
+            above = root if parent < 0 else tokens[placed[parent]]
+            token = int(self.adjacency[above, rank])
+            if token < 0:
+                continue
+            placed[i] = len(tokens)
+            tokens.append(token)
+            parents.append(-1 if parent < 0 else placed[parent])
+        self._inputs = [root] + tokens
+        return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
+
+    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
+        top = logits[: len(self._inputs)].topk(self.k, dim=-1).indices.cpu()  # [1 + T, k]
+        self.adjacency[torch.tensor(self._inputs)] = top
+
+
+@register("spec.recycling", kind="causal", config=RecyclingConfig, lossless=True)
+def run(model: CausalLM, batch: PromptBatch, cfg: RecyclingConfig, ctx: RunContext) -> Iterator[StepEvent]:
+    """Token Recycling: a draft tree from an adjacency matrix of the target's recent top-k candidates."""
+    return speculative(model, batch, cfg, ctx, lambda generator: RecyclingDrafter(cfg, model.vocab_size))

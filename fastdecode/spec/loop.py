@@ -1,0 +1,256 @@
+"""The one speculative driver: propose -> verify in one target forward -> accept -> roll the cache back -> observe.
+
+Every drafter, chain or tree, runs through `speculative()`. Rows of a batch advance in lock step, one target
+forward per row and step, each row with its own KV cache and drafter, so no row ever sees another row's
+padding and a batched run equals the one-by-one runs token for token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..ar.sample import make_generator
+from ..cache import KVCache
+from ..config import MethodConfig, check
+from ..errors import IncompatibleMethodError
+from ..models.causal import CausalLM
+from ..registry import RunContext
+from ..types import PromptBatch, StepEvent
+from .tree import ancestor_mask, depths, verify_tree_greedy, verify_tree_sampling
+from .verify import Verdict, target_distribution, verify_greedy, verify_sampling
+
+
+@dataclass(frozen=True)
+class SpecConfig(MethodConfig):
+    """Parameters every speculative method takes. temperature 0 is greedy and lossless (equals ar.greedy);
+    above 0 the output has exactly ar.sample's distribution with the same temperature / top-k / top-p."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 keeps every token
+    top_p: float = 1.0
+    seed: int | None = None  # None draws from torch's global RNG; a seed makes the run repeat
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 means greedy)")
+        check(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 keeps all tokens)")
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Side:
+    """Tokens a drafter rides on the verification forward for its own use (Lookahead's Jacobi window). They see
+    the context and each other as `mask` says; the draft never sees them; their logits go to `observe`."""
+
+    tokens: torch.Tensor  # [S] long
+    offsets: torch.Tensor  # [S] position = last context position + offset (>= 1)
+    mask: torch.Tensor  # [S, S] bool, side token i may attend to side token j
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed continuation of one row: a chain, or a tree when `parents` is given (see `tree.py`).
+
+    `probs=None` marks a deterministic drafter (verified with q one-hot); trees must be deterministic.
+    """
+
+    tokens: torch.Tensor  # [k] long
+    probs: torch.Tensor | None = None  # [k, V] q_i, the distribution each token was drawn from
+    parents: list[int] | None = None  # [k] tree parent of each node, -1 = root; None = chain
+    side: Side | None = None
+
+    @staticmethod
+    def empty() -> Draft:
+        return Draft(torch.empty(0, dtype=torch.long))
+
+    @property
+    def depth(self) -> int:
+        """The most draft tokens that can be accepted."""
+        return max(depths(self.parents), default=0) if self.parents is not None else self.tokens.numel()
+
+
+class Drafter(Protocol):
+    """Proposes tokens for one row. Drafters that run a model count their forwards in `forwards`."""
+
+    forwards: int
+
+    def propose(self, context: torch.Tensor, k: int) -> Draft:
+        """Draft a chain of at most k tokens, or a tree at most k deep, to follow `context` (`[N]` long, on the CPU)."""
+        ...
+
+    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
+        """The first `accepted` tokens of the last draft were accepted, then the target emitted one more.
+
+        `logits` are the target's logits of that step, for drafters that learn from the target: `[1 + k + S, V]`
+        for the root (last context token), the k draft tokens and the S side tokens.
+        """
+        ...
+
+    def finish(self, context: torch.Tensor) -> None:
+        """The row ended with this `[N]` context (prompt + output); drafters that learn across requests keep it."""
+        ...
+
+
+class BaseDrafter:
+    """Defaults for the Drafter protocol: no model forwards, nothing learnt from verification."""
+
+    forwards = 0
+
+    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
+        pass
+
+    def finish(self, context: torch.Tensor) -> None:
+        pass
+
+
+# makes the drafter of one row from the run's generator (drafters that sample share it); rows never share a drafter
+DrafterFactory = Callable[[torch.Generator | None], Drafter]
+
+
+def check_rollback(model: CausalLM) -> None:
+    """Refuse a model whose KV cache cannot drop rejected draft positions."""
+    cache = model.new_cache()
+    if not cache.can_trim:
+        raise IncompatibleMethodError(
+            f"Speculative methods roll the KV cache back after each verification, but {model.name!r} uses a cache "
+            f"({type(cache.hf).__name__}, e.g. sliding-window layers) that cannot roll back. "
+            "Use ar.greedy / ar.sample with this model, or a model with full attention."
+        )
+
+
+def speculative(model: CausalLM, batch: PromptBatch, cfg: SpecConfig, ctx: RunContext, new_drafter: DrafterFactory) -> Iterator[StepEvent]:
+    """Check the model, then return the generator of step events (errors surface before the first step)."""
+    check_rollback(model)
+    generator = make_generator(cfg.seed, ctx.generator, model.device)
+    rows = [_Row(model, batch.row(b), cfg, new_drafter(generator), generator) for b in range(batch.size)]
+    return _steps(rows)
+
+
+def _steps(rows: list[_Row]) -> Iterator[StepEvent]:
+    index = 0
+    while not all(r.done for r in rows):
+        outs = [r.step() if not r.done else _Out() for r in rows]
+        yield StepEvent(
+            index=index,
+            tokens=tuple(o.tokens for o in outs),
+            forwards=1,
+            # a batched drafter would run until its longest row is drafted
+            draft_forwards=max(o.draft_forwards for o in outs),
+            proposed=tuple(o.proposed for o in outs),
+            accepted=tuple(o.accepted for o in outs),
+            finished=tuple(r.done for r in rows),
+        )
+        index += 1
+
+
+@dataclass
+class _Out:
+    tokens: tuple[tuple[int, int], ...] = ()
+    proposed: int = 0
+    accepted: int = 0
+    draft_forwards: int = 0
+
+
+class _Row:
+    """One sequence: its context, its target KV cache and its drafter."""
+
+    def __init__(self, model: CausalLM, prompt: list[int], cfg: SpecConfig, drafter: Drafter, generator: torch.Generator | None) -> None:
+        self.model, self.cfg, self.drafter, self.generator = model, cfg, drafter, generator
+        self.eos = model.eos_token_ids
+        self.prompt_len = len(prompt)
+        self.ids = torch.tensor(prompt + [0] * cfg.max_new_tokens, dtype=torch.long)  # [L + max_new] context buffer
+        self.n = len(prompt)  # tokens in the context
+        self.pending = len(prompt)  # context tokens the target cache has not seen yet
+        self.cache: KVCache = model.new_cache()
+        self.done = False
+
+    def step(self) -> _Out:
+        made = self.n - self.prompt_len
+        room = self.cfg.max_new_tokens - made - 1  # drafts beyond this could never be emitted
+        context = self.ids[: self.n]
+        before = self.drafter.forwards
+        draft = self.drafter.propose(context, room) if room > 0 else Draft.empty()
+        k = draft.tokens.numel()
+        assert draft.depth <= max(room, 0), f"drafter proposed {draft.depth} tokens deep, more than the {room} asked for"
+
+        # 1. one target forward over the unseen context, the draft (and side tokens) gives p for the root and each node
+        logits = self._forward(context, draft)  # [1 + k + S, V]
+        verdict = self._verify(draft, logits[: k + 1])
+
+        # 2. keep accepted tokens up to the first EOS
+        tokens = verdict.tokens[: self.cfg.max_new_tokens - made]
+        cut = next((i + 1 for i, t in enumerate(tokens) if t in self.eos), len(tokens))
+        tokens = tokens[:cut]
+        start = self.n
+        self.ids[start : start + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        self.n += len(tokens)
+        self.done = tokens[-1] in self.eos or self.n - self.prompt_len >= self.cfg.max_new_tokens
+
+        # 3. roll the cache back: a chain keeps its accepted prefix; a tree's (or side tokens') cache entries are
+        #    all dropped and the accepted path is fed again with the next step
+        if self.done:
+            self.drafter.finish(self.ids[: self.n])
+        else:
+            plain = draft.parents is None and draft.side is None
+            self.cache.crop(start + (verdict.accepted if plain else 0))
+            self.pending = self.n - self.cache.length
+            self.drafter.observe(verdict.accepted, logits)
+        return _Out(
+            tokens=tuple((made + i, t) for i, t in enumerate(tokens)),
+            proposed=k,
+            accepted=min(verdict.accepted, len(tokens)),
+            draft_forwards=self.drafter.forwards - before,
+        )
+
+    def _forward(self, context: torch.Tensor, draft: Draft) -> torch.Tensor:
+        P, k, n = self.pending, draft.tokens.numel(), self.n
+        side = draft.side
+        parts = [context[n - P :], draft.tokens.cpu()] + ([side.tokens.cpu()] if side else [])
+        inp = torch.cat(parts)[None].to(self.model.device)  # [1, P + k + S]
+        if draft.parents is None and side is None:  # a chain: plain causal attention
+            pos, mask = torch.arange(n - P, n + k), None
+        else:
+            offsets = torch.tensor(depths(draft.parents), dtype=torch.long) if draft.parents is not None else torch.arange(1, k + 1)
+            pos = torch.cat([torch.arange(n - P, n), n - 1 + offsets] + ([self._side_positions(side)] if side else []))
+            mask = self._mask(P, draft)
+        pos = pos[None].to(self.model.device)
+        return self.model.forward(inp, pos, self.cache, mask, num_logits=1 + inp.shape[1] - P)[0]
+
+    def _side_positions(self, side: Side) -> torch.Tensor:
+        """Side tokens are guesses far ahead; near the model's last position they share it (only guesses suffer)."""
+        pos = self.n - 1 + side.offsets.cpu()
+        limit = self.model.max_positions
+        return pos.clamp(max=limit - 1) if limit is not None else pos
+
+    def _mask(self, P: int, draft: Draft) -> torch.Tensor:
+        """`[1, 1, Q, C + Q]` additive mask: pending tokens causal, tree nodes see their ancestors, side tokens theirs."""
+        k = draft.tokens.numel()
+        S = draft.side.tokens.numel() if draft.side else 0
+        C, Q = self.cache.length, P + k + S
+        allow = torch.zeros(Q, C + Q, dtype=torch.bool)
+        allow[:, : C + P] = True
+        allow[:P, C : C + P] = torch.ones(P, P, dtype=torch.bool).tril()
+        tree = ancestor_mask(draft.parents) if draft.parents is not None else torch.ones(k, k, dtype=torch.bool).tril()
+        allow[P : P + k, C + P : C + P + k] = tree
+        if S:
+            allow[P + k :, C + P + k :] = draft.side.mask
+        blocked = torch.finfo(self.model.dtype).min
+        return torch.zeros(Q, C + Q, dtype=self.model.dtype).masked_fill(~allow, blocked)[None, None].to(self.model.device)
+
+    def _verify(self, draft: Draft, logits: torch.Tensor) -> Verdict:
+        tree = draft.parents
+        if self.cfg.greedy:
+            return verify_greedy(draft.tokens, logits) if tree is None else verify_tree_greedy(draft.tokens.tolist(), tree, logits)
+        p = target_distribution(logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)  # [k + 1, V]
+        if tree is None:
+            return verify_sampling(draft.tokens, draft.probs, p, self.generator)
+        assert draft.probs is None, "trees are verified with q one-hot: tree drafters must be deterministic"
+        return verify_tree_sampling(draft.tokens.tolist(), tree, p, self.generator)

@@ -1,0 +1,112 @@
+"""A depth-bounded suffix tree (an uncompressed suffix trie) with occurrence counts, for SuffixDecoding.
+
+Every substring of up to `max_depth` tokens of the added sequences is a node whose `count` is the number of
+its occurrences; sequences grow one token at a time and can be removed again (FIFO eviction of a global
+tree). Drafting follows the most frequent child and scores the draft by its path probabilities
+(Oliaro et al. 2024, "SuffixDecoding", §3).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+class Node:
+    __slots__ = ("count", "depth", "children")
+
+    def __init__(self, depth: int) -> None:
+        self.count = 0
+        self.depth = depth
+        self.children: dict[int, Node] = {}
+
+
+@dataclass(frozen=True)
+class SuffixDraft:
+    tokens: list[int]
+    score: float  # sum over drafted tokens of the path probability prod(child.count / parent.count)
+
+
+class SuffixTree:
+    def __init__(self, max_depth: int) -> None:
+        self.max_depth = max_depth
+        self.root = Node(0)
+        self._open: dict[int, list[Node]] = {}  # per sequence: nodes of its suffixes shorter than max_depth
+        self._tokens: OrderedDict[int, list[int]] = OrderedDict()  # per sequence, oldest first
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def extend(self, seq: int, tokens: list[int]) -> None:
+        """Append tokens to sequence `seq` (created on first use), counting each new suffix."""
+        open_nodes = self._open.setdefault(seq, [])
+        self._tokens.setdefault(seq, []).extend(tokens)
+        for t in tokens:
+            grown = []
+            for node in [self.root, *open_nodes]:
+                child = node.children.get(t)
+                if child is None:
+                    child = node.children[t] = Node(node.depth + 1)
+                child.count += 1
+                if child.depth < self.max_depth:
+                    grown.append(child)
+            open_nodes[:] = grown
+
+    def remove(self, seq: int) -> None:
+        """Forget sequence `seq`: undo the counts of all its substrings."""
+        tokens = self._tokens.pop(seq, [])
+        self._open.pop(seq, None)
+        for start in range(len(tokens)):
+            node = self.root
+            for t in tokens[start : start + self.max_depth]:
+                child = node.children[t]
+                child.count -= 1
+                if child.count == 0:
+                    del node.children[t]
+                    break
+                node = child
+
+    def oldest(self) -> int | None:
+        return next(iter(self._tokens), None)
+
+    def suffix_nodes(self, seq: int) -> list[Node]:
+        """Nodes of sequence `seq`'s own suffixes, shortest first (its last token, last two tokens, ...)."""
+        return list(self._open.get(seq, []))
+
+    def match(self, context: list[int]) -> list[Node]:
+        """Nodes of the context's suffixes present in the tree, shortest first."""
+        found = []
+        for m in range(1, min(len(context), self.max_depth) + 1):
+            node = self.root
+            for t in context[len(context) - m :]:
+                node = node.children.get(t)
+                if node is None:
+                    return found  # a longer suffix contains this one, so it cannot be present either
+            found.append(node)
+        return found
+
+
+def draft_from(node: Node, max_tokens: int, min_token_prob: float) -> SuffixDraft:
+    """Follow the most frequent child while the path probability stays >= min_token_prob."""
+    tokens: list[int] = []
+    score, prob = 0.0, 1.0
+    while len(tokens) < max_tokens and node.children:
+        token, child = max(node.children.items(), key=lambda item: item[1].count)
+        prob *= child.count / node.count
+        if prob < min_token_prob:
+            break
+        tokens.append(token)
+        score += prob
+        node = child
+    return SuffixDraft(tokens, score)
+
+
+def best_draft(nodes: list[Node], max_spec_tokens: int, factor: float, offset: float, min_token_prob: float) -> SuffixDraft:
+    """Best-scoring draft over the matched suffixes; a match of m tokens may draft floor(m * factor + offset)."""
+    best = SuffixDraft([], 0.0)
+    for node in nodes:
+        limit = min(max_spec_tokens, int(node.depth * factor + offset))
+        draft = draft_from(node, limit, min_token_prob)
+        if draft.score > best.score:
+            best = draft
+    return best

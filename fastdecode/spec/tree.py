@@ -1,0 +1,99 @@
+"""Token trees: attention masks, depth positions and verification of many candidate continuations at once.
+
+A tree of T nodes is given by `tokens [T]` and `parents [T]` (the parent's node index, -1 for a child of the
+root, i.e. of the last context token), parents listed before their children. In the verification forward
+each node attends to the context and to its ancestors and sits at position (last context position + depth),
+as in SpecInfer (Miao et al. 2024) and Medusa. Logit row 0 belongs to the root, row i + 1 to node i.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .verify import Verdict
+
+
+def depths(parents: list[int]) -> list[int]:
+    """Depth of every node: 1 for children of the root."""
+    out: list[int] = []
+    for p in parents:
+        out.append(1 if p < 0 else out[p] + 1)
+    return out
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """`[T, T]` bool: node i may attend to node j iff j is i or an ancestor of i."""
+    T = len(parents)
+    mask = torch.eye(T, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] |= mask[p]
+    return mask
+
+
+def children(parents: list[int]) -> dict[int, list[int]]:
+    """Children of every node in listed order; key -1 is the root."""
+    out: dict[int, list[int]] = {-1: []}
+    for i, p in enumerate(parents):
+        out.setdefault(p, []).append(i)
+        out.setdefault(i, [])
+    return out
+
+
+def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tensor) -> Verdict:
+    """Longest root path whose every token is the target's argmax after its parent; then the target's next token.
+
+    logits: `[T + 1, V]`. Among equally deep accepted nodes the first listed wins.
+    """
+    best = logits.argmax(-1).tolist()  # [T + 1]
+    ok = [False] * len(tokens)
+    depth = depths(parents)
+    end, end_depth = -1, 0
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        ok[i] = t == best[p + 1] and (p < 0 or ok[p])
+        if ok[i] and depth[i] > end_depth:
+            end, end_depth = i, depth[i]
+    path = _path(parents, end)
+    return Verdict(len(path), [tokens[i] for i in path] + [best[end + 1]])
+
+
+def verify_tree_sampling(tokens: list[int], parents: list[int], p: torch.Tensor, generator: torch.Generator | None) -> Verdict:
+    """Recursive rejection sampling over deterministic children (SpecInfer multi-step speculative sampling with
+    q one-hot): at each accepted node try its children in order, accepting child c with probability r(c) under
+    the running residual r (initially p at that node) and else removing c from r; when all are rejected, or at
+    a leaf, draw from r. Sibling tokens must be distinct. The emitted tokens are distributed as under p.
+
+    p: `[T + 1, V]` target distributions (processors already applied).
+    """
+    kids = children(parents)
+    node, path = -1, []
+    while True:
+        r = p[node + 1].clone()  # [V]
+        for c in kids[node]:
+            mass = float(r.sum())
+            u = float(torch.rand((), generator=generator, device=p.device))
+            if mass > 0 and u * mass < float(r[tokens[c]]):
+                path.append(c)
+                node = c
+                break
+            r[tokens[c]] = 0.0
+        else:
+            y = int(torch.multinomial(r if float(r.sum()) > 0 else p[node + 1], 1, generator=generator))
+            return Verdict(len(path), [tokens[i] for i in path] + [y])
+
+
+def _path(parents: list[int], end: int) -> list[int]:
+    path = []
+    while end >= 0:
+        path.append(end)
+        end = parents[end]
+    return path[::-1]
+
+
+def check_tree(tokens: list[int], parents: list[int]) -> None:
+    """Parents before children, and distinct tokens among siblings (needed for lossless sampling)."""
+    assert len(tokens) == len(parents)
+    for i, p in enumerate(parents):
+        assert -1 <= p < i, f"node {i} has parent {p}: parents must be listed first"
+    for node, kid in children(parents).items():
+        assert len({tokens[c] for c in kid}) == len(kid), f"node {node} has repeated child tokens"

@@ -1,0 +1,82 @@
+"""Acceptance rules of speculative decoding: pure functions from a draft and the target's logits to a verdict.
+
+Notation follows Leviathan et al. 2023 (arXiv 2211.17192) and Chen et al. 2023 (arXiv 2302.01318):
+x_1..x_k are the drafted tokens, q_i the drafter's distribution at draft position i, p_i the target's.
+The target scores all k + 1 positions in one forward; position k + 1 gives the bonus token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import sampling
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of verifying one chain draft.
+
+    `tokens` holds the `accepted` draft tokens followed by one token from the target: the correction at
+    the first rejected position, or the bonus token when the whole draft was accepted.
+    """
+
+    accepted: int
+    tokens: list[int]
+
+
+def target_distribution(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """`[T, V]` logits -> `[T, V]` probabilities after temperature, top-k and top-p (as ar.sample applies them)."""
+    logits = sampling.temperature(logits, temperature)
+    logits = sampling.top_k(logits, top_k)
+    logits = sampling.top_p(logits, top_p)
+    return logits.float().softmax(-1)
+
+
+def verify_greedy(draft: torch.Tensor, logits: torch.Tensor) -> Verdict:
+    """Accept the longest draft prefix equal to the target's argmax, then emit the target's own token.
+
+    draft: `[k]` token ids; logits: `[k + 1, V]` target logits (row i predicts the token after x_i).
+    """
+    k = draft.numel()
+    best = sampling.greedy(logits)  # [k + 1], ties to the lowest id as in ar.greedy
+    n = int((draft.to(best.device) == best[:k]).long().cumprod(0).sum())
+    return Verdict(n, best[: n + 1].tolist())  # best[:n] equals the accepted draft
+
+
+def verify_sampling(
+    draft: torch.Tensor,  # [k] x_1..x_k, drawn from q
+    q: torch.Tensor | None,  # [k, V] the drafter's distributions; None for a deterministic drafter (q one-hot)
+    p: torch.Tensor,  # [k + 1, V] the target's distributions, processors already applied
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Speculative sampling: accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit
+    y ~ norm(max(p_i - q_i, 0)); if all k are accepted emit the bonus y ~ p_{k+1}. The emitted tokens are
+    distributed exactly as k + 1 ancestral samples from p would be (Leviathan et al., Theorem 3.5).
+    """
+    k = draft.numel()
+    x = draft.to(p.device)
+    rows = torch.arange(k, device=p.device)
+    p_x = p[rows, x]  # [k]
+    q_x = q[rows, x] if q is not None else torch.ones_like(p_x)  # a deterministic drafter proposes x with q = 1
+    u = torch.rand(k, generator=generator, device=p.device)  # [k]
+    accept = u * q_x < p_x  # u < p/q without dividing; P(accept) = min(1, p/q)
+    n = int(accept.long().cumprod(0).sum())
+    if n == k:
+        residual = p[k]  # bonus token
+    else:
+        residual = _residual(p[n], q[n] if q is not None else None, int(x[n]))
+    y = int(torch.multinomial(residual, 1, generator=generator))
+    return Verdict(n, x[:n].tolist() + [y])
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
+    """`[V]` unnormalised max(p - q, 0); with q one-hot at x that is p with x removed."""
+    if q is None:
+        r = p.clone()
+        r[x] = 0.0
+    else:
+        r = (p - q).clamp(min=0.0)
+    # p == q leaves nothing; rejection then had probability 0 up to rounding, and p itself is the right law
+    return r if float(r.sum()) > 0 else p

@@ -1,0 +1,235 @@
+"""Speculative methods on tiny fp32 models: greedy output equals ar.greedy token for token, batched equals
+one-by-one, EOS and max_new_tokens cut inside a draft, and a drafter identical to the target is accepted k+1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+import fastdecode
+from fastdecode.engine import encode_batch
+from fastdecode.errors import IncompatibleMethodError, ParameterError
+from fastdecode.registry import RunContext
+from fastdecode.spec.drafters.draft_model import DraftModelConfig, ModelDrafter
+from fastdecode.spec.drafters.ngram import NgramConfig
+from fastdecode.spec.drafters.suffix import forget
+from fastdecode.spec.loop import BaseDrafter, Draft, SpecConfig, speculative
+
+PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
+LONG = PROMPTS[2]  # runs 40 tokens without EOS on the tiny model
+
+
+@pytest.fixture(scope="module")
+def other_draft(causal):
+    """A different random model with the target's shape and tokenizer: it disagrees with the target often."""
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        twin = LlamaForCausalLM(causal.model.config).eval()
+    with torch.no_grad():
+        twin.lm_head.weight.mul_(8.0)  # as sharp as the target (conftest.save_causal)
+    return fastdecode.CausalLM(twin, causal.tokenizer, name="tiny-draft")
+
+
+@pytest.fixture(scope="module")
+def baseline(causal):
+    return [r.token_ids for r in fastdecode.generate(causal, PROMPTS, "ar.greedy", max_new_tokens=40)]
+
+
+# (method, params, which draft: None / "self" / "other")
+CASES = [
+    ("spec.pld", {}, None),
+    ("spec.pld", {"max_ngram": 1, "num_tokens": 3}, None),
+    ("spec.ngram", {}, None),
+    ("spec.ngram", {"min_n": 2, "max_n": 4, "num_tokens": 8}, None),
+    ("spec.draft_model", {}, "other"),
+    ("spec.draft_model", {"num_draft_tokens": 3}, "self"),
+    ("spec.draft_model", {"schedule": "heuristic", "confidence_stop": 0.4}, "other"),
+    ("spec.draft_model", {"schedule": "heuristic", "num_draft_tokens": 2}, "self"),
+    ("spec.suffix", {"max_cached_requests": 0}, None),
+    ("spec.suffix", {"max_depth": 8, "max_spec_factor": 2.0, "min_token_prob": 0.0}, None),
+    ("spec.jacobi", {}, None),
+    ("spec.jacobi", {"window": 2}, None),
+    ("spec.recycling", {}, None),
+    ("spec.recycling", {"top_k_candidates": 2, "template": "1,1,1"}, None),
+    ("spec.lookahead", {}, None),
+    ("spec.lookahead", {"ngram": 3, "window": 4, "guesses": 2}, None),
+]
+
+
+def drafts(case_draft, causal, other_draft):
+    return {} if case_draft is None else {"draft": causal if case_draft == "self" else other_draft}
+
+
+@pytest.mark.parametrize("method,params,draft", CASES)
+def test_batched_greedy_equals_ar_greedy(causal, other_draft, baseline, method, params, draft):
+    kw = dict(params, **drafts(draft, causal, other_draft))
+    results = fastdecode.generate(causal, PROMPTS, method, max_new_tokens=40, **kw)
+    assert [r.token_ids for r in results] == baseline
+    for r in results:
+        s = r.stats
+        assert s.accepted <= s.proposed and s.new_tokens == len(r.token_ids)
+        assert sum(s.accepted_per_position) == s.accepted
+        assert s.forwards <= s.new_tokens
+
+
+def test_suffix_learns_from_earlier_requests_and_stays_lossless(causal, baseline):
+    forget(causal)
+    first = fastdecode.generate(causal, PROMPTS, "spec.suffix", max_new_tokens=40)
+    again = fastdecode.generate(causal, PROMPTS, "spec.suffix", max_new_tokens=40)
+    assert [r.token_ids for r in first] == [r.token_ids for r in again] == baseline
+    assert sum(r.stats.forwards for r in again) < sum(r.stats.forwards for r in first)
+    forget(causal)
+    fresh = fastdecode.generate(causal, PROMPTS, "spec.suffix", max_new_tokens=40)
+    assert [r.stats.forwards for r in fresh] == [r.stats.forwards for r in first]
+
+
+def test_batched_stats_equal_one_by_one(causal, other_draft):
+    batched = fastdecode.generate(causal, PROMPTS, "spec.draft_model", draft=other_draft, max_new_tokens=30)
+    for prompt, b in zip(PROMPTS, batched):
+        s = fastdecode.generate(causal, prompt, "spec.draft_model", draft=other_draft, max_new_tokens=30)
+        assert b.token_ids == s.token_ids
+        assert (b.stats.forwards, b.stats.proposed, b.stats.accepted, b.stats.accepted_per_position) == (
+            s.stats.forwards, s.stats.proposed, s.stats.accepted, s.stats.accepted_per_position)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_draft_identical_to_target_is_accepted_k_plus_one(causal, k):
+    steps = 3
+    events = list(fastdecode.stream(causal, LONG, "spec.draft_model", draft=causal, num_draft_tokens=k,
+                                    max_new_tokens=steps * (k + 1)))
+    r = events[-1].results[0]
+    assert r.stats.finish_reason == "length"
+    assert [len(e.tokens[0]) for e in events[:-1]] == [k + 1] * steps
+    assert r.stats.forwards == steps and r.stats.tokens_per_forward == k + 1
+    assert r.stats.accepted_per_position == [steps] * k
+    assert r.stats.draft_forwards == steps * k
+
+
+def test_eos_inside_a_draft_stops_the_row(causal_dir, baseline):
+    model = fastdecode.load(causal_dir)
+    stop = baseline[2][3]  # inside the first draft of 5 (accepted in full by the self-draft)
+    model.model.generation_config.eos_token_id = [1, stop]
+    ref = fastdecode.generate(model, PROMPTS, "ar.greedy", max_new_tokens=40)
+    for method, kw in [("spec.draft_model", {"draft": model}), ("spec.pld", {}), ("spec.ngram", {}), ("spec.suffix", {}),
+                       ("spec.jacobi", {}), ("spec.recycling", {}), ("spec.lookahead", {})]:
+        out = fastdecode.generate(model, PROMPTS, method, max_new_tokens=40, trace=True, **kw)
+        for b, (r, a) in enumerate(zip(out, ref)):
+            assert r.token_ids == a.token_ids and r.stats.finish_reason == a.stats.finish_reason
+            streamed = [t for e in r.trace for _, t in e.tokens[b]]
+            assert streamed == r.token_ids  # nothing after the EOS is ever emitted
+    row = fastdecode.generate(model, PROMPTS[2], "spec.draft_model", draft=model, max_new_tokens=40)
+    assert row.token_ids == baseline[2][:4] and row.stats.forwards == 1 and row.stats.accepted == 4
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7])
+def test_max_new_tokens_inside_a_draft(causal, baseline, n):
+    for method, kw in [("spec.draft_model", {"draft": causal}), ("spec.pld", {"num_tokens": 10}), ("spec.suffix", {}),
+                       ("spec.recycling", {}), ("spec.lookahead", {"ngram": 3})]:
+        out = fastdecode.generate(causal, PROMPTS, method, max_new_tokens=n, trace=True, **kw)
+        for b, r in enumerate(out):
+            assert r.token_ids == baseline[b][:n]
+            assert sum(len(e.tokens[b]) for e in r.trace) == len(r.token_ids) <= n
+            assert r.stats.proposed <= max(n - 1, 0) * r.stats.forwards
+
+
+def test_seeded_sampling_repeats_and_seeds_differ(causal, other_draft):
+    for method, kw in [("spec.draft_model", {"draft": other_draft}), ("spec.pld", {}), ("spec.lookahead", {})]:
+        run = lambda seed: [r.token_ids for r in fastdecode.generate(  # noqa: E731
+            causal, PROMPTS, method, temperature=1.5, seed=seed, max_new_tokens=24, **kw)]
+        assert run(7) == run(7)
+        assert run(7) != run(8)
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    a = fastdecode.generate(causal, LONG, "spec.ngram", generator=g1, temperature=2.0, max_new_tokens=16)
+    b = fastdecode.generate(causal, LONG, "spec.ngram", generator=g2, temperature=2.0, max_new_tokens=16)
+    assert a.token_ids == b.token_ids
+
+
+def test_missing_or_mismatched_draft_is_refused(causal, tokenizer):
+    with pytest.raises(IncompatibleMethodError, match="needs a draft model"):
+        fastdecode.generate(causal, "the", "spec.draft_model")
+    small = LlamaForCausalLM(causal.model.config.__class__(**{**causal.model.config.to_dict(), "vocab_size": 100}))
+    with pytest.raises(IncompatibleMethodError, match="same tokenizer"):
+        fastdecode.generate(causal, "the", "spec.draft_model", draft=fastdecode.CausalLM(small))
+    with pytest.raises(ParameterError):
+        fastdecode.generate(causal, "the", "spec.draft_model", draft=causal, schedule="sometimes")
+
+
+def test_cache_that_cannot_roll_back_is_refused():
+    cfg = MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=8, max_position_embeddings=256)
+    model = fastdecode.CausalLM(MistralForCausalLM(cfg))
+    with pytest.raises(IncompatibleMethodError, match="cannot roll back"):
+        fastdecode.generate(model, [3, 4, 5], "spec.pld", max_new_tokens=4)
+    batch = encode_batch(model, [3, 4], 4)
+    with pytest.raises(IncompatibleMethodError, match="cannot roll back"):  # at construction, before any step
+        fastdecode.get_method("spec.ngram").driver(model, batch, NgramConfig(), RunContext())
+
+
+def test_draft_cache_rolls_back_to_the_accepted_prefix(other_draft):
+    greedy = DraftModelConfig(num_draft_tokens=4)
+    drafter = ModelDrafter(other_draft, greedy, None)
+    context = torch.tensor(other_draft.encode("the quick brown"))
+    first = drafter.propose(context, 10).tokens
+    assert first.numel() == 4 and drafter.forwards == 4
+    # the target accepts two drafts, then corrects the third
+    context = torch.cat([context, first[:2], torch.tensor([(int(first[2]) + 1) % other_draft.vocab_size])])
+    drafter.observe(2)
+    assert drafter.cache.length == context.numel() - 1
+    fresh = ModelDrafter(other_draft, greedy, None)
+    assert drafter.propose(context, 10).tokens.tolist() == fresh.propose(context, 10).tokens.tolist()
+
+
+def test_heuristic_schedule_grows_and_shrinks(other_draft):
+    drafter = ModelDrafter(other_draft, DraftModelConfig(num_draft_tokens=3, schedule="heuristic"), None)
+    context = torch.tensor(other_draft.encode("the quick brown"))
+    lengths = []
+    for accepted_all in (True, True, False, False, False, False):
+        d = drafter.propose(context, 100).tokens
+        accepted = d.numel() if accepted_all else 0
+        context = torch.cat([context, d[:accepted], torch.tensor([5])])
+        drafter.observe(accepted)
+        lengths.append(drafter.length)
+    assert lengths == [5, 7, 6, 5, 4, 3]
+
+
+def test_confidence_stop_cuts_the_draft_after_an_unsure_token(other_draft):
+    context = torch.tensor(other_draft.encode("the quick brown"))
+    sure = ModelDrafter(other_draft, DraftModelConfig(num_draft_tokens=6), None)
+    unsure = ModelDrafter(other_draft, DraftModelConfig(num_draft_tokens=6, confidence_stop=0.999999), None)
+    full, cut = sure.propose(context, 100).tokens, unsure.propose(context, 100).tokens
+    assert full.numel() == 6 and cut.tolist() == full[:1].tolist() and unsure.forwards == 1
+
+
+class OracleTree(BaseDrafter):
+    """A tree whose true branch (the greedy output) always comes second, after a decoy, at every depth."""
+
+    def __init__(self, truth: list[int], prompt_len: int, depth: int, vocab: int) -> None:
+        self.truth, self.prompt_len, self.depth, self.vocab = truth, prompt_len, depth, vocab
+
+    def propose(self, context: torch.Tensor, k: int) -> Draft:
+        made = context.numel() - self.prompt_len
+        true = self.truth[made : made + min(k, self.depth)]
+        tokens, parents, above = [], [], -1
+        for t in true:
+            tokens += [(t + 1) % self.vocab, t]
+            parents += [above, above]
+            above = len(tokens) - 1
+        return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
+
+
+def test_tree_attention_accepts_the_full_true_path(causal, baseline):
+    prompt = causal.encode(LONG)
+    batch = encode_batch(causal, [prompt], 40)
+    cfg = SpecConfig(max_new_tokens=40)
+    events = list(speculative(causal, batch, cfg, RunContext(), lambda g: OracleTree(baseline[2], len(prompt), 3, causal.vocab_size)))
+    assert [t for e in events for _, t in e.tokens[0]] == baseline[2]
+    assert [e.accepted[0] for e in events] == [3] * 10  # every step: depth 3 accepted + 1 from the target
+    assert [len(e.tokens[0]) for e in events] == [4] * 10
+
+
+def test_lookahead_near_the_last_position(causal):
+    prompt = causal.encode(" ".join(PROMPTS * 3))[:100]
+    n = causal.max_positions - len(prompt)  # generation ends at the model's last position
+    ref = fastdecode.generate(causal, prompt, "ar.greedy", max_new_tokens=n)
+    assert fastdecode.generate(causal, prompt, "spec.lookahead", max_new_tokens=n).token_ids == ref.token_ids

@@ -1,0 +1,84 @@
+"""The depth-bounded suffix tree of spec.suffix: counts, removal, frequency-scored drafts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastdecode.spec.drafters.suffix import SuffixConfig, SuffixDrafter
+from fastdecode.spec.suffix_tree import SuffixTree, best_draft, draft_from
+
+
+def path(tree: SuffixTree, tokens: list[int]):
+    node = tree.root
+    for t in tokens:
+        node = node.children[t]
+    return node
+
+
+def test_counts_are_substring_occurrences():
+    tree = SuffixTree(max_depth=3)
+    tree.extend(0, [1, 2, 1, 2, 3])
+    assert path(tree, [1]).count == 2 and path(tree, [1, 2]).count == 2 and path(tree, [2, 3]).count == 1
+    assert path(tree, [1, 2, 1]).count == 1
+    assert not path(tree, [1, 2, 1]).children  # depth 3 is the limit
+    tree.extend(0, [1, 2])  # growing a sequence counts only the new suffixes
+    assert path(tree, [1, 2]).count == 3 and path(tree, [3, 1, 2]).count == 1
+    assert [n.depth for n in tree.suffix_nodes(0)] == [1, 2]
+    assert tree.suffix_nodes(0)[1] is path(tree, [1, 2])
+
+
+def test_remove_undoes_a_sequence():
+    tree = SuffixTree(max_depth=4)
+    tree.extend(0, [5, 6, 7])
+    tree.extend(1, [6, 7, 8, 6, 7])
+    tree.remove(1)
+    assert len(tree) == 1 and tree.oldest() == 0
+    assert path(tree, [6, 7]).count == 1 and 8 not in tree.root.children
+    fresh = SuffixTree(max_depth=4)
+    fresh.extend(0, [5, 6, 7])
+
+    def dump(node):
+        return {t: (c.count, dump(c)) for t, c in node.children.items()}
+
+    assert dump(tree.root) == dump(fresh.root)
+
+
+def test_draft_follows_the_most_frequent_child_until_the_probability_drops():
+    tree = SuffixTree(max_depth=8)
+    tree.extend(0, [1, 2, 3, 9, 1, 2, 3, 9, 1, 2, 4, 9, 1, 2])
+    node = path(tree, [1, 2])  # count 4, followed by 3 twice and 4 once
+    d = draft_from(node, max_tokens=5, min_token_prob=0.1)
+    # p = 2/4 for 3, then 1 along [9 1 2], then 1/2 at the tie between 3 and 4 (first seen wins)
+    assert d.tokens == [3, 9, 1, 2, 3] and d.score == pytest.approx(0.5 * 4 + 0.25)
+    assert draft_from(node, max_tokens=5, min_token_prob=0.6).tokens == []
+    assert draft_from(node, max_tokens=1, min_token_prob=0.1).tokens == [3]
+
+
+def test_draft_length_grows_with_the_match_length():
+    tree = SuffixTree(max_depth=16)
+    tree.extend(0, list(range(10)) * 2)
+    nodes = tree.match([7, 8, 9])  # suffixes [9], [8 9], [7 8 9]
+    assert [n.depth for n in nodes] == [1, 2, 3]
+    assert best_draft(nodes, 100, 1.0, 0.0, 0.1).tokens == [0, 1, 2]  # at most 3 tokens for a 3-token match
+    assert best_draft(nodes, 2, 1.0, 0.0, 0.1).tokens == [0, 1]
+    assert best_draft(nodes, 100, 2.0, 1.0, 0.1).tokens == list(range(7))  # 3*2+1, clipped by the remaining depth
+    assert tree.match([42, 9]) == [path(tree, [9])]
+
+
+def test_drafter_uses_earlier_requests_through_the_global_tree():
+    shared = SuffixTree(max_depth=8)
+    cfg = SuffixConfig(max_cached_requests=2)
+    earlier = SuffixDrafter(cfg, shared)
+    earlier.propose(torch.tensor([1, 2]), 5)
+    earlier.finish(torch.tensor([1, 2, 30, 31, 32, 33, 34, 35]))  # its output is 30..35
+    assert len(shared) == 1
+    now = SuffixDrafter(cfg, shared)
+    assert now.propose(torch.tensor([7, 8, 30, 31, 32]), 5).tokens.tolist() == [33, 34, 35]  # a 3-token match drafts 3
+    alone = SuffixDrafter(SuffixConfig(max_cached_requests=0), None)
+    assert alone.propose(torch.tensor([7, 8, 30, 31, 32]), 5).tokens.tolist() == []
+    for _ in range(3):  # FIFO eviction keeps the last max_cached_requests outputs
+        d = SuffixDrafter(cfg, shared)
+        d.propose(torch.tensor([0]), 1)
+        d.finish(torch.tensor([0, 50, 51]))
+    assert len(shared) == 2 and 30 not in shared.root.children

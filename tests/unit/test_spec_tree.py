@@ -1,0 +1,96 @@
+"""Token trees: masks, depths, greedy longest-path and recursive-rejection verification on hand-built logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastdecode.spec.drafters.recycling import RecyclingConfig, RecyclingDrafter, tree_template
+from fastdecode.spec.tree import ancestor_mask, check_tree, children, depths, verify_tree_greedy, verify_tree_sampling
+
+#        root
+#       /    \
+#     0:a     1:b
+#    /   \      \
+#  2:c   3:d    4:e
+#   |
+#  5:f
+TOKENS = [10, 11, 12, 13, 14, 15]
+PARENTS = [-1, -1, 0, 0, 1, 2]
+V = 20
+
+
+def test_depths_masks_and_children():
+    assert depths(PARENTS) == [1, 1, 2, 2, 2, 3]
+    mask = ancestor_mask(PARENTS)
+    assert mask[5].nonzero().squeeze(-1).tolist() == [0, 2, 5]
+    assert mask[4].nonzero().squeeze(-1).tolist() == [1, 4]
+    assert children(PARENTS) == {-1: [0, 1], 0: [2, 3], 1: [4], 2: [5], 3: [], 4: [], 5: []}
+    check_tree(TOKENS, PARENTS)
+    with pytest.raises(AssertionError):
+        check_tree([1, 1], [-1, -1])  # repeated siblings
+
+
+def argmax_rows(best: list[int]) -> torch.Tensor:
+    logits = torch.zeros(len(best), V)
+    logits[torch.arange(len(best)), torch.tensor(best)] = 1.0
+    return logits
+
+
+def test_greedy_takes_the_longest_accepted_path():
+    # root -> a (10) -> c (12) -> f (15) all agree; after f the target says 7
+    best = [10, 12, 0, 15, 0, 0, 7]  # rows: root, a, b, c, d, e, f
+    v = verify_tree_greedy(TOKENS, PARENTS, argmax_rows(best))
+    assert v.accepted == 3 and v.tokens == [10, 12, 15, 7]
+
+
+def test_greedy_prefers_the_first_of_equally_deep_paths_and_corrects_at_a_mismatch():
+    best = [11, 13, 14, 0, 0, 9, 0]  # a rejected; b -> e accepted; then 9
+    assert verify_tree_greedy(TOKENS, PARENTS, argmax_rows(best)).tokens == [11, 14, 9]
+    best = [3, 0, 0, 0, 0, 0, 0]  # nothing matches: emit the root's argmax
+    v = verify_tree_greedy(TOKENS, PARENTS, argmax_rows(best))
+    assert v.accepted == 0 and v.tokens == [3]
+
+
+def test_tree_sampling_reproduces_the_target_marginals():
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(len(TOKENS) + 1, V, generator=g) ** 3  # rows: root, then each node
+    p[0, 10] += 2.0  # make the tree's root children likely, so the inner paths are exercised
+    p[1, 12] += 1.0
+    p = p / p.sum(-1, keepdim=True)
+    n = 12000
+    firsts, after_a = [], []
+    for _ in range(n):
+        v = verify_tree_sampling(TOKENS, PARENTS, p, g)
+        firsts.append(v.tokens[0])
+        if v.tokens[0] == 10:
+            after_a.append(v.tokens[1])  # given a, the next token must follow p at node a (row 1)
+    freq = torch.bincount(torch.tensor(firsts), minlength=V).float() / n
+    torch.testing.assert_close(freq, p[0], atol=0.02, rtol=0)
+    freq = torch.bincount(torch.tensor(after_a), minlength=V).float() / len(after_a)
+    torch.testing.assert_close(freq, p[1], atol=0.03, rtol=0)
+
+
+def test_tree_sampling_accepts_certain_paths():
+    p = torch.zeros(len(TOKENS) + 1, V)
+    p[0, 11] = p[2, 14] = p[5, 4] = 1.0  # root -> b -> e -> 4
+    p[[1, 3, 4, 6], 0] = 1.0
+    v = verify_tree_sampling(TOKENS, PARENTS, p, torch.Generator().manual_seed(1))
+    assert v.accepted == 2 and v.tokens == [11, 14, 4]
+
+
+def test_recycling_template_and_tree_from_the_adjacency_matrix():
+    template = tree_template([1, 1], width=2)  # depth 1: ranks 0, 1; depth 2: only rank sums <= 1
+    assert template == [(-1, 0), (-1, 1), (0, 0), (0, 1), (1, 0)]
+    assert len(tree_template([7, 5, 3, 2, 1, 0], 8)) == 71
+    drafter = RecyclingDrafter(RecyclingConfig(top_k_candidates=2, template="1,1"), vocab_size=V)
+    assert drafter.propose(torch.tensor([3, 4]), 5).tokens.numel() == 0  # nothing seen yet
+    logits = torch.zeros(1, V)
+    logits[0, [6, 7]] = torch.tensor([2.0, 1.0])
+    drafter.observe(0, logits)  # the target ranked 6, 7 after token 4
+    d = drafter.propose(torch.tensor([3, 4]), 5)
+    assert d.tokens.tolist() == [6, 7] and d.parents == [-1, -1]
+    drafter.adjacency[6] = torch.tensor([8, 9])
+    d = drafter.propose(torch.tensor([3, 4]), 5)
+    assert d.tokens.tolist() == [6, 7, 8, 9] and d.parents == [-1, -1, 0, 0]
+    assert drafter.propose(torch.tensor([3, 4]), 1).tokens.tolist() == [6, 7]  # depth capped by the loop
