@@ -8,27 +8,21 @@ from dataclasses import dataclass
 import torch
 
 from .. import sampling
-from ..config import MethodConfig, check
+from ..config import check
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
+from ..sampling.config import SamplingConfig
 from ..types import PromptBatch, StepEvent
 from .loop import autoregressive
 
 
 @dataclass(frozen=True)
-class SampleConfig(MethodConfig):
-    temperature: float = 1.0  # 0 means greedy
-    top_k: int = 0  # 0 keeps every token
-    top_p: float = 1.0
+class SampleConfig(SamplingConfig):
     min_p: float = 0.0
     repetition_penalty: float = 1.0
-    seed: int | None = None  # None draws from torch's global RNG; a seed makes the run repeat
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 means greedy)")
-        check(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 keeps all tokens)")
-        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
         check(0 <= self.min_p < 1, "min_p", self.min_p, "must be in [0, 1)")
         check(self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "must be > 0 (1 = off)")
 

@@ -15,7 +15,7 @@ import torch
 
 from ..ar.sample import make_generator
 from ..cache import KVCache
-from ..config import MethodConfig, check
+from ..sampling.config import SamplingConfig
 from ..errors import IncompatibleMethodError
 from ..models.causal import CausalLM
 from ..registry import RunContext
@@ -25,24 +25,11 @@ from .verify import Verdict, target_distribution, verify_greedy, verify_sampling
 
 
 @dataclass(frozen=True)
-class SpecConfig(MethodConfig):
+class SpecConfig(SamplingConfig):
     """Parameters every speculative method takes. temperature 0 is greedy and lossless (equals ar.greedy);
     above 0 the output has exactly ar.sample's distribution with the same temperature / top-k / top-p."""
 
     temperature: float = 0.0
-    top_k: int = 0  # 0 keeps every token
-    top_p: float = 1.0
-    seed: int | None = None  # None draws from torch's global RNG; a seed makes the run repeat
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 means greedy)")
-        check(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 keeps all tokens)")
-        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,25 @@
+"""Sampling parameters shared by every method that samples from the target distribution."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import MethodConfig, check
+
+
+@dataclass(frozen=True)
+class SamplingConfig(MethodConfig):
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int = 0  # 0 keeps every token
+    top_p: float = 1.0
+    seed: int | None = None  # None draws from torch's global RNG; a seed makes the run repeat
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 means greedy)")
+        check(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 keeps all tokens)")
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
