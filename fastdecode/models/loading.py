@@ -27,6 +27,8 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 
 def zoo_names() -> list[str]:
     root = resources.files("fastdecode") / "zoo"
+    if not root.is_dir():  # a checkout or install without bundled models
+        return []
     return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "config.json").is_file())
 
 
