@@ -1,3 +1,3 @@
 """Masked-diffusion decoding (LLaDA-style canvases). Importing registers `dlm.*`."""
 
-from . import baseline  # noqa: F401
+from . import policies  # noqa: F401

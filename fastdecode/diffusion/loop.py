@@ -1,71 +1,104 @@
-"""The masked-diffusion driver: a canvas of masks after the prompt, decoded block by block (LLaDA `generate`).
+"""The masked-diffusion driver: a canvas of masks after the prompt, decoded view by view (LLaDA `generate`).
 
-Each step is one forward over the whole canvas; a commit rule then picks which masked positions of
-the current block take their prediction x0. Unlike LLaDA, a row stops once its text is settled through
-its first EOS, and the rows left are decoded without it.
+Each step is one forward (through the cache, if any); the method's policy then picks which masked
+positions of its view take their prediction x0. Every row commits at least one position per step, so a
+run never stalls. Unlike LLaDA, a row stops once its text is settled through its first EOS, and the rows
+left are decoded without it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from itertools import count
 
 import torch
 
 from ..models.diffusion import MaskedDiffusionLM
 from ..types import PromptBatch, StepEvent
-from .scores import confidence, num_transfer_tokens, predict
+from .cache import Forwarder
+from .policy import DiffusionConfig, Policy, Step, View
+from .rules import top1
+from .scores import confidence, predict
 
-if TYPE_CHECKING:
-    from .baseline import BaselineConfig
 
-# (score [B, b] float64, -inf off the block's masked positions; k [B] scheduled count) -> commit [B, b] bool
-Rule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+class Canvas:
+    """The batch's canvases `[B, T]` = prompt (left-padded) + `max_new_tokens` masks, and the rows still decoding."""
+
+    def __init__(self, model: MaskedDiffusionLM, batch: PromptBatch, n: int) -> None:
+        self.device, self.mask_id = model.device, model.mask_token_id
+        B, self.P, self.N = batch.size, batch.width, n
+        self.x = torch.cat([batch.input_ids, torch.full((B, n), self.mask_id)], dim=1).to(self.device)  # [B, T]
+        self.attention = torch.cat([batch.attention_mask, torch.ones(B, n, dtype=torch.long)], dim=1).to(self.device)
+        self.eos = torch.tensor(sorted(model.eos_token_ids), dtype=torch.long, device=self.device)
+        self.live = torch.arange(B, device=self.device)  # rows still decoding; finished rows cost no more work
+        self.B = B
+
+    def gen(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`[B', N]` generated regions of `rows` (default: the live rows)."""
+        return self.x[self.live if rows is None else rows, self.P :]
+
+    def write(self, rows: torch.Tensor, lo: torch.Tensor, commit: torch.Tensor, tokens: torch.Tensor) -> list[list]:
+        """Put `tokens` `[B', W]` where `commit` at offsets lo + j; -> per row the (offset, token) pairs written."""
+        i, j = commit.nonzero(as_tuple=True)
+        offset = lo[i] + j
+        self.x[rows[i], self.P + offset] = tokens[i, j]
+        pairs: list[list] = [[] for _ in range(len(rows))]
+        for a, o, t in zip(i.tolist(), offset.tolist(), tokens[i, j].tolist()):
+            pairs[a].append((o, t))
+        return pairs
 
 
 def denoise(
     model: MaskedDiffusionLM,
     batch: PromptBatch,
-    cfg: BaselineConfig,
-    rule: Rule,
+    cfg: DiffusionConfig,
+    policy: Policy,
     generator: torch.Generator | None,
+    method: str = "dlm",
 ) -> Iterator[StepEvent]:
-    device, mask_id = model.device, model.mask_token_id
-    B, P, N = batch.size, batch.width, cfg.max_new_tokens
-    x = torch.cat([batch.input_ids, torch.full((B, N), mask_id)], dim=1).to(device)  # [B, P + N] the canvas
-    attention = torch.cat([batch.attention_mask, torch.ones(B, N, dtype=torch.long)], dim=1).to(device)  # [B, P + N]
-    eos = torch.tensor(sorted(model.eos_token_ids), dtype=torch.long, device=device)
-    live = torch.arange(B, device=device)  # rows still decoding; finished rows cost no more work
-    index = 0
-    for lo in range(P, P + N, cfg.block_size):
-        hi = lo + cfg.block_size
-        k = num_transfer_tokens((x[:, lo:hi] == mask_id).sum(-1), cfg.steps_per_block)  # [B, S]
-        for t in range(cfg.steps_per_block):
-            masked = x[live, lo:hi] == mask_id  # [B', b]
-            if not masked.any():  # the block is done early (only when a rule commits ahead of the schedule)
-                break
-            logits = model.forward(x[live], attention[live])[:, lo:hi]  # [B', b, V]
-            x0, score = _propose(logits, masked, mask_id, cfg, generator)  # [B', b], [B', b]
-            commit = rule(score, k[live, t].clamp(min=1)) & masked  # at least one per step: never stall
-            x[live, lo:hi] = torch.where(commit, x0, x[live, lo:hi])
-            done = finished(x[live, P:], mask_id, eos)  # [B']
-            yield _event(index, B, live, x[live, lo:hi], commit, masked, done, lo - P)
-            live, index = live[~done], index + 1
-            if live.numel() == 0:
-                return
+    """Run `policy` to the end: one forward and at least one commit per live row and step."""
+    canvas = Canvas(model, batch, cfg.max_new_tokens)
+    forward = Forwarder(model, cfg, canvas.B, method)
+    P = canvas.P
+    for index in count():
+        live = canvas.live
+        view = policy.view(canvas.gen(), live)
+        steps = torch.full_like(live, index)
+        logits = forward(canvas.x[live], canvas.attention[live], live, view.lo + P, view.hi + P, view.block, steps)
+        forward.keep()
+        step = make_step(index, live, view, canvas.gen(), logits, canvas.mask_id, cfg.temperature, generator)
+        commit, tokens = policy.commit(step)
+        commit = commit & step.masked
+        commit |= top1(step.conf) & ~commit.any(-1, keepdim=True)  # a rule that committed nothing: its best
+        pairs = canvas.write(live, view.lo, commit, tokens)
+        done = finished(canvas.gen(), canvas.mask_id, canvas.eos)
+        yield event(index, canvas.B, live, pairs, step.masked.sum(-1), done)
+        canvas.live = live[~done]
+        if canvas.live.numel() == 0:
+            return
 
 
-def _propose(
-    logits: torch.Tensor, masked: torch.Tensor, mask_id: int, cfg: BaselineConfig, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """x0 and its score (p(x0), or uniform noise for random remasking), -inf off the masked positions."""
+def make_step(
+    index: int, rows: torch.Tensor, view: View, gen: torch.Tensor, logits: torch.Tensor, mask_id: int,
+    temperature: float, generator: torch.Generator | None,
+) -> Step:
+    """Gather the view's tokens, predict x0 and score it."""
+    N, W = gen.shape[1], logits.shape[1]
+    j = torch.arange(W, device=gen.device)
+    inview = j < (view.hi - view.lo)[:, None]  # [B', W]
+    tokens = gen.gather(1, (view.lo[:, None] + j).clamp(max=N - 1)).masked_fill(~inview, mask_id)
+    masked = inview & (tokens == mask_id)
     logits = logits.index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))  # never predict MASK
-    x0 = predict(logits, cfg.temperature, generator)  # [B, b]
-    if cfg.remasking == "random":
-        p = torch.rand(x0.shape, dtype=torch.float64, device=x0.device, generator=generator)
-    else:
-        p = confidence(logits, x0)
-    return x0, p.masked_fill(~masked, float("-inf"))
+    x0, conf = propose(logits, masked, temperature, generator)
+    return Step(index, rows, view, tokens, inview, masked, logits, x0, conf)
+
+
+def propose(
+    logits: torch.Tensor, masked: torch.Tensor, temperature: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x0 (argmax or Gumbel-max draw) and its float64 probability, -inf off the masked positions."""
+    x0 = predict(logits, temperature, generator)  # [B, W]
+    return x0, confidence(logits, x0).masked_fill(~masked, float("-inf"))
 
 
 def finished(gen: torch.Tensor, mask_id: int, eos: torch.Tensor) -> torch.Tensor:
@@ -80,20 +113,19 @@ def finished(gen: torch.Tensor, mask_id: int, eos: torch.Tensor) -> torch.Tensor
     return ~((gen == mask_id) & before).any(-1)
 
 
-def _event(
+def event(
     index: int,
     B: int,
     live: torch.Tensor,  # [B'] row ids
-    block: torch.Tensor,  # [B', b] the block after this step
-    commit: torch.Tensor,  # [B', b]
-    masked: torch.Tensor,  # [B', b] before this step
+    pairs: list[list],  # per live row: (offset, token) committed
+    proposed: torch.Tensor,  # [B'] masked positions the step could commit
     done: torch.Tensor,  # [B']
-    offset: int,  # offset of the block's first position
+    forwards: int = 1,
 ) -> StepEvent:
     tokens: list[tuple[tuple[int, int], ...]] = [()] * B
-    proposed, accepted, fin = [0] * B, [0] * B, [True] * B  # rows not live finished earlier
+    offered, accepted, fin = [0] * B, [0] * B, [True] * B  # rows not live finished earlier
     for i, row in enumerate(live.tolist()):
-        cols = commit[i].nonzero().squeeze(-1).tolist()
-        tokens[row] = tuple((offset + j, t) for j, t in zip(cols, block[i, cols].tolist()))
-        proposed[row], accepted[row], fin[row] = int(masked[i].sum()), len(cols), bool(done[i])
-    return StepEvent(index, tuple(tokens), proposed=tuple(proposed), accepted=tuple(accepted), finished=tuple(fin))
+        tokens[row] = tuple(sorted(pairs[i]))
+        offered[row], accepted[row], fin[row] = int(proposed[i]), len(pairs[i]), bool(done[i])
+    return StepEvent(index, tuple(tokens), forwards=forwards, proposed=tuple(offered), accepted=tuple(accepted),
+                     finished=tuple(fin))

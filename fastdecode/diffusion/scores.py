@@ -1,8 +1,9 @@
-"""Pure tensor functions of masked-diffusion decoding: predictions, scores, schedules, top-k commits.
+"""Pure tensor functions of masked-diffusion decoding: predictions, per-position scores, the step schedule.
 
 Notation follows LLaDA's `generate` (Nie et al., 2025): `x0` is the predicted clean token at each
 position, `p` its probability (the confidence), `k` the number of positions transferred (committed)
-at a step.
+at a step. Probabilities are a float64 softmax, as the reference code computes them. Every score is
+"higher = more certain", so one commit rule can rank by any of them.
 """
 
 from __future__ import annotations
@@ -34,19 +35,34 @@ def predict(logits: torch.Tensor, temperature: float, generator: torch.Generator
     return (logits.exp() / (-torch.log(u)) ** temperature).argmax(dim=-1)
 
 
+def probs(logits: torch.Tensor) -> torch.Tensor:
+    """`[..., V]` -> `[..., V]` float64 softmax."""
+    return logits.double().softmax(dim=-1)
+
+
 def confidence(logits: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
     """`[..., V]`, `[...]` -> `[...]` float64 p(x0) = softmax(logits)[x0]; the max probability when x0 is the argmax."""
-    p = logits.double().softmax(dim=-1)  # [..., V]
-    return p.gather(-1, x0[..., None]).squeeze(-1)
+    return probs(logits).gather(-1, x0[..., None]).squeeze(-1)
 
 
-def select_topk(score: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """`[B, L]` scores, `[B]` counts -> `[B, L]` bool: the k[b] highest finite scores of each row.
+def margin(logits: torch.Tensor) -> torch.Tensor:
+    """`[..., V]` -> `[...]` float64 p_top1 - p_top2 (Dream's `topk_margin`); 0 on a tie for the top."""
+    top = probs(logits).topk(2, dim=-1).values  # [..., 2]
+    return top[..., 0] - top[..., 1]
 
-    Positions scored -inf are never selected. Ties go to the lowest position (a stable sort), so the
-    choice does not depend on the backend's top-k.
-    """
-    order = score.argsort(dim=-1, descending=True, stable=True)  # [B, L]
-    ranks = torch.arange(score.shape[-1], device=score.device).expand_as(order)
-    rank = torch.empty_like(order).scatter_(-1, order, ranks)  # [B, L]: 0 = best
-    return (rank < k[:, None]) & (score > float("-inf"))
+
+def neg_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """`[..., V]` -> `[...]` float64 sum_v p log p (nats, <= 0; 0 for a one-hot). Dream's `entropy` score."""
+    logp = logits.double().log_softmax(dim=-1)
+    return (logp.exp() * logp).nan_to_num(0.0).sum(dim=-1)  # 0 * log 0 = 0 where a logit is -inf
+
+
+def logit_gap(logits: torch.Tensor) -> torch.Tensor:
+    """`[..., V]` -> `[...]` float64 top-1 minus top-2 logit (Prophet's early-commit signal; not probabilities)."""
+    top = logits.double().topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
+def random_score(shape: torch.Size, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """Uniform noise in [0, 1), float64: LLaDA's `remasking="random"` ranks positions by it."""
+    return torch.rand(shape, dtype=torch.float64, device=device, generator=generator)

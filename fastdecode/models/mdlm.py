@@ -7,11 +7,13 @@ AR-to-diffusion adaptation of Dream / DiffuLLaMA). Importing fastdecode register
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
-from transformers.modeling_outputs import MaskedLMOutput
+from transformers.utils import ModelOutput
 
 
 class MDLMConfig(PretrainedConfig):
@@ -73,6 +75,24 @@ def rope(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtyp
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+@dataclass
+class LayerKV:
+    """One layer's keys and values for every canvas column, `[B, KVH, L, D]` (keys after RoPE).
+
+    A forward with `query_index` writes the fresh K/V of its columns in (rebinding `k`, `v`) and reads
+    every other column from here; that is how a masked-diffusion cache (Fast-dLLM, dKV-Cache) reuses K/V.
+    """
+
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+
+@dataclass
+class MDLMOutput(ModelOutput):
+    logits: torch.Tensor | None = None  # [B, Q, V]
+    past_key_values: list[LayerKV] | None = None  # per layer, whole canvas; with use_cache=True
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: MDLMConfig) -> None:
         super().__init__()
@@ -83,12 +103,26 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.kvh * self.d, bias=False)
         self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, Q, hidden]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,  # [B, 1, 1, L]
+        kv: LayerKV | None = None,
+        index: torch.Tensor | None = None,  # [B, Q] canvas columns of x; None: x is the whole canvas
+    ) -> torch.Tensor:
         B, L, _ = x.shape
-        q = self.q_proj(x).view(B, L, self.h, self.d).transpose(1, 2)  # [B, H, L, D]
+        q = self.q_proj(x).view(B, L, self.h, self.d).transpose(1, 2)  # [B, H, Q, D]
         k = self.k_proj(x).view(B, L, self.kvh, self.d).transpose(1, 2)
         v = self.v_proj(x).view(B, L, self.kvh, self.d).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if kv is not None and index is None:  # the whole canvas: remember its K/V
+            kv.k, kv.v = k, v
+        elif kv is not None:  # some columns: write their fresh K/V in, attend to every column of the canvas
+            at = index[:, None, :, None].expand(-1, self.kvh, -1, self.d)  # [B, KVH, Q, D]
+            kv.k, kv.v = kv.k.scatter(2, at, k), kv.v.scatter(2, at, v)
+            k, v = kv.k, kv.v  # [B, KVH, L, D]
         if self.kvh != self.h:
             k, v = (t.repeat_interleave(self.h // self.kvh, dim=1) for t in (k, v))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)  # bidirectional
@@ -114,8 +148,17 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        kv: LayerKV | None = None,
+        index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        x = x + (self.self_attn(h, cos, sin, mask) if kv is None else self.self_attn(h, cos, sin, mask, kv, index))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -151,25 +194,43 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
+    supports_partial_forward = True  # recomputes a subset of columns against cached K/V (query_index)
+
     def forward(
         self,
-        input_ids: torch.Tensor,  # [B, L]
-        attention_mask: torch.Tensor | None = None,  # [B, L], 0 = padding (never attended to)
-        position_ids: torch.Tensor | None = None,  # [B, L]
+        input_ids: torch.Tensor,  # [B, L], or [B, Q]: the canvas columns `query_index` names
+        attention_mask: torch.Tensor | None = None,  # [B, L] over the whole canvas, 0 = padding (never attended to)
+        position_ids: torch.Tensor | None = None,  # [B, L] or [B, Q]
+        past_key_values: list[LayerKV] | None = None,  # per layer, whole canvas; updated with the fresh columns
+        query_index: torch.Tensor | None = None,  # [B, Q] columns to compute; the others come from past_key_values
+        use_cache: bool = False,  # return every layer's K/V (a new cache when none was passed)
         **_: object,
-    ) -> MaskedLMOutput:
+    ) -> MDLMOutput:
+        """Logits of the given columns. Without `query_index` the whole canvas is computed (no cache needed).
+
+        With it, only those columns run through the layers; they attend to all L columns, taking the K/V of
+        the others from `past_key_values` (stale where the canvas changed since: that is the cache's trade).
+        """
         cfg = self.config
+        if query_index is not None and past_key_values is None:
+            raise ValueError("query_index needs past_key_values: the K/V of the columns that are not recomputed")
         x = self.model.embed_tokens(input_ids)
         if position_ids is None:
+            L = input_ids.shape[1] if query_index is None else past_key_values[0].k.shape[2]
             if attention_mask is None:
-                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+                position_ids = torch.arange(L, device=input_ids.device).expand(input_ids.shape[0], L)
             else:
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            if query_index is not None:
+                position_ids = position_ids.gather(1, query_index)
         cos, sin = rope(position_ids, cfg.hidden_size // cfg.num_attention_heads, cfg.rope_theta, x.dtype)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # [B, 1, 1, L]
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, mask)
-        return MaskedLMOutput(logits=self.lm_head(self.model.norm(x)))
+        cache = past_key_values
+        if cache is None and use_cache:
+            cache = [LayerKV() for _ in self.model.layers]
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, mask) if cache is None else layer(x, cos, sin, mask, cache[i], query_index)
+        return MDLMOutput(logits=self.lm_head(self.model.norm(x)), past_key_values=cache if use_cache else None)
 
 
 AutoConfig.register(MDLMConfig.model_type, MDLMConfig, exist_ok=True)

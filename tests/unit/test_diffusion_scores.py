@@ -7,7 +7,8 @@ import math
 import torch
 
 from fastdecode.diffusion.loop import finished
-from fastdecode.diffusion.scores import confidence, num_transfer_tokens, predict, select_topk
+from fastdecode.diffusion.rules import select_topk
+from fastdecode.diffusion.scores import confidence, num_transfer_tokens, predict
 
 NEG = float("-inf")
 
@@ -67,3 +68,32 @@ def test_a_row_finishes_once_settled_through_its_first_eos():
     ])
     assert finished(gen, M, torch.tensor([E])).tolist() == [True, False, True, False, True]
     assert finished(gen, M, torch.tensor([], dtype=torch.long)).tolist() == [False, False, True, False, False]
+
+
+def test_margin_entropy_and_logit_gap_on_hand_built_logits():
+    from fastdecode.diffusion.scores import logit_gap, margin, neg_entropy
+
+    logits = torch.tensor([[math.log(6.0), math.log(3.0), 0.0], [1.0, 1.0, 0.0], [5.0, NEG, NEG]])  # p = .6 .3 .1
+    assert torch.allclose(margin(logits), torch.tensor([0.3, 0.0, 1.0], dtype=torch.float64))  # a tie has margin 0
+    h = -(0.6 * math.log(0.6) + 0.3 * math.log(0.3) + 0.1 * math.log(0.1))
+    ent = neg_entropy(logits)
+    assert ent.dtype == torch.float64 and ent[2] == 0.0  # one-hot (other logits -inf): no nan, zero entropy
+    assert torch.allclose(ent[0], torch.tensor(-h, dtype=torch.float64))
+    assert torch.allclose(logit_gap(logits), torch.tensor([math.log(2.0), 0.0, math.inf], dtype=torch.float64))
+
+
+def test_scores_rank_a_certain_position_above_an_uncertain_one():
+    from fastdecode.diffusion.scores import logit_gap, margin, neg_entropy
+
+    logits = torch.tensor([[4.0, 0.0, 0.0, 0.0], [1.0, 0.9, 0.8, 0.0]])
+    for score in (confidence(logits, logits.argmax(-1)), margin(logits), neg_entropy(logits), logit_gap(logits)):
+        assert score[0] > score[1]
+
+
+def test_random_score_is_uniform_float64_and_seeded():
+    from fastdecode.diffusion.scores import random_score
+
+    a = random_score(torch.Size([2, 500]), torch.Generator().manual_seed(3), torch.device("cpu"))
+    b = random_score(torch.Size([2, 500]), torch.Generator().manual_seed(3), torch.device("cpu"))
+    assert a.dtype == torch.float64 and torch.equal(a, b) and 0 <= a.min() and a.max() < 1
+    assert abs(float(a.mean()) - 0.5) < 0.05

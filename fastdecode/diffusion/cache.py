@@ -1,0 +1,145 @@
+"""The driver's model calls: a full forward per step, or a cached forward of only some columns.
+
+Caches compose with every policy, because they only decide which canvas columns a forward recomputes;
+the K/V of the other columns are read from the cache (stale where the canvas changed since):
+
+- `prefix` (Fast-dLLM): recompute the view and everything after it; the prefix before the view is cached.
+- `dual` (Fast-dLLM): recompute only the view; prefix and suffix are cached.
+  Both refresh (one full forward, whose logits also serve the step) when the view's block changes.
+- `delayed` (dKV-Cache-Decode): recompute every column whose K/V are not cached yet, i.e. the masks and
+  the tokens committed at the previous step; a token's K/V are cached one step after its commit.
+
+`cache_refresh=n` adds a full refresh every n steps (for `delayed` by default every 8); with n = 1 every
+forward is full, which gives exactly the uncached result.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import IncompatibleMethodError
+from ..models.diffusion import MaskedDiffusionLM
+from .policy import DiffusionConfig
+
+DELAYED_REFRESH = 8  # dKV-Cache's `cache_reloading_step`
+
+
+class Forwarder:
+    """Logits over each entry's view, computed the way `cfg.cache` says.
+
+    An entry is one canvas to run, tagged with its batch `row`; several entries may share a row (the
+    drafts of `dlm.freedave`), so a call computes K/V for every entry but the cache only stores them
+    for the entries passed to `keep`.
+    """
+
+    def __init__(self, model: MaskedDiffusionLM, cfg: DiffusionConfig, rows: int, method: str) -> None:
+        if cfg.cache != "none" and not model.supports_cache:
+            raise IncompatibleMethodError(
+                f"cache={cfg.cache!r} needs a model that can recompute some canvas columns against cached K/V "
+                f"(the zoo's MDLM architecture); {model.name!r} ({type(model.model).__name__}) cannot. "
+                f"Run {method} with cache='none'."
+            )
+        self.model, self.mode, self.mask_id = model, cfg.cache, model.mask_token_id
+        self.every = cfg.cache_refresh or (DELAYED_REFRESH if cfg.cache == "delayed" else 0)
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer [B, KVH, T, D]
+        device = model.device
+        self.ref_block = torch.full((rows,), -1, dtype=torch.long, device=device)  # block at the last refresh
+        self.ref_step = torch.zeros(rows, dtype=torch.long, device=device)
+        self.has_cache = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.cached: torch.Tensor | None = None  # [B, T] delayed: K/V stored for the column's current token
+        self._pending: list[tuple[torch.Tensor, list, torch.Tensor | None, bool]] = []
+        self._last: tuple[torch.Tensor, ...] = ()
+
+    def __call__(
+        self,
+        x: torch.Tensor,  # [R, T] canvases
+        attention: torch.Tensor,  # [R, T]
+        rows: torch.Tensor,  # [R] batch row of each entry
+        lo: torch.Tensor,  # [R] canvas column of each view's start
+        hi: torch.Tensor,  # [R] one past its end
+        block: torch.Tensor,  # [R] block id of each view
+        step: torch.Tensor,  # [R] step number of each entry
+    ) -> torch.Tensor:
+        """-> `[R, W, V]` logits of columns lo + j (j < W = max(hi - lo)); zeros where a column was not computed."""
+        W = int((hi - lo).max())
+        cols = (lo[:, None] + torch.arange(W, device=x.device)).clamp(max=x.shape[1] - 1)  # [R, W]
+        if self.mode == "none":
+            return _gather(self.model.forward(x, attention), cols)
+        refresh = ~self.has_cache[rows]
+        if self.mode in ("prefix", "dual"):
+            refresh |= block != self.ref_block[rows]
+        if self.every:
+            refresh |= step - self.ref_step[rows] >= self.every
+        out: torch.Tensor | None = None
+        self._pending, self._last = [], (x, rows, block, step)
+        for full in (True, False):
+            g = (refresh if full else ~refresh).nonzero().squeeze(-1)
+            if g.numel() == 0:
+                continue
+            if full:
+                logits, kv = self.model.forward_columns(x[g], attention[g], None, None)
+                q = None
+                part = _gather(logits, cols[g])
+            else:
+                q = self._columns(x[g], attention[g], rows[g], lo[g], hi[g])  # [G, Q]
+                stored = [(k[rows[g]], v[rows[g]]) for k, v in self.kv]
+                logits, kv = self.model.forward_columns(x[g], attention[g], q, stored)
+                part = _from_columns(logits, q, cols[g], x.shape[1])
+            if out is None:
+                out = part.new_zeros((x.shape[0], *part.shape[1:]))
+            out[g] = part
+            self._pending.append((g, kv, q, full))
+        return out
+
+    def keep(self, entries: torch.Tensor | None = None) -> None:
+        """Store the last call's K/V for `entries` (default: all; at most one entry per row)."""
+        if self.mode == "none":
+            return
+        x, rows, block, step = self._last
+        chosen = torch.ones(len(rows), dtype=torch.bool, device=rows.device)
+        if entries is not None:
+            chosen = torch.zeros_like(chosen).index_fill_(0, entries, True)
+        for g, kv, q, full in self._pending:
+            sel = chosen[g]
+            if not sel.any():
+                continue
+            e, r = g[sel], rows[g[sel]]
+            if self.kv is None:
+                B = len(self.has_cache)
+                self.kv = [(k.new_zeros((B, *k.shape[1:])), v.new_zeros((B, *v.shape[1:]))) for k, v in kv]
+                self.cached = torch.zeros(B, x.shape[1], dtype=torch.bool, device=x.device)
+            for (K, V), (k, v) in zip(self.kv, kv):
+                K[r], V[r] = k[sel], v[sel]
+            if full:
+                self.has_cache[r], self.ref_block[r], self.ref_step[r] = True, block[e], step[e]
+                self.cached[r] = x[e] != self.mask_id
+            else:
+                self.cached[r] |= torch.zeros_like(x[e], dtype=torch.bool).scatter_(1, q[sel], True) & (x[e] != self.mask_id)
+
+    def _columns(self, x: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor,
+                 hi: torch.Tensor) -> torch.Tensor:
+        """`[G, Q]` the columns a cached forward recomputes, padded per row by repeating one of its own."""
+        T = x.shape[1]
+        if self.mode == "delayed":
+            need = ~self.cached[rows] & attention.bool()  # masks and tokens committed since the last forward
+            need |= x == self.mask_id
+            Q = int(need.sum(-1).max())
+            order = need.long().argsort(dim=-1, descending=True, stable=True)[:, :Q]  # needed columns first
+            n = need.sum(-1, keepdim=True)
+            return torch.where(torch.arange(Q, device=x.device) < n, order, order[:, :1])
+        end = torch.full_like(hi, T) if self.mode == "prefix" else hi
+        Q = int((end - lo).max())
+        return torch.minimum(lo[:, None] + torch.arange(Q, device=x.device), (end - 1)[:, None])
+
+
+def _gather(logits: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """`[R, T, V]`, `[R, W]` -> `[R, W, V]`."""
+    return logits.gather(1, cols[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def _from_columns(logits: torch.Tensor, q: torch.Tensor, cols: torch.Tensor, T: int) -> torch.Tensor:
+    """Logits computed at columns `q` `[G, Q]` -> at columns `cols` `[G, W]`, zeros where not computed."""
+    where = torch.full((q.shape[0], T), -1, dtype=torch.long, device=q.device)
+    where.scatter_(1, q, torch.arange(q.shape[1], device=q.device).expand_as(q))
+    at = where.gather(1, cols)  # [G, W]
+    return _gather(logits, at.clamp(min=0)) * (at >= 0)[..., None]

@@ -1,0 +1,42 @@
+"""dlm.factor: Fast-dLLM's factor rule for parallel decoding (Wu et al., 2025; NVlabs/Fast-dLLM)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ...ar.sample import make_generator
+from ...config import check
+from ...models.diffusion import MaskedDiffusionLM
+from ...registry import RunContext, register
+from ...types import PromptBatch, StepEvent
+from ..loop import denoise
+from ..policy import BlockConfig, BlockPolicy, Step
+from ..rules import factor
+
+
+@dataclass(frozen=True)
+class FactorConfig(BlockConfig):
+    factor: float = 1.0  # f: commit the top n for the largest n with (n + 1)(1 - c(n)) < f (Fast-dLLM's eval setting)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.factor > 0, "factor", self.factor, "must be > 0 (larger commits more per step)")
+
+
+class Factor(BlockPolicy):
+    def __init__(self, mask_id: int, cfg: FactorConfig) -> None:
+        super().__init__(mask_id, cfg.block_size)
+        self.f = cfg.factor
+
+    def select(self, step: Step) -> torch.Tensor:
+        return factor(step.conf, self.f)
+
+
+@register("dlm.factor", kind="diffusion", config=FactorConfig)
+def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: FactorConfig, ctx: RunContext) -> Iterator[StepEvent]:
+    """Fast-dLLM factor rule: commit the n most confident with (n + 1)(1 - c(n)) < f, at least one."""
+    generator = make_generator(cfg.seed, ctx.generator, model.device)
+    return denoise(model, batch, cfg, Factor(model.mask_token_id, cfg), generator, "dlm.factor")

@@ -1,0 +1,173 @@
+"""dlm.freedave: FreeDave draft-and-verify, lossless with respect to `dlm.baseline` at one token per step
+(cychomatica/FreeDave `generation/core.py`, the `exact_match` rule).
+
+From a state s and its logits, the baseline's next K states are guessed at once: draft d_i commits the i
+most confident masks of s's block (d_1 = the baseline's next state, certain). All drafts run through one
+batched forward, whose logits give each draft's own next state. d_(i+1) is accepted while it equals the
+next state of d_i, so the accepted chain is exactly the baseline's trajectory, and the last accepted
+draft's logits seed the next round: one forward advances 1 to K baseline steps.
+
+A run starts with one forward of the all-mask canvas (its first step costs 2 forwards). At temperature > 0
+every state keeps the one Gumbel draw it was verified with, so the output follows the baseline's
+distribution exactly (not its random stream). Prefix and dual caches stay lossless: a draft that needs a
+refresh (new block, periodic refresh) ends the chain. The delayed cache is refused: its K/V depend on the
+order of past steps, which parallel drafts cannot reproduce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ...ar.sample import make_generator
+from ...config import check
+from ...models.diffusion import MaskedDiffusionLM
+from ...registry import RunContext, register
+from ...types import PromptBatch, StepEvent
+from ..cache import Forwarder
+from ..loop import Canvas, event, finished, make_step
+from ..policy import BlockConfig, block_view
+from ..rules import top1
+
+
+@dataclass(frozen=True)
+class FreeDaveConfig(BlockConfig):
+    """As `dlm.baseline` with steps = max_new_tokens; the output equals it token for token at temperature 0."""
+
+    block_length: int | None = None  # as dlm.baseline: None is one block, the whole canvas
+    draft_steps: int = 4  # K: baseline steps guessed per forward (FreeDave's eval setting)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.draft_steps >= 1, "draft_steps", self.draft_steps, "must be at least 1")
+        check(self.cache != "delayed", "cache", self.cache,
+              "cannot be 'delayed' for dlm.freedave: a delayed cache depends on the order of past steps, which "
+              "drafts verified in parallel cannot reproduce; use 'prefix' or 'dual'")
+
+
+@dataclass
+class State:
+    """A row's state with its logits' prediction: x0 and p(x0) over its view (from offset lo)."""
+
+    lo: int
+    x0: torch.Tensor  # [W]
+    conf: torch.Tensor  # [W] float64, -inf off the view's masks
+
+
+@dataclass
+class Plan:
+    """A row's drafts for one round, d_1..d_K in commit order (cut after the first that finishes the row)."""
+
+    drafts: torch.Tensor  # [K, N] generated regions
+    offsets: torch.Tensor  # [K] the position each draft adds
+    tokens: torch.Tensor  # [K] and its token
+    done: torch.Tensor  # [K] the draft is decoded through its first EOS: it needs no forward
+    offered: int  # masks of the state's view
+
+
+class FreeDave:
+    def __init__(self, model: MaskedDiffusionLM, batch: PromptBatch, cfg: FreeDaveConfig,
+                 generator: torch.Generator | None) -> None:
+        self.canvas = Canvas(model, batch, cfg.max_new_tokens)
+        self.forward = Forwarder(model, cfg, self.canvas.B, "dlm.freedave")
+        self.cfg, self.generator, self.mask_id = cfg, generator, model.mask_token_id
+        self.every = self.forward.every if cfg.cache != "none" else 0
+
+    def evaluate(self, gens: torch.Tensor, rows: torch.Tensor, index: int) -> list[State]:
+        """One batched forward of the generated regions `gens` `[R, N]` (entries of `rows`) -> their states."""
+        c = self.canvas
+        view = block_view(gens, self.mask_id, self.cfg.block_size)
+        x = torch.cat([c.x[rows, : c.P], gens], dim=1)
+        steps = (gens != self.mask_id).sum(-1)  # the baseline step whose forward sees this canvas
+        logits = self.forward(x, c.attention[rows], rows, view.lo + c.P, view.hi + c.P, view.block, steps)
+        s = make_step(index, rows, view, gens, logits, self.mask_id, self.cfg.temperature, self.generator)
+        return [State(int(view.lo[i]), s.x0[i], s.conf[i]) for i in range(len(rows))]
+
+    def plan(self, row: int, state: State) -> Plan:
+        """Draft i commits the i most confident masks of the state's view: the baseline's next i steps, if
+        the ranking held."""
+        gen, masked = self.canvas.x[row, self.canvas.P :], state.conf > float("-inf")
+        order = state.conf.argsort(descending=True, stable=True)[: int(masked.sum())]  # ties: lowest offset
+        K = min(self.cfg.draft_steps, len(order))
+        if self.every > 1:  # a periodic refresh may only fall on the last draft (at 1 every forward is full)
+            done = int((gen != self.mask_id).sum())
+            K = min(K, max(1, self.every - (done - int(self.forward.ref_step[row]))))
+        offsets, tokens = state.lo + order[:K], state.x0[order[:K]]
+        ranks = torch.arange(K, device=gen.device)
+        upto = ranks[None, :] <= ranks[:, None]  # [K, K]: draft i holds commits 0..i
+        drafts = gen.expand(K, -1).clone()
+        drafts[ranks[:, None].expand(K, K)[upto], offsets.expand(K, K)[upto]] = tokens.expand(K, K)[upto]
+        ends = finished(drafts, self.mask_id, self.canvas.eos)
+        K = int(ends.long().argmax()) + 1 if ends.any() else K  # drafts past the row's end are never needed
+        return Plan(drafts[:K], offsets[:K], tokens[:K], ends[:K], int(masked.sum()))
+
+    def run(self) -> Iterator[StepEvent]:
+        c, index = self.canvas, 0
+        states = dict(zip(c.live.tolist(), self.evaluate(c.gen(), c.live, index)))  # the priming forward
+        self.forward.keep()
+        spent = {r: 1 for r in states}  # forwards each row used this round
+        while c.live.numel():
+            live = c.live.tolist()
+            plans = {r: self.plan(r, states[r]) for r in live}
+            entries = [(r, i) for r in live for i, end in enumerate(plans[r].done.tolist()) if not end]
+            evaluated: dict[tuple[int, int], State] = {}
+            if entries:  # every draft of every row in one batched forward
+                rows = torch.tensor([r for r, _ in entries], device=c.device)
+                gens = torch.stack([plans[r].drafts[i] for r, i in entries])
+                evaluated = dict(zip(entries, self.evaluate(gens, rows, index)))
+            kept, pairs, finish = [], [], []
+            for r in live:
+                p, j = plans[r], accepted(r, plans[r], evaluated)
+                c.x[r, c.P :] = p.drafts[j]
+                pairs.append(list(zip(p.offsets[: j + 1].tolist(), p.tokens[: j + 1].tolist())))
+                finish.append(bool(p.done[j]))
+                if not finish[-1]:
+                    states[r] = evaluated[(r, j)]
+                    kept.append(entries.index((r, j)))
+                spent[r] += int(any(e == r for e, _ in entries))
+            if kept:
+                self.forward.keep(torch.tensor(kept, device=c.device))
+            yield from self._events(index, pairs, finish, spent, [plans[r].offered for r in live])
+            c.live = c.live[~torch.tensor(finish, device=c.device)]
+            spent = {r: 0 for r in c.live.tolist()}
+            index += 1
+
+    def _events(self, index: int, pairs: list, finish: list[bool], spent: dict[int, int],
+                offered: list[int]) -> Iterator[StepEvent]:
+        """One event per distinct forward count of this round, fewest first: the rows that spent fewer
+        forwards all finish in theirs, so every row is charged exactly what it spent."""
+        c, live = self.canvas, self.canvas.live.tolist()
+        charged = 0
+        for f in sorted(set(spent.values())):
+            now = [spent[r] == f for r in live]
+            before = [spent[r] < f for r in live]  # finished in an earlier event of this round
+            sub = [pairs[i] if now[i] else [] for i in range(len(live))]
+            fin = torch.tensor([(finish[i] and now[i]) or before[i] for i in range(len(live))])
+            masks = torch.tensor([offered[i] if now[i] else 0 for i in range(len(live))])
+            yield event(index, c.B, self.canvas.live, sub, masks, fin, forwards=f - charged)
+            charged = f
+
+
+def accepted(row: int, plan: Plan, evaluated: dict[tuple[int, int], State]) -> int:
+    """Index j of the last accepted draft: d_1 always; d_(i+1) while it is d_i's own next baseline state."""
+    j = 0
+    while j + 1 < len(plan.drafts) and (row, j) in evaluated:
+        if _next(evaluated[(row, j)]) != (int(plan.offsets[j + 1]), int(plan.tokens[j + 1])):
+            break
+        j += 1
+    return j
+
+
+def _next(state: State) -> tuple[int, int]:
+    """The baseline's next commit from a state: its most confident mask (lowest offset on ties) and x0 there."""
+    j = int(top1(state.conf[None])[0].long().argmax())
+    return state.lo + j, int(state.x0[j])
+
+
+@register("dlm.freedave", kind="diffusion", config=FreeDaveConfig, lossless=True)
+def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: FreeDaveConfig, ctx: RunContext) -> Iterator[StepEvent]:
+    """FreeDave: draft the next K baseline steps, verify them in one batched forward; equals dlm.baseline."""
+    generator = make_generator(cfg.seed, ctx.generator, model.device)
+    return FreeDave(model, batch, cfg, generator).run()

@@ -1,0 +1,135 @@
+"""Caches for masked diffusion: the model's partial forward, refresh-every-step exactness, what each cache recomputes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastdecode
+from fastdecode.models.diffusion import MaskedDiffusionLM
+
+PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this"]
+GEN = 16
+METHODS = [m.name for m in fastdecode.methods("diffusion")]
+
+
+@pytest.fixture(scope="module")
+def sharp(diffusion_dir):
+    model = fastdecode.load(diffusion_dir)
+    with torch.no_grad():
+        model.model.lm_head.weight.mul_(50.0)
+    return model
+
+
+def kw(name: str, **extra) -> dict:
+    params = {p for p, _ in fastdecode.get_method(name).params()}
+    return {k: v for k, v in dict(max_new_tokens=GEN, block_length=8, **extra).items() if k in params}
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+def test_partial_forward_with_exact_cached_kv_equals_the_full_forward(diffusion, shifted):
+    model = MaskedDiffusionLM(diffusion.model, mask_token_id=3, shifted=shifted)
+    torch.manual_seed(0)
+    canvas = torch.randint(4, model.vocab_size, (2, 12))
+    attention = torch.ones(2, 12, dtype=torch.long)
+    attention[1, :4] = 0  # left padding
+    full = model.forward(canvas, attention)
+    logits, kv = model.forward_columns(canvas, attention, None, None)
+    assert torch.equal(logits, full)  # the caching full forward is the plain one
+    cols = torch.tensor([[5, 6, 7, 11], [4, 9, 9, 10]])  # duplicates are allowed (padding)
+    part, kv2 = model.forward_columns(canvas, attention, cols, kv)
+    torch.testing.assert_close(part, full.gather(1, cols[..., None].expand(-1, -1, full.shape[-1])), rtol=1e-5, atol=1e-5)
+    for (k, v), (k2, v2) in zip(kv, kv2):
+        torch.testing.assert_close(k2, k, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stale_cache_reads_old_kv_for_columns_it_does_not_recompute(diffusion):
+    canvas = torch.randint(4, diffusion.vocab_size, (1, 10))
+    attention = torch.ones(1, 10, dtype=torch.long)
+    _, kv = diffusion.forward_columns(canvas, attention, None, None)
+    changed = canvas.clone()
+    changed[0, 2] = 3  # column 2 changes but is not recomputed: its old K/V stay in use
+    cols = torch.tensor([[6, 7]])
+    stale, _ = diffusion.forward_columns(changed, attention, cols, kv)
+    fresh = diffusion.forward(changed, attention)[:, 6:8]
+    unchanged = diffusion.forward(canvas, attention)[:, 6:8]
+    torch.testing.assert_close(stale, unchanged, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(stale, fresh)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual", "delayed"])
+@pytest.mark.parametrize("name", METHODS)
+def test_a_cache_refreshed_every_step_gives_exactly_the_uncached_result(sharp, name, cache):
+    if name == "dlm.freedave" and cache == "delayed":
+        pytest.skip("dlm.freedave refuses the delayed cache")
+    plain = fastdecode.generate(sharp, PROMPTS, name, **kw(name))
+    cached = fastdecode.generate(sharp, PROMPTS, name, **kw(name, cache=cache, cache_refresh=1))
+    assert [r.token_ids for r in cached] == [r.token_ids for r in plain]
+    assert [r.stats.forwards for r in cached] == [r.stats.forwards for r in plain]
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual", "delayed"])
+@pytest.mark.parametrize("name", ["dlm.baseline", "dlm.threshold", "dlm.dcd", "dlm.ccd"])
+def test_cached_runs_batched_equal_one_by_one(sharp, name, cache):
+    batched = fastdecode.generate(sharp, PROMPTS, name, **kw(name, cache=cache))
+    singles = [fastdecode.generate(sharp, p, name, **kw(name, cache=cache)) for p in PROMPTS]
+    assert [r.token_ids for r in batched] == [r.token_ids for r in singles]
+
+
+def spy(model, monkeypatch) -> list:
+    """Record each forward_columns call's recomputed columns per row (None for a full forward)."""
+    calls = []
+    real = model.forward_columns
+
+    def wrapped(canvas, attention, columns, kv):
+        calls.append(None if columns is None else [sorted(set(row)) for row in columns.tolist()])
+        return real(canvas, attention, columns, kv)
+
+    monkeypatch.setattr(model, "forward_columns", wrapped)
+    return calls
+
+
+def test_dual_cache_recomputes_the_block_and_refreshes_at_block_boundaries(diffusion, monkeypatch):
+    calls = spy(diffusion, monkeypatch)
+    r = fastdecode.generate(diffusion, PROMPTS[0], "dlm.baseline", max_new_tokens=GEN, block_length=4, cache="dual",
+                            trace=True)
+    P = len(r.prompt_ids)
+    assert len(calls) == r.stats.forwards == GEN
+    for step, cols in enumerate(calls):
+        block = step // 4  # one token per step, 4 steps per block
+        if step % 4 == 0:
+            assert cols is None  # a new block: one full forward, whose logits also serve the step
+        else:
+            assert cols == [list(range(P + 4 * block, P + 4 * block + 4))]
+
+
+def test_prefix_cache_recomputes_from_the_block_to_the_end(diffusion, monkeypatch):
+    calls = spy(diffusion, monkeypatch)
+    r = fastdecode.generate(diffusion, PROMPTS[0], "dlm.baseline", max_new_tokens=GEN, block_length=8, cache="prefix")
+    P, T = len(r.prompt_ids), len(r.prompt_ids) + GEN
+    assert calls[0] is None and calls[8] is None
+    assert calls[1] == [list(range(P, T))] and calls[9] == [list(range(P + 8, T))]
+
+
+def test_delayed_cache_recomputes_the_masks_and_the_tokens_committed_one_step_earlier(diffusion, monkeypatch):
+    calls = spy(diffusion, monkeypatch)
+    r = fastdecode.generate(diffusion, PROMPTS[0], "dlm.baseline", max_new_tokens=GEN, cache="delayed",
+                            cache_refresh=100, trace=True)
+    P = len(r.prompt_ids)
+    assert calls[0] is None
+    masked = set(range(GEN))
+    for step in range(1, GEN):
+        (previous,) = [o for o, _ in r.trace[step - 1].tokens[0]]
+        masked.discard(previous)
+        assert calls[step] == [sorted(P + o for o in masked | {previous})]  # cached from the step after next
+    calls.clear()
+    fastdecode.generate(diffusion, PROMPTS[0], "dlm.baseline", max_new_tokens=GEN, cache="delayed")
+    assert [i for i, c in enumerate(calls) if c is None] == [0, 8]  # dKV-Cache's default refresh every 8 steps
+
+
+def test_a_model_without_partial_forwards_refuses_caches(diffusion_dir):
+    model = fastdecode.load(diffusion_dir)
+    model.model.supports_partial_forward = False
+    assert fastdecode.generate(model, "the", "dlm.threshold", max_new_tokens=4).stats.forwards >= 1
+    with pytest.raises(fastdecode.IncompatibleMethodError, match="cache='dual' needs a model .* cache='none'"):
+        fastdecode.generate(model, "the", "dlm.threshold", max_new_tokens=4, cache="dual")
