@@ -32,12 +32,12 @@ class Recipe:
 RECIPES = {
     r.name: r
     for r in [
-        Recipe("ar-small", "ar", 320, 6, 10, 5, 864, steps=1100, lr=1.5e-3,
+        Recipe("ar-small", "ar", 256, 8, 8, 4, 704, steps=2000, lr=1e-3, batch_tokens=2048,
                description="the target: a LlamaForCausalLM"),
-        Recipe("ar-tiny", "ar", 128, 3, 4, 2, 352, steps=1100, lr=2e-3, tokenizer_from="ar-small",
+        Recipe("ar-tiny", "ar", 128, 3, 4, 2, 352, steps=850, lr=2e-3, warmup=60, tokenizer_from="ar-small",
                description="the drafter for speculative decoding"),
-        Recipe("dlm-small", "mdlm", 320, 6, 10, 5, 864, steps=900, lr=5e-4, init_from="ar-small",
-               tokenizer_from="ar-small", warmup=50,
+        Recipe("dlm-small", "mdlm", 256, 8, 8, 4, 704, steps=900, lr=5e-4, init_from="ar-small",
+               tokenizer_from="ar-small", warmup=50, mixture={"code.complete": 0.5},
                description="a LLaDA-style masked-diffusion LM initialised from ar-small"),
     ]
 }
