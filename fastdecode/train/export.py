@@ -32,6 +32,9 @@ def write_card(folder: Path, recipe: Recipe, command: str, minutes: float, threa
         + (f", initialised from `{recipe.init_from}`" if recipe.init_from else "") + ".",
         "", "## Data mixture (train seeds only; the first test prompts of every task are removed)", "",
         ", ".join(f"`{k}` {v:g}" for k, v in sorted(mixture.items())), "",
+        *([f"Curriculum: the first {recipe.curriculum_steps} steps draw only from "
+           + ", ".join(f"`{k}` {v:g}" for k, v in sorted(recipe.curriculum.items())) + ".", ""]
+          if recipe.curriculum_steps else []),
         "## Measured on the test split", "", "```json", json.dumps(metrics, indent=2), "```", "",
     ]
     (folder / "README.md").write_text("\n".join(lines))

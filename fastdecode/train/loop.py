@@ -75,8 +75,8 @@ def mdlm_loss(model, ids, attention, answer, mask_id: int, gen: torch.Generator,
     return per_row.mean()
 
 
-def examples(recipe: Recipe, tokenizer, seed: int):
-    mixture = {**DEFAULT_MIXTURE, **recipe.mixture}
+def examples(recipe: Recipe, tokenizer, seed: int, mixture: dict[str, float] | None = None):
+    mixture = mixture or {**DEFAULT_MIXTURE, **recipe.mixture}
     pad_answers = recipe.objective == "mdlm"
     for item in item_stream(mixture, seed):
         yield encode(tokenizer, item, TASKS[item.task].max_new_tokens if pad_answers else None)
@@ -99,6 +99,9 @@ def train(recipe: Recipe, tokenizer, seed: int, init: torch.nn.Module | None = N
                             lr=recipe.lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(seed)
     stream = batches(examples(recipe, tokenizer, seed), recipe.batch_tokens, seed=seed)
+    if recipe.curriculum_steps:
+        first = batches(examples(recipe, tokenizer, seed, recipe.curriculum), recipe.batch_tokens, seed=seed)
+        stream = itertools.chain(itertools.islice(first, recipe.curriculum_steps), stream)
     total = steps or recipe.steps
     log: list[dict] = []
     start = time.perf_counter()

@@ -27,6 +27,9 @@ class Recipe:
     vocab_size: int = 4096
     description: str = ""
     mixture: dict[str, float] = field(default_factory=dict)  # overrides of train.data.DEFAULT_MIXTURE
+    # curriculum: the first `curriculum_steps` steps draw only from these tasks (e.g. copy, to form induction heads)
+    curriculum: dict[str, float] = field(default_factory=dict)
+    curriculum_steps: int = 0
 
 
 RECIPES = {

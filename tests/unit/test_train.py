@@ -66,3 +66,16 @@ def test_recipes_are_consistent():
     assert {"ar-small", "ar-tiny", "dlm-small"} <= set(RECIPES)
     assert RECIPES["dlm-small"].init_from == "ar-small"
     assert fastdecode.methods("causal")
+
+
+def test_curriculum_draws_only_its_tasks_first(tokenizer, monkeypatch):
+    import fastdecode.train.loop as loop
+
+    seen = []
+    real_collate = loop.collate
+    monkeypatch.setattr(loop, "collate", lambda batch, *a: seen.append({e.task for e in batch}) or real_collate(batch, *a))
+    recipe = Recipe("c", "ar", 32, 1, 2, 1, 64, steps=6, lr=1e-3, warmup=1, batch_tokens=512,
+                    curriculum={"letters.copy": 1.0}, curriculum_steps=3)
+    train(recipe, tokenizer, seed=0)
+    assert all(tasks == {"letters.copy"} for tasks in seen[:3])
+    assert set().union(*seen[3:]) - {"letters.copy"}  # the full mixture afterwards
