@@ -236,6 +236,7 @@ def train(
     seed: Annotated[int, typer.Option(help="Training seed.")] = 0,
     threads: Annotated[int, typer.Option(help="torch CPU threads (results depend on it).")] = 1,
     steps: Annotated[Optional[int], typer.Option(help="Override the recipe's step count (for trials).")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="Override a recipe field for a trial, e.g. --set lr=0.002.")] = [],  # noqa: B006
     eval_items: Annotated[int, typer.Option(help="Test items per task for the model card.")] = 50,
 ) -> None:
     """Reproduce a zoo model from its recipe and a seed, then evaluate it and write its card."""
@@ -243,12 +244,14 @@ def train(
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from fastdecode.train.recipes import get_recipe
+    from fastdecode.config import parse_param_strings
+    from fastdecode.train.recipes import get_recipe, override
     from fastdecode.train.zoo import build, zoo_folder
 
-    recipe = get_recipe(name)
+    recipe = override(get_recipe(name), parse_param_strings(set_))
     folder = Path(out_dir) if out_dir else zoo_folder(name)
-    command = f"fastdecode train {name} --seed {seed} --threads {threads}" + (f" --steps {steps}" if steps else "")
+    command = (f"fastdecode train {name} --seed {seed} --threads {threads}" + (f" --steps {steps}" if steps else "")
+               + "".join(f" --set '{s}'" for s in set_))
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=err) as bar:

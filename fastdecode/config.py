@@ -49,11 +49,11 @@ def build_config(config_cls: type[C], params: dict[str, Any], method: str = "") 
                 f"Unknown parameter {name!r}{where}. {close_names(name, known)} "
                 f"(`fastdecode methods` lists every method's parameters.)"
             )
-        kwargs[name] = _coerce(name, value, hints[name])
+        kwargs[name] = coerce_value(name, value, hints[name])
     return config_cls(**kwargs)
 
 
-def _coerce(name: str, value: Any, hint: Any) -> Any:
+def coerce_value(name: str, value: Any, hint: Any) -> Any:
     """Coerce `value` to `hint` (bool, int, float, str, Literal, or Optional of those)."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):

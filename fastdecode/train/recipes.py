@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import typing
 from dataclasses import dataclass, field
 
-from ..errors import FastDecodeError, close_names
+from ..config import coerce_value
+from ..errors import FastDecodeError, ParameterError, close_names
 
 
 @dataclass(frozen=True)
@@ -50,3 +54,20 @@ def get_recipe(name: str) -> Recipe:
     if name not in RECIPES:
         raise FastDecodeError(f"No zoo recipe named {name!r}. {close_names(name, RECIPES)}")
     return RECIPES[name]
+
+
+def override(recipe: Recipe, settings: dict[str, str]) -> Recipe:
+    """A recipe with fields replaced from `name=value` strings (JSON for dicts), for recipe trials."""
+    hints = typing.get_type_hints(Recipe)
+    changes: dict[str, object] = {}
+    for name, value in settings.items():
+        if name not in hints or name == "name":
+            raise ParameterError(f"Unknown recipe field {name!r}. {close_names(name, [f.name for f in dataclasses.fields(Recipe)])}")
+        if typing.get_origin(hints[name]) is dict:
+            try:
+                changes[name] = {str(k): float(v) for k, v in json.loads(value).items()}
+            except (ValueError, AttributeError):
+                raise ParameterError(f"Recipe field {name} takes a JSON object, e.g. '{{\"lists.copy\": 1}}'.") from None
+        else:
+            changes[name] = coerce_value(name, value, hints[name])
+    return dataclasses.replace(recipe, **changes)

@@ -79,3 +79,17 @@ def test_curriculum_draws_only_its_tasks_first(tokenizer, monkeypatch):
     train(recipe, tokenizer, seed=0)
     assert all(tasks == {"letters.copy"} for tasks in seen[:3])
     assert set().union(*seen[3:]) - {"letters.copy"}  # the full mixture afterwards
+
+
+def test_recipe_overrides_for_trials():
+    from fastdecode import ParameterError
+    from fastdecode.train.recipes import get_recipe, override
+
+    r = override(get_recipe("ar-small"), {"lr": "0.002", "num_layers": "4", "curriculum": '{"lists.copy": 1}'})
+    assert (r.lr, r.num_layers, r.curriculum) == (0.002, 4, {"lists.copy": 1.0})
+    import pytest
+
+    with pytest.raises(ParameterError, match="Did you mean 'steps'"):
+        override(r, {"stepz": "3"})
+    with pytest.raises(ParameterError, match="JSON object"):
+        override(r, {"curriculum": "copy"})
