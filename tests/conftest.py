@@ -52,14 +52,26 @@ def save_causal(folder: Path, tokenizer, seed: int = 0, **overrides) -> Path:
 
 def save_diffusion(folder: Path, tokenizer, seed: int = 0, **overrides) -> Path:
     torch.manual_seed(seed)
-    cfg = MDLMConfig(
+    shape = dict(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, max_position_embeddings=128, mask_token_id=3,
-        bos_token_id=0, eos_token_id=1, pad_token_id=2, **overrides,
+        bos_token_id=0, eos_token_id=1, pad_token_id=2,
     )
+    cfg = MDLMConfig(**{**shape, **overrides})
     MDLMForMaskedDiffusion(cfg).eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def save_causal_model():
+    """`save_causal` for conftests of sub-folders, which cannot import this module by name."""
+    return save_causal
+
+
+@pytest.fixture(scope="session")
+def save_diffusion_model():
+    return save_diffusion
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from ..config import check
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
 from ..sampling.config import SamplingConfig
+from ..sampling.samplers import make_generator
 from ..types import PromptBatch, StepEvent
 from .loop import autoregressive
 
@@ -39,15 +40,6 @@ def make_picker(cfg: SampleConfig, generator: torch.Generator | None):
         return sampling.sample(logits, generator)
 
     return pick
-
-
-def make_generator(seed: int | None, given: torch.Generator | None, device: torch.device) -> torch.Generator | None:
-    """The caller's generator wins; else a fresh one from `seed`; else None (torch's global RNG)."""
-    if given is not None:
-        return given
-    if seed is None:
-        return None
-    return torch.Generator(device=device).manual_seed(seed)
 
 
 @register("ar.sample", kind="causal", config=SampleConfig)

@@ -14,3 +14,12 @@ def sample(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
     """`[B, V]` -> `[B]` one draw from softmax(logits) per row."""
     probs = logits.float().softmax(-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def make_generator(seed: int | None, given: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """The caller's generator wins; else a fresh one from `seed`; else None (torch's global RNG)."""
+    if given is not None:
+        return given
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(seed)

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from ..ar.sample import make_generator
+from ..sampling.samplers import make_generator
 from ..cache import KVCache
 from ..sampling.config import SamplingConfig
 from ..errors import IncompatibleMethodError

@@ -8,7 +8,7 @@ from typing import Literal
 
 import torch
 
-from ...ar.sample import make_generator
+from ...sampling.samplers import make_generator
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register

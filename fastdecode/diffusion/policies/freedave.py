@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...ar.sample import make_generator
+from ...sampling.samplers import make_generator
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
