@@ -29,7 +29,7 @@ def generate(
     param: Annotated[list[str], typer.Option("--param", help="Method parameter name=value; repeatable.")] = [],  # noqa: B006
     max_new_tokens: Annotated[Optional[int], typer.Option(help="Shortcut for --param max_new_tokens=N.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print results as JSON lines.")] = False,
-    draft: Annotated[Optional[str], typer.Option(help="Draft model folder or zoo:NAME, for methods that take one.")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="Draft model folder or zoo:NAME, for methods that take one (a diffusion LM for spec.dlm_draft).")] = None,
     trust_remote_code: RemoteOpt = False,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
@@ -140,7 +140,7 @@ def bench(
     model: ModelOpt,
     methods: Annotated[list[str], typer.Option("--methods", help="Methods to run: --methods m1 m2 ... (the baseline is added).")],
     out_path: Annotated[str, typer.Option("--out", help="Results JSONL; re-running with the same file resumes it.")],
-    draft: Annotated[Optional[str], typer.Option(help="Draft model folder or zoo:NAME (hf.assisted needs one).")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="Draft model folder or zoo:NAME, for methods that take one (a diffusion LM for spec.dlm_draft).")] = None,
     param: Annotated[list[str], typer.Option("--param", help="method.name=value, e.g. ar.sample.seed=1; repeatable.")] = [],  # noqa: B006
     limit: Annotated[Optional[int], typer.Option(help="At most N items per task.")] = None,
     seeds: Annotated[Optional[list[int]], typer.Option("--seeds", help="Test seeds (>= 1000000) to draw items from: --seeds S1 S2 ...")] = None,

@@ -69,26 +69,43 @@ def resolve(model: ModelAdapter, name: str) -> Method:
     return spec
 
 
+# the kind of draft model a method names (Method.draft_kind): what it is, and a zoo example for the zoo:ar-small target
+_DRAFT_KINDS = {"causal": ("a causal LM", "zoo:ar-tiny"), "diffusion": ("a masked-diffusion LM", "zoo:dlm-small")}
+
+
 def check_draft(spec: Method, model: ModelAdapter, draft: ModelAdapter | None) -> None:
-    """A method that takes a draft needs one: causal, with the target's vocabulary, on the target's device."""
+    """A method that takes a draft needs one: of the kind it drafts with, with the target's vocabulary, on its device."""
     if not spec.needs_draft:
         return
+    kind, example = _DRAFT_KINDS[spec.draft_kind]
     if draft is None:
         raise IncompatibleMethodError(
             f"Method {spec.name!r} needs a draft model: pass draft=fastdecode.load(...) (CLI: --draft PATH), "
-            "a small causal LM trained with the target's tokenizer, e.g. zoo:ar-tiny for zoo:ar-small."
+            f"{kind} trained with the target's tokenizer, e.g. --draft {example} for zoo:ar-small."
         )
-    if draft.kind != "causal":
-        raise IncompatibleMethodError(f"The draft model of {spec.name!r} must be a causal LM, not a {draft.kind} model.")
-    if draft.vocab_size != model.vocab_size:
+    if draft.kind != spec.draft_kind:
         raise IncompatibleMethodError(
-            f"The draft's vocabulary ({draft.vocab_size} tokens) differs from the target's ({model.vocab_size}); "
-            f"{spec.name!r} needs the same tokenizer: pick a draft trained with the target's tokenizer."
+            f"The draft model of {spec.name!r} must be {kind}, not a {draft.kind} model: pass one trained with the "
+            f"target's tokenizer, e.g. --draft {example} for zoo:ar-small."
+        )
+    if draft.vocab_size != model.vocab_size or not _same_tokens(model, draft):
+        differs = (f"vocabulary ({draft.vocab_size} tokens) differs from the target's ({model.vocab_size})"
+                   if draft.vocab_size != model.vocab_size else "tokenizer gives some of the target's tokens other ids")
+        raise IncompatibleMethodError(
+            f"The draft's {differs}; {spec.name!r} needs the same tokenizer: pick a draft trained with the target's tokenizer."
         )
     if draft.device != model.device:
         raise IncompatibleMethodError(
             f"The draft model is on {draft.device} but the target is on {model.device}: load both on the same device."
         )
+
+
+def _same_tokens(model: ModelAdapter, draft: ModelAdapter) -> bool:
+    """Every token of the target's tokenizer has the same id in the draft's (which may add some, e.g. a mask token)."""
+    if model.tokenizer is None or draft.tokenizer is None:
+        return True  # nothing to compare beyond the vocabulary size
+    theirs = draft.tokenizer.get_vocab()
+    return all(theirs.get(token) == i for token, i in model.tokenizer.get_vocab().items())
 
 
 def _is_batch(prompts: Any) -> bool:

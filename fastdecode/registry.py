@@ -37,6 +37,7 @@ class Method:
     description: str
     lossless: bool  # greedy output equals ar.greedy / dlm.baseline token for token
     needs_draft: bool = False  # takes a separate draft model (generate(..., draft=...), CLI --draft)
+    draft_kind: ModelKind = "causal"  # the kind of model that draft must be
 
     def params(self) -> list[tuple[str, Any]]:
         """(name, default) for each parameter."""
@@ -44,7 +45,8 @@ class Method:
 
 
 def register(
-    name: str, *, kind: ModelKind, config: type[MethodConfig], lossless: bool = False, needs_draft: bool = False
+    name: str, *, kind: ModelKind, config: type[MethodConfig], lossless: bool = False, needs_draft: bool = False,
+    draft_kind: ModelKind = "causal",
 ) -> Callable[[Driver], Driver]:
     """Register `driver` under `name`; the first line of its docstring is the description."""
 
@@ -52,7 +54,7 @@ def register(
         if name in _METHODS:
             raise ValueError(f"method {name!r} is registered twice")
         doc = (driver.__doc__ or "").strip().splitlines()
-        _METHODS[name] = Method(name, kind, config, driver, doc[0] if doc else "", lossless, needs_draft)
+        _METHODS[name] = Method(name, kind, config, driver, doc[0] if doc else "", lossless, needs_draft, draft_kind)
         return driver
 
     return wrap

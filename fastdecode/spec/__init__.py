@@ -1,3 +1,3 @@
 """Speculative decoding: drafters propose, the target verifies in one forward. Importing registers `spec.*`."""
 
-from .drafters import draft_model, jacobi, lookahead, ngram, pld, recycling, suffix  # noqa: F401
+from .drafters import dlm_draft, draft_model, dyntree, jacobi, layerskip, lookahead, ngram, pld, recycling, rsd, suffix  # noqa: F401

@@ -20,7 +20,7 @@ from ..errors import IncompatibleMethodError
 from ..models.causal import CausalLM
 from ..registry import RunContext
 from ..types import PromptBatch, StepEvent
-from .tree import ancestor_mask, depths, verify_tree_greedy, verify_tree_sampling
+from .tree import ancestor_mask, depths, verify_tree_greedy, verify_tree_rsd, verify_tree_sampling
 from .verify import Verdict, target_distribution, verify_greedy, verify_sampling
 
 
@@ -46,7 +46,8 @@ class Side:
 class Draft:
     """Proposed continuation of one row: a chain, or a tree when `parents` is given (see `tree.py`).
 
-    `probs=None` marks a deterministic drafter (verified with q one-hot); trees must be deterministic.
+    `probs=None` marks a deterministic drafter (verified with q one-hot). A tree with `probs` has the siblings
+    under each node drawn in listed order without replacement from their row of `probs` (RSD, `verify_tree_rsd`).
     """
 
     tokens: torch.Tensor  # [k] long
@@ -239,5 +240,6 @@ class _Row:
         p = target_distribution(logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)  # [k + 1, V]
         if tree is None:
             return verify_sampling(draft.tokens, draft.probs, p, self.generator)
-        assert draft.probs is None, "trees are verified with q one-hot: tree drafters must be deterministic"
+        if draft.probs is not None:  # siblings sampled without replacement
+            return verify_tree_rsd(draft.tokens.tolist(), tree, p, draft.probs.to(p.device), self.generator)
         return verify_tree_sampling(draft.tokens.tolist(), tree, p, self.generator)

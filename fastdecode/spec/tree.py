@@ -82,6 +82,47 @@ def verify_tree_sampling(tokens: list[int], parents: list[int], p: torch.Tensor,
             return Verdict(len(path), [tokens[i] for i in path] + [y])
 
 
+def verify_tree_rsd(
+    tokens: list[int], parents: list[int], p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None
+) -> Verdict:
+    """Recursive rejection sampling for siblings drawn WITHOUT replacement (Recursive Speculative Decoding,
+    Jeon et al. 2024, arXiv 2402.14160).
+
+    The children x_1..x_m of a node were drawn in listed order from q without replacement, so x_j ~ q_j, the
+    node's q with x_1..x_{j-1} removed and renormalised. With r_1 = p at the node, x_j is accepted with
+    probability min(1, r_j(x_j) / q_j(x_j)); on rejection r_{j+1} = norm(max(r_j - q_j, 0)). When all are
+    rejected, or at a leaf, the token is drawn from r. Each stage emits a token distributed as r_j whatever q_j
+    is, so the emitted tokens are distributed as under p.
+
+    p: `[T + 1, V]` target distributions (processors applied; row 0 the root, row i + 1 node i).
+    q: `[T, V]` row i is the draft distribution node i and its siblings were drawn from (the parent's q).
+    """
+    kids = children(parents)
+    node, path = -1, []
+    while True:
+        r = p[node + 1].double()  # [V] running target residual r_j
+        tried: list[int] = []
+        for c in kids[node]:
+            x = tokens[c]
+            q_j = q[c].double().clone()  # [V]
+            q_j[tried] = 0.0  # without replacement: earlier siblings cannot be drawn again
+            q_j /= q_j.sum()
+            assert float(q_j[x]) > 0, f"node {c} holds token {x}, which its q (without earlier siblings) cannot draw"
+            u = float(torch.rand((), generator=generator, device=p.device))
+            if u * float(q_j[x]) < float(r[x]):  # u < r_j(x) / q_j(x)
+                path.append(c)
+                node = c
+                break
+            residual = (r - q_j).clamp(min=0.0)
+            mass = float(residual.sum())
+            # r == q_j leaves nothing: rejection then had probability 0 up to rounding, and r is still the law
+            r = residual / mass if mass > 0 else r
+            tried.append(x)
+        else:
+            y = int(torch.multinomial(r, 1, generator=generator))
+            return Verdict(len(path), [tokens[i] for i in path] + [y])
+
+
 def _path(parents: list[int], end: int) -> list[int]:
     path = []
     while end >= 0:

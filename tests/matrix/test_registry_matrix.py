@@ -13,7 +13,8 @@ METHODS = [m.name for m in fastdecode.methods()]
 def test_method_runs_and_stats_are_consistent(name, causal, diffusion):
     method = fastdecode.get_method(name)
     model = causal if method.kind == "causal" else diffusion
-    draft = causal if method.needs_draft else None  # the target drafting for itself is a valid draft model
+    # the target drafting for itself is a valid causal draft; the tiny MDLM shares its tokenizer
+    draft = (diffusion if method.draft_kind == "diffusion" else causal) if method.needs_draft else None
     results = fastdecode.generate(model, ["the quick brown", "def"], name, max_new_tokens=12, draft=draft)
     for r in results:
         s = r.stats
@@ -35,5 +36,7 @@ def test_every_method_documents_its_parameters():
 def test_methods_needing_a_draft_refuse_to_run_without_one(name, causal, diffusion):
     with pytest.raises(fastdecode.IncompatibleMethodError, match="needs a draft model"):
         fastdecode.generate(causal, "the", name, max_new_tokens=4)
-    with pytest.raises(fastdecode.IncompatibleMethodError, match="must be a causal LM"):
-        fastdecode.generate(causal, "the", name, max_new_tokens=4, draft=diffusion)
+    kind = fastdecode.get_method(name).draft_kind
+    wrong, expected = (causal, "must be a masked-diffusion LM") if kind == "diffusion" else (diffusion, "must be a causal LM")
+    with pytest.raises(fastdecode.IncompatibleMethodError, match=expected):
+        fastdecode.generate(causal, "the", name, max_new_tokens=4, draft=wrong)

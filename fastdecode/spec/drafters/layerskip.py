@@ -1,0 +1,239 @@
+"""spec.layerskip: self-speculation with skipped layers, after SWIFT (Xia et al. 2025, "SWIFT: On-the-Fly
+Self-Speculative Decoding for LLM Inference Acceleration"; hemingkx/SWIFT).
+
+The target with a set S of its decoder layers left out drafts for itself; the full target verifies. S is
+searched while generating (SWIFT's optimisation phase): once `context_window` tokens are generated, every
+step scores one candidate set by the fraction of those tokens the skipped model reproduces (argmax, one
+parallel forward) and keeps the best, until `search_steps` sets were scored or one reaches `target_score`.
+Candidates are random sets and, every other time, the best set with one layer swapped (a cheap stand-in for
+SWIFT's Bayesian step). Whole layers are skipped (SWIFT skips attention and MLP sub-layers separately).
+
+Skipping swaps the model's layer list for the kept layers inside the drafter's forwards only and always
+restores it. Layer 0 is never skipped, so the drafter's KV cache (whose length is read from layer 0) stays
+valid: skipped layers simply get no entries. A cache belongs to one skip set; a newly adopted set brings the
+cache its scoring forward filled.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from itertools import combinations
+
+import torch
+from torch import nn
+
+from ...cache import KVCache
+from ...config import check
+from ...errors import IncompatibleMethodError, ParameterError
+from ...models.causal import CausalLM
+from ...registry import RunContext, register
+from ...types import PromptBatch, StepEvent
+from ..loop import BaseDrafter, Draft, SpecConfig, speculative
+from ..verify import target_distribution
+
+# where transformers keeps the decoder layers: Llama/Mistral/Qwen/Gemma/Phi, OPT, GPT-2/GPT-J, GPT-NeoX
+_LAYER_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers")
+
+
+def parse_layers(text: str) -> tuple[int, ...]:
+    """Parse "2,3,5" into (2, 3, 5); the empty string is no fixed set."""
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not all(s.isdigit() for s in items):
+        raise ParameterError(f"Parameter skip_layers={text!r} is invalid: write layer indices separated by commas, e.g. '2,3,5'.")
+    layers = tuple(int(s) for s in items)
+    check(0 not in layers, "skip_layers", text, "contains layer 0, which is never skipped (its KV cache tracks the length)")
+    check(len(set(layers)) == len(layers), "skip_layers", text, "names a layer twice")
+    return layers
+
+
+@dataclass(frozen=True)
+class LayerSkipConfig(SpecConfig):
+    skip_ratio: float = 0.45  # share of the searchable layers skipped (all but the first and last; SWIFT's 0.45)
+    skip_layers: str = ""  # a fixed skip set, e.g. "2,3,5" (0-based, never 0); turns the search off
+    max_draft_tokens: int = 25  # SWIFT's max_step_draft
+    confidence_stop: float = 0.8  # end the draft after a token whose draft max-probability is below this; 0 = off
+    search_steps: int = 32  # skip sets scored, one per step, the first being the evenly spread start; 0 = no search
+    context_window: int = 32  # the first generated tokens every candidate is scored on (SWIFT: 32)
+    target_score: float = 0.95  # stop searching once a set reproduces this share of the window (SWIFT's max_score)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(0 < self.skip_ratio <= 1, "skip_ratio", self.skip_ratio, "must be in (0, 1]")
+        parse_layers(self.skip_layers)
+        check(self.max_draft_tokens >= 1, "max_draft_tokens", self.max_draft_tokens, "must be at least 1")
+        check(0 <= self.confidence_stop < 1, "confidence_stop", self.confidence_stop, "must be in [0, 1) (0 = off)")
+        check(self.search_steps >= 0, "search_steps", self.search_steps, "must be >= 0 (0 = keep the starting set)")
+        check(self.context_window >= 1, "context_window", self.context_window, "must be at least 1")
+        check(0 < self.target_score <= 1, "target_score", self.target_score, "must be in (0, 1]")
+
+
+def decoder_layers(model: nn.Module) -> tuple[nn.Module, str]:
+    """The module holding the decoder layers and the attribute name of its `nn.ModuleList`."""
+    for path in _LAYER_PATHS:
+        *parents, name = path.split(".")
+        owner: nn.Module | None = model
+        for attr in parents:
+            owner = getattr(owner, attr, None)
+        if owner is not None and isinstance(getattr(owner, name, None), nn.ModuleList):
+            return owner, name
+    raise IncompatibleMethodError(
+        f"spec.layerskip skips decoder layers, but {type(model).__name__} keeps them in none of the known places "
+        f"({', '.join(_LAYER_PATHS)}). Use spec.draft_model with a small draft model instead."
+    )
+
+
+def check_layers(model: CausalLM) -> int:
+    """Refuse a model whose layers cannot be skipped safely; return the number of layers."""
+    owner, name = decoder_layers(model.model)
+    layers = getattr(owner, name)
+    if len(layers) < 2:
+        raise IncompatibleMethodError(
+            f"spec.layerskip needs at least 2 decoder layers (layer 0 always runs), but {model.name!r} has {len(layers)}."
+        )
+    for i, layer in enumerate(layers):
+        # attention must pick its cache slot by its own layer_idx, not by its place in the (shortened) list
+        idx = {m.layer_idx for m in layer.modules() if isinstance(getattr(m, "layer_idx", None), int)}
+        if idx != {i}:
+            raise IncompatibleMethodError(
+                f"spec.layerskip cannot skip layers of {model.name!r}: decoder layer {i} does not carry its own "
+                "layer_idx, so a shortened layer list would write to the wrong KV-cache slots."
+            )
+    return len(layers)
+
+
+@contextmanager
+def skipping(model: CausalLM, skip: frozenset[int]) -> Iterator[None]:
+    """Run `model` without the layers in `skip`; the full layer list is back afterwards, also on errors."""
+    owner, name = decoder_layers(model.model)
+    full = getattr(owner, name)
+    setattr(owner, name, nn.ModuleList(layer for i, layer in enumerate(full) if i not in skip))
+    try:
+        yield
+    finally:
+        setattr(owner, name, full)
+
+
+class SkipSearch:
+    """SWIFT's optimisation phase over sets of `n` layers out of `candidates`, with its own seeded RNG."""
+
+    def __init__(self, candidates: list[int], n: int, budget: int, target: float) -> None:
+        self.candidates, self.n, self.budget, self.target = candidates, n, budget, target
+        self.rng = random.Random(0)
+        self.tried: set[frozenset[int]] = set()
+        self.best: frozenset[int] = frozenset(candidates[int((i + 0.5) * len(candidates) / n)] for i in range(n))
+        self.best_score = -1.0
+        self.space = math.comb(len(candidates), n)
+
+    @property
+    def active(self) -> bool:
+        return len(self.tried) < min(self.budget, self.space) and self.best_score < self.target
+
+    def next(self) -> frozenset[int]:
+        """The evenly spread start first; then alternately a random set and a neighbour of the best."""
+        if not self.tried:
+            return self.best
+        for _ in range(64):
+            if len(self.tried) % 2 and self.n < len(self.candidates):
+                out, into = self.rng.choice(sorted(self.best)), self.rng.choice(sorted(set(self.candidates) - self.best))
+                s = (self.best - {out}) | {into}
+            else:
+                s = frozenset(self.rng.sample(self.candidates, self.n))
+            if s not in self.tried:
+                return s
+        return next(s for c in combinations(self.candidates, self.n) if (s := frozenset(c)) not in self.tried)
+
+    def record(self, s: frozenset[int], score: float) -> bool:
+        """Note the score of `s`; True when it beats the best so far (and becomes the best)."""
+        self.tried.add(s)
+        if score > self.best_score:
+            self.best, self.best_score = s, score
+            return True
+        return False
+
+
+class LayerSkipDrafter(BaseDrafter):
+    """Drafts with the target minus a skip set, keeping its own KV cache for that set in step with the context."""
+
+    def __init__(self, model: CausalLM, num_layers: int, cfg: LayerSkipConfig, generator: torch.Generator | None) -> None:
+        self.model, self.cfg, self.generator = model, cfg, generator
+        fixed = parse_layers(cfg.skip_layers)
+        if fixed:
+            self.search = None
+            self.skip = frozenset(fixed)
+        else:
+            # SWIFT keeps the first and last layer; a 2-layer model can only lose its last
+            candidates = list(range(1, num_layers - 1)) or [1]
+            n = min(len(candidates), max(1, int(cfg.skip_ratio * len(candidates) + 0.5)))
+            self.search = SkipSearch(candidates, n, cfg.search_steps, cfg.target_score)
+            self.skip = self.search.best
+        self.cache: KVCache = model.new_cache()
+        self.forwards = 0
+        self._prompt_len: int | None = None
+        self._base = 0  # context length at the last proposal
+        self._drafted = 0
+
+    def propose(self, context: torch.Tensor, k: int) -> Draft:
+        n = context.numel()
+        if self._prompt_len is None:
+            self._prompt_len = n
+        if self.search is not None and self.search.active and n - self._prompt_len >= self.cfg.context_window:
+            self._search_step(context)
+        k = min(k, self.cfg.max_draft_tokens)
+        device = self.model.device
+        feed = context[self.cache.length :].to(device)  # context this cache has not seen (>= 1 token)
+        pos = torch.arange(self.cache.length, n, device=device)
+        tokens, probs = [], []
+        with skipping(self.model, self.skip):
+            for _ in range(k):
+                logits = self.model.forward(feed[None], pos[None], self.cache, num_logits=1)[0, -1]  # [V]
+                self.forwards += 1
+                x, q = self._pick(logits)
+                tokens.append(x)
+                probs.append(q)
+                if self.cfg.confidence_stop and float(logits.softmax(-1).max()) < self.cfg.confidence_stop:
+                    break
+                feed, pos = x.view(1), pos[-1:] + 1
+        self._base, self._drafted = n, len(tokens)
+        q = torch.stack(probs) if probs[0] is not None else None  # [k, V]
+        return Draft(torch.stack(tokens).cpu(), q)
+
+    def _search_step(self, context: torch.Tensor) -> None:
+        """Score one candidate set on the first `context_window` generated tokens; adopt it if it is the best."""
+        s, W, P = self.search.next(), self.cfg.context_window, self._prompt_len
+        end = P + W - 1  # positions P-1 .. P+W-2 predict the generated tokens 0 .. W-1
+        cache = self.model.new_cache()
+        ids = context[:end][None].to(self.model.device)
+        with skipping(self.model, s):
+            logits = self.model.forward(ids, torch.arange(end, device=ids.device)[None], cache, num_logits=W)[0]  # [W, V]
+        self.forwards += 1
+        score = float((logits.argmax(-1).cpu() == context[P : P + W]).float().mean())
+        if self.search.record(s, score):
+            self.skip, self.cache = s, cache
+
+    def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Greedy drafts take the argmax; sampled drafts draw x ~ q with the target's processors applied."""
+        if self.cfg.greedy:
+            return logits.argmax(), None
+        q = target_distribution(logits[None], self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)[0]  # [V]
+        return torch.multinomial(q, 1, generator=self.generator)[0], q
+
+    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
+        # the cache holds context + x_1..x_{m-1}; keep the context and the accepted drafts among them
+        self.cache.crop(self._base + min(accepted, self._drafted - 1))
+
+
+@register("spec.layerskip", kind="causal", config=LayerSkipConfig, lossless=True)
+def run(model: CausalLM, batch: PromptBatch, cfg: LayerSkipConfig, ctx: RunContext) -> Iterator[StepEvent]:
+    """Self-speculation (SWIFT): the target with some layers skipped drafts; the skip set is searched on the fly."""
+    num_layers = check_layers(model)
+    bad = [i for i in parse_layers(cfg.skip_layers) if i >= num_layers]
+    if bad:
+        raise ParameterError(
+            f"Parameter skip_layers={cfg.skip_layers!r} is invalid: {model.name!r} has layers 0..{num_layers - 1}, "
+            f"so {', '.join(map(str, bad))} cannot be skipped."
+        )
+    return speculative(model, batch, cfg, ctx, lambda generator: LayerSkipDrafter(model, num_layers, cfg, generator))

@@ -1,0 +1,122 @@
+"""spec.rsd: Recursive Speculative Decoding with a constant branching factor per depth (RSD-C; Jeon et al. 2024,
+"Recursive Speculative Decoding: Accelerating LLM Inference via Sampling Without Replacement", arXiv 2402.14160).
+
+The draft model grows a tree level by level (one forward per depth for the whole level): under every node of
+depth l - 1 it draws b_l distinct children WITHOUT replacement from its distribution q, by Gumbel-top-k. The
+target verifies the tree in one forward by recursive rejection sampling adapted to without-replacement siblings
+(`tree.verify_tree_rsd`). Greedy decoding takes the draft's top-b_l children instead and accepts the longest
+path the target's argmax agrees with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ...config import check
+from ...errors import ParameterError
+from ...models.causal import CausalLM
+from ...registry import RunContext, register
+from ...types import PromptBatch, StepEvent
+from ..loop import BaseDrafter, Draft, SpecConfig, check_rollback, speculative
+from ..verify import target_distribution
+from .model_tree import DraftModelTree
+
+MAX_NODES = 512  # a larger tree would make one verification forward longer than any plausible gain
+
+
+@dataclass(frozen=True)
+class RSDConfig(SpecConfig):
+    branches: str = "2,2,2,1,1"  # b_l per depth l: children drawn under each node of depth l - 1 (30 nodes, 5 deep)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        widths = parse_branches(self.branches)
+        nodes = sum(_level_sizes(widths))
+        check(nodes <= MAX_NODES, "branches", self.branches, f"makes a tree of {nodes} nodes; keep it at most {MAX_NODES}")
+
+
+def parse_branches(text: str) -> list[int]:
+    try:
+        widths = [int(x) for x in text.split(",")]
+    except ValueError:
+        widths = []
+    if not widths or min(widths) < 1:
+        raise ParameterError(
+            f"Parameter branches={text!r} is invalid: write one branching factor (>= 1) per depth, e.g. '2,2,2,1,1'."
+        )
+    return widths
+
+
+def _level_sizes(widths: list[int]) -> list[int]:
+    sizes, size = [], 1
+    for b in widths:
+        size *= b
+        sizes.append(size)
+    return sizes
+
+
+def gumbel_top_k(q: torch.Tensor, k: int, generator: torch.Generator | None) -> list[list[int]]:
+    """`[L, V]` distributions -> per row up to k distinct tokens, in the order of sampling without replacement.
+
+    Gumbel-top-k (Kool et al. 2019) in its exponential-race form: sorting q_v / E_v with E_v ~ Exp(1) orders tokens
+    as log q_v + Gumbel_v does, and the top k are k sequential draws without replacement. Rows with fewer than k
+    tokens of positive probability give all of them.
+    """
+    e = torch.empty(q.shape, device=q.device, dtype=torch.float64).exponential_(generator=generator)  # [L, V]
+    keys = q.double() / e.clamp(min=torch.finfo(torch.float64).tiny)  # q / E; tokens with q = 0 stay at 0
+    top = keys.topk(min(k, q.shape[-1]), dim=-1)
+    return [[x for x, key in zip(idx, val) if key > 0] for idx, val in zip(top.indices.tolist(), top.values.tolist())]
+
+
+class RSDDrafter(BaseDrafter):
+    """Draws the RSD-C tree with the draft model, level by level; sampled drafts carry q for every node."""
+
+    def __init__(self, draft: CausalLM, cfg: RSDConfig, generator: torch.Generator | None) -> None:
+        self.tree = DraftModelTree(draft)
+        self.cfg, self.generator = cfg, generator
+        self.widths = parse_branches(cfg.branches)
+
+    @property
+    def forwards(self) -> int:  # type: ignore[override]
+        return self.tree.forwards
+
+    def propose(self, context: torch.Tensor, k: int) -> Draft:
+        widths = self.widths[:k]
+        logits = self.tree.start(context)[None]  # [1, V] q at the root
+        tokens: list[int] = []
+        parents: list[int] = []
+        probs: list[torch.Tensor] = []
+        level = [-1]  # nodes whose children are drawn next; -1 is the root
+        for depth, b in enumerate(widths):
+            q, picks = self._children(logits, b)
+            new = []
+            for row, (parent, kids) in enumerate(zip(level, picks)):
+                for x in kids:
+                    new.append(len(tokens))
+                    tokens.append(x)
+                    parents.append(parent)
+                    if q is not None:
+                        probs.append(q[row])
+            level = new
+            if depth + 1 < len(widths):
+                logits = self.tree.grow(tokens, parents, level)  # [len(level), V]
+        q_rows = torch.stack(probs) if probs else None  # [T, V]
+        return Draft(torch.tensor(tokens, dtype=torch.long), q_rows, parents=parents)
+
+    def _children(self, logits: torch.Tensor, b: int) -> tuple[torch.Tensor | None, list[list[int]]]:
+        """Greedy: the draft's top-b tokens (q not needed). Sampling: b draws without replacement from q, the draft's
+        distribution under the target's processors."""
+        if self.cfg.greedy:
+            return None, logits.topk(min(b, logits.shape[-1]), dim=-1).indices.tolist()
+        q = target_distribution(logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)  # [L, V]
+        return q, gumbel_top_k(q, b, self.generator)
+
+
+@register("spec.rsd", kind="causal", config=RSDConfig, lossless=True, needs_draft=True)
+def run(model: CausalLM, batch: PromptBatch, cfg: RSDConfig, ctx: RunContext) -> Iterator[StepEvent]:
+    """Recursive Speculative Decoding: a draft-model tree sampled without replacement (Gumbel-top-k), pass draft=."""
+    check_rollback(ctx.draft)
+    return speculative(model, batch, cfg, ctx, lambda generator: RSDDrafter(ctx.draft, cfg, generator))
