@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Annotated, Optional
 
 import typer
@@ -254,10 +255,21 @@ def train(
                + "".join(f" --set '{s}'" for s in set_))
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn())
+    started = time.perf_counter()
+
+    def log_line(step: int, total: int, loss: float) -> None:
+        # a redirected log gets no live bar: a plain line every 50 steps instead
+        if not err.is_terminal and (step % 50 == 0 or step == total):
+            err.print(f"step {step}/{total} loss {loss:.3f} elapsed {time.perf_counter() - started:.0f}s", highlight=False)
+
     with Progress(*columns, console=err) as bar:
         task = bar.add_task(f"training {name}", total=steps or recipe.steps, loss=float("nan"))
-        metrics = build(recipe, folder, seed, threads, steps, eval_items, command,
-                        progress=lambda s, total, loss: bar.update(task, completed=s, loss=loss),
+
+        def progress(step: int, total: int, loss: float) -> None:
+            bar.update(task, completed=step, loss=loss)
+            log_line(step, total, loss)
+
+        metrics = build(recipe, folder, seed, threads, steps, eval_items, command, progress=progress,
                         status=lambda msg: bar.console.print(msg))
     out_metrics = {k: v for k, v in metrics.items() if k != "code_samples"}
     out.print_json(json.dumps(out_metrics))

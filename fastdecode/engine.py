@@ -161,6 +161,9 @@ class _Collector:
             st.draft_forwards += ev.draft_forwards
             if ev.proposed:
                 st.proposed += ev.proposed[b]
+            if ev.draft_s:
+                st.draft_s += ev.draft_s[b]
+                st.verify_s += ev.verify_s[b]
             if ev.accepted:
                 st.accepted += ev.accepted[b]
                 per_pos = st.accepted_per_position

@@ -25,6 +25,10 @@ class Stats:
     accepted: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # [k]: steps whose draft position k was accepted
     wall_s: float = 0.0
+    # where the time goes (speculative methods): drafting, and the target's verification forward + accept rule;
+    # the rest of wall_s is overhead (cache roll-back, bookkeeping, the Python loop)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
     peak_rss_mb: float = 0.0
     peak_device_mb: float = 0.0  # CUDA peak allocated memory; 0 on CPU
     finish_reason: str = ""  # "eos" or "length"

@@ -54,6 +54,8 @@ class StepEvent:
     proposed: tuple[int, ...] = ()  # per row: drafted tokens (spec) or masked positions offered (dlm)
     accepted: tuple[int, ...] = ()  # per row: accepted draft tokens (spec) or committed positions (dlm)
     finished: tuple[bool, ...] = ()  # per row: the row is done after this step
+    draft_s: tuple[float, ...] = ()  # per row: seconds spent drafting (speculative drivers)
+    verify_s: tuple[float, ...] = ()  # per row: seconds in the target's verification forward and the accept rule
 
 
 @dataclass(frozen=True)

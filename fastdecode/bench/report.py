@@ -43,6 +43,8 @@ class Summary:
     peak_rss_mb: float
     acceptance_rate: float | None
     by_task: dict[str, float] = field(default_factory=dict)
+    draft_share: float | None = None  # of wall time, drafting (speculative methods; None when not timed)
+    verify_share: float | None = None  # of wall time, the target's verification forward + accept rule
 
 
 @dataclass
@@ -94,6 +96,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[Summary]:
             equal = [r["equal_to_baseline"] for r in rs if r.get("equal_to_baseline") is not None]
             proposed = sum(r.get("proposed", 0) for r in rs)
             per_task: dict[str, list[float]] = defaultdict(list)
+            wall = sum(r["wall_s"] for r in rs)
+            timed = wall > 0 and any(r.get("draft_s", 0) or r.get("verify_s", 0) for r in rs)
             for r in rs:
                 per_task[r["task"]].append(r["score"])
             group.append(Summary(
@@ -109,6 +113,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[Summary]:
                 peak_rss_mb=max(r.get("peak_rss_mb", 0.0) for r in rs),
                 acceptance_rate=sum(r.get("accepted", 0) for r in rs) / proposed if proposed else None,
                 by_task={t: _mean(s) for t, s in per_task.items()},
+                draft_share=sum(r.get("draft_s", 0.0) for r in rs) / wall if timed else None,
+                verify_share=sum(r.get("verify_s", 0.0) for r in rs) / wall if timed else None,
             ))
         group.sort(key=lambda s: (not s.is_baseline, s.label))
         out.extend(group)
@@ -175,6 +181,18 @@ def method_table(group: Sequence[Summary]) -> list[str]:
     return lines
 
 
+def time_table(group: Sequence[Summary]) -> list[str]:
+    """Where a speculative method's wall time goes: drafting, verification, the rest (empty if nothing was timed)."""
+    timed = [s for s in group if s.draft_share is not None]
+    if not timed:
+        return []
+    lines = ["| method | drafting | verification | other (roll-back, bookkeeping) |", "|---|---:|---:|---:|"]
+    for s in timed:
+        other = max(0.0, 1 - s.draft_share - s.verify_share)
+        lines.append(f"| {s.label} | {_pct(s.draft_share)} | {_pct(s.verify_share)} | {_pct(other)} |")
+    return lines
+
+
 def task_table(group: Sequence[Summary]) -> list[str]:
     tasks = list(dict.fromkeys(t for s in group for t in s.by_task))
     lines = ["| task | " + " | ".join(s.label for s in group) + " |", "|---|" + "---:|" * len(group)]
@@ -202,6 +220,8 @@ def render(rows: Sequence[dict[str, Any]], summaries: Sequence[Summary], sources
         lines += [f"## {suite} · {model}", ""]
         lines += [_environment(mine), ""]
         lines += method_table(group) + [""]
+        if split := time_table(group):
+            lines += ["Where the time goes (share of wall time):", ""] + split + [""]
         lines += ["Accuracy by task:", ""] + task_table(group) + [""]
         for png in plots.get((suite, model), []):
             link = os.path.relpath(png, out_dir) if out_dir else str(png)

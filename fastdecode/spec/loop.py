@@ -7,6 +7,7 @@ padding and a batched run equals the one-by-one runs token for token.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -135,6 +136,8 @@ def _steps(rows: list[_Row]) -> Iterator[StepEvent]:
             proposed=tuple(o.proposed for o in outs),
             accepted=tuple(o.accepted for o in outs),
             finished=tuple(r.done for r in rows),
+            draft_s=tuple(o.draft_s for o in outs),
+            verify_s=tuple(o.verify_s for o in outs),
         )
         index += 1
 
@@ -145,6 +148,8 @@ class _Out:
     proposed: int = 0
     accepted: int = 0
     draft_forwards: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
 
 
 class _Row:
@@ -165,13 +170,16 @@ class _Row:
         room = self.cfg.max_new_tokens - made - 1  # drafts beyond this could never be emitted
         context = self.ids[: self.n]
         before = self.drafter.forwards
+        t0 = self._clock()
         draft = self.drafter.propose(context, room) if room > 0 else Draft.empty()
+        t1 = self._clock()
         k = draft.tokens.numel()
         assert draft.depth <= max(room, 0), f"drafter proposed {draft.depth} tokens deep, more than the {room} asked for"
 
         # 1. one target forward over the unseen context, the draft (and side tokens) gives p for the root and each node
         logits = self._forward(context, draft)  # [1 + k + S, V]
         verdict = self._verify(draft, logits[: k + 1])
+        t2 = self._clock()
 
         # 2. keep accepted tokens up to the first EOS
         tokens = verdict.tokens[: self.cfg.max_new_tokens - made]
@@ -196,7 +204,15 @@ class _Row:
             proposed=k,
             accepted=min(verdict.accepted, len(tokens)),
             draft_forwards=self.drafter.forwards - before,
+            draft_s=t1 - t0,
+            verify_s=t2 - t1,
         )
+
+    def _clock(self) -> float:
+        """Wall time after the device has finished the work queued so far (GPU kernels run asynchronously)."""
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+        return time.perf_counter()
 
     def _forward(self, context: torch.Tensor, draft: Draft) -> torch.Tensor:
         P, k, n = self.pending, draft.tokens.numel(), self.n

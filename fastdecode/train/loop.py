@@ -59,9 +59,11 @@ def lr_at(step: int, recipe: Recipe) -> float:
 
 
 def ar_loss(model, ids, attention, answer) -> torch.Tensor:
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # [B, T-1, V]
-    target = ids[:, 1:].masked_fill(~answer[:, 1:], -100)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+    """Next-token cross-entropy on answer tokens; the output layer runs only where a loss is taken."""
+    hidden = model.model(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]  # [B, T-1, H]
+    learn = answer[:, 1:]  # [B, T-1]: position t predicts token t+1
+    logits = model.lm_head(hidden[learn])  # [N, V]
+    return F.cross_entropy(logits, ids[:, 1:][learn])
 
 
 def mdlm_loss(model, ids, attention, answer, mask_id: int, gen: torch.Generator, eps: float = 1e-3) -> torch.Tensor:

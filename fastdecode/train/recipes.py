@@ -39,7 +39,9 @@ class Recipe:
 RECIPES = {
     r.name: r
     for r in [
-        Recipe("ar-small", "ar", 256, 8, 8, 4, 704, steps=2000, lr=1e-3, batch_tokens=2048,
+        # the first 500 steps copy and reverse lists only: that is where the copying (induction) heads form
+        Recipe("ar-small", "ar", 256, 8, 8, 4, 704, steps=3000, lr=2e-3, batch_tokens=2048, curriculum_steps=500,
+               curriculum={"lists.copy": 1, "letters.copy": 1, "lists.reverse": 1, "letters.reverse": 1},
                description="the target: a LlamaForCausalLM"),
         Recipe("ar-tiny", "ar", 128, 3, 4, 2, 352, steps=850, lr=2e-3, warmup=60, tokenizer_from="ar-small",
                description="the drafter for speculative decoding"),

@@ -68,6 +68,23 @@ def test_report_renders_markdown_and_plots(results, tmp_path):
     assert base.speedup == pytest.approx(1.0) and base.equal_rate == 1.0 and base.tpf == pytest.approx(1.0)
 
 
+def test_report_splits_speculative_time(tmp_path):
+    from fastdecode.bench.report import render, summarize, time_table
+
+    def row(method, wall, draft=0.0, verify=0.0):
+        return {"suite": "s", "model": "m", "method": method, "task": "t", "score": 1.0, "new_tokens": 10, "forwards": 5,
+                "wall_s": wall, "draft_s": draft, "verify_s": verify, "is_baseline": method == "ar.greedy"}
+
+    rows = [row("ar.greedy", 2.0), row("spec.pld", 1.0, 0.1, 0.7), row("spec.pld", 1.0, 0.1, 0.7)]
+    summaries = summarize(rows)
+    pld = next(s for s in summaries if s.method == "spec.pld")
+    assert pld.draft_share == pytest.approx(0.1) and pld.verify_share == pytest.approx(0.7)
+    assert next(s for s in summaries if s.is_baseline).draft_share is None
+    assert time_table(summaries) == ["| method | drafting | verification | other (roll-back, bookkeeping) |",
+                                     "|---|---:|---:|---:|", "| spec.pld | 10.0% | 70.0% | 20.0% |"]
+    assert "Where the time goes" in render(rows, summaries, [], None, {}, None)
+
+
 def test_resume_after_interrupt_gives_the_same_rows(target, tmp_path):
     out = tmp_path / "r.jsonl"
 

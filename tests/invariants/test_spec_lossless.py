@@ -233,3 +233,14 @@ def test_lookahead_near_the_last_position(causal):
     n = causal.max_positions - len(prompt)  # generation ends at the model's last position
     ref = fastdecode.generate(causal, prompt, "ar.greedy", max_new_tokens=n)
     assert fastdecode.generate(causal, prompt, "spec.lookahead", max_new_tokens=n).token_ids == ref.token_ids
+
+
+def test_time_split_covers_drafting_and_verification(causal, other_draft):
+    """draft_s and verify_s are measured per row and fit inside the wall time; model-free drafters cost little."""
+    for method, draft in (("spec.draft_model", other_draft), ("spec.pld", None)):
+        for r in fastdecode.generate(causal, PROMPTS[:2], method, max_new_tokens=16, draft=draft):
+            s = r.stats
+            assert s.verify_s > 0 and s.draft_s > 0
+            assert s.draft_s + s.verify_s <= s.wall_s
+    greedy = fastdecode.generate(causal, PROMPTS[0], "ar.greedy", max_new_tokens=8).stats
+    assert greedy.draft_s == greedy.verify_s == 0.0  # not a speculative method: nothing to split

@@ -62,6 +62,20 @@ def test_mdlm_loss_counts_only_masked_answer_tokens(tokenizer):
     assert ar_loss(build_model(TINY, tokenizer), ids, attention, answer).item() > 0.0
 
 
+def test_ar_loss_equals_full_logits_cross_entropy_on_answer_tokens(tokenizer):
+    model = build_model(TINY, tokenizer)
+    ids = torch.randint(4, 200, (3, 10))
+    attention = torch.ones_like(ids)
+    attention[2, 7:] = 0  # a right-padded row
+    answer = torch.zeros_like(ids, dtype=torch.bool)
+    answer[:, 4:] = True
+    answer[2, 7:] = False
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    target = ids[:, 1:].masked_fill(~answer[:, 1:], -100)
+    full = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(ar_loss(model, ids, attention, answer), full)
+
+
 def test_recipes_are_consistent():
     assert {"ar-small", "ar-tiny", "dlm-small"} <= set(RECIPES)
     assert RECIPES["dlm-small"].init_from == "ar-small"
@@ -93,3 +107,13 @@ def test_recipe_overrides_for_trials():
         override(r, {"stepz": "3"})
     with pytest.raises(ParameterError, match="JSON object"):
         override(r, {"curriculum": "copy"})
+
+
+def test_tokenizer_round_trips_and_keeps_digits_single(tokenizer):
+    grid = "Solve:\n0320\n2140\n1200\n0000\nA: 4321"
+    ids = tokenizer(grid, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == grid
+    pieces = [tokenizer.decode([i]) for i in ids]
+    assert all(len(p) == 1 for p in pieces if any(c.isdigit() for c in p))  # no '4321' or '00' merges
+    text = 'def f(x):\n    return ["Ann Lee", 3.5]  # ünïcode ✓'
+    assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
