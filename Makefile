@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $@
 
-.PHONY: install demo test
+.PHONY: install demo test results
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
@@ -19,3 +19,23 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest
+
+# The committed measurements: docs/results/*.jsonl and docs/RESULTS.md (resumable: rerun to finish a file).
+# One torch thread (--threads 1), so that timings do not depend on what else the machine runs on its other cores.
+RESULTS := docs/results
+SPEC_METHODS := spec.pld hf.prompt_lookup spec.ngram spec.suffix spec.draft_model hf.assisted spec.recycling \
+	spec.lookahead spec.jacobi spec.layerskip spec.rsd spec.dyntree hf.greedy
+DLM_METHODS := dlm.threshold dlm.factor dlm.entropy_bound dlm.localleap dlm.prophet dlm.credit dlm.freedave \
+	dlm.adablock dlm.dcd dlm.r2 dlm.ccd dlm.ete
+BENCH := $(BIN)/fastdecode bench --threads 1
+results: $(VENV)/.installed
+	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny --methods $(SPEC_METHODS) \
+		--limit 10 --out $(RESULTS)/spec-parallel-lists.jsonl
+	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny --methods $(SPEC_METHODS) \
+		--limit 20 --out $(RESULTS)/spec-code.jsonl
+	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:dlm-small --methods spec.dlm_draft \
+		--limit 10 --out $(RESULTS)/spec-dlm-draft-parallel-lists.jsonl
+	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods $(DLM_METHODS) \
+		$(foreach m,dlm.baseline $(filter-out dlm.dcd dlm.adablock,$(DLM_METHODS)),--param $(m).block_length=16) \
+		--limit 10 --out $(RESULTS)/dlm-parallel-lists.jsonl
+	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out docs/RESULTS.md --plots docs/results

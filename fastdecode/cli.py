@@ -256,11 +256,16 @@ def train(
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn())
     started = time.perf_counter()
+    recent: list[float] = []
 
     def log_line(step: int, total: int, loss: float) -> None:
-        # a redirected log gets no live bar: a plain line every 50 steps instead
+        # a redirected log gets no live bar: a plain line every 50 steps instead, with the mean loss since the last
+        recent.append(loss)
         if not err.is_terminal and (step % 50 == 0 or step == total):
-            err.print(f"step {step}/{total} loss {loss:.3f} elapsed {time.perf_counter() - started:.0f}s", highlight=False)
+            mean = sum(recent) / len(recent)
+            recent.clear()
+            err.print(f"step {step}/{total} loss {loss:.3f} (mean of the last steps {mean:.3f}) "
+                      f"elapsed {time.perf_counter() - started:.0f}s", highlight=False)
 
     with Progress(*columns, console=err) as bar:
         task = bar.add_task(f"training {name}", total=steps or recipe.steps, loss=float("nan"))

@@ -25,8 +25,10 @@ import transformers
 from ..config import build_config
 from ..engine import generate, resolve
 from ..models.base import ModelAdapter
+from ..models.causal import CausalLM
 from ..models.loading import load
 from ..registry import get_method
+from ..spec.drafters.suffix import forget
 from .suites import BenchError, Suite, get_suite
 from .tasks import Item, Task, format_prompt
 from .tasks.code import first_line_exact
@@ -264,6 +266,7 @@ def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, targe
         if warmup:
             report(Progress(summary.written + summary.skipped, summary.total, summary.skipped, todo[0], "warmup"))
             _generate(target, assistant, todo[0])
+        _forget_requests(target)
         for job in todo:
             row = _row(job, target, assistant, meta, reference)
             handle.write(json.dumps(row) + "\n")
@@ -272,6 +275,13 @@ def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, targe
                 reference[_item_key(row)] = row["token_ids"]
             summary.written += 1
             report(Progress(summary.written + summary.skipped, summary.total, summary.skipped, job, "row"))
+
+
+def _forget_requests(target: ModelAdapter) -> None:
+    """Measured rows start from no remembered requests: spec.suffix's global tree keeps the outputs of earlier
+    generations (that is its method), but the pre-flight and warm-up runs must not hand it the first row's answer."""
+    if isinstance(target, CausalLM):
+        forget(target)
 
 
 def _item_key(row: Mapping[str, Any]) -> tuple[str, int, int]:

@@ -36,17 +36,20 @@ class Recipe:
     curriculum_steps: int = 0
 
 
+# tasks of the first steps of the AR recipes: copying and reversing lists is where the copying (induction) heads form
+COPY_CURRICULUM = {"lists.copy": 1.0, "letters.copy": 1.0, "lists.reverse": 1.0, "letters.reverse": 1.0}
+
 RECIPES = {
     r.name: r
     for r in [
-        # the first 500 steps copy and reverse lists only: that is where the copying (induction) heads form
         Recipe("ar-small", "ar", 256, 8, 8, 4, 704, steps=3000, lr=2e-3, batch_tokens=2048, curriculum_steps=500,
-               curriculum={"lists.copy": 1, "letters.copy": 1, "lists.reverse": 1, "letters.reverse": 1},
+               curriculum=COPY_CURRICULUM,
                description="the target: a LlamaForCausalLM"),
-        Recipe("ar-tiny", "ar", 128, 3, 4, 2, 352, steps=850, lr=2e-3, warmup=60, tokenizer_from="ar-small",
+        Recipe("ar-tiny", "ar", 128, 3, 4, 2, 352, steps=3000, lr=3e-3, warmup=60, batch_tokens=2048,
+               curriculum_steps=500, curriculum=COPY_CURRICULUM, tokenizer_from="ar-small",
                description="the drafter for speculative decoding"),
-        Recipe("dlm-small", "mdlm", 256, 8, 8, 4, 704, steps=900, lr=5e-4, init_from="ar-small",
-               tokenizer_from="ar-small", warmup=50, mixture={"code.complete": 0.5},
+        Recipe("dlm-small", "mdlm", 256, 8, 8, 4, 704, steps=2700, lr=1e-3, init_from="ar-small",
+               tokenizer_from="ar-small", warmup=100, batch_tokens=2048, mixture={"code.complete": 0.2, "puzzles.sudoku": 1.5},
                description="a LLaDA-style masked-diffusion LM initialised from ar-small"),
     ]
 }
