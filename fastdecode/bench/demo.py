@@ -18,9 +18,14 @@ from .suites import BenchError, Suite
 
 DEMO_DIR = Path("runs/demo")
 DEMO_SUITE = "quick"
-# causal methods shown on the target; hf.assisted joins them when the drafter is bundled
-CAUSAL_METHODS = ("ar.greedy", "ar.sample", "hf.greedy", "hf.prompt_lookup")
-DEMO_PARAMS = {"ar.sample": {"temperature": 0.7, "seed": 0}, "dlm.baseline": {"block_length": 16}}
+# causal methods shown on the target: the baselines, transformers' references and the model-free drafters;
+# the methods that draft with zoo:ar-tiny join them when it is bundled
+CAUSAL_METHODS = ("ar.greedy", "ar.sample", "hf.greedy", "hf.prompt_lookup", "spec.pld", "spec.suffix")
+DRAFT_METHODS = ("hf.assisted", "spec.draft_model")
+# diffusion methods on dlm-small: the LLaDA baseline (one token per step), the lossless FreeDave, Fast-dLLM's threshold
+DIFFUSION_METHODS = ("dlm.baseline", "dlm.freedave", "dlm.threshold")
+DEMO_PARAMS = {"ar.sample": {"temperature": 0.7, "seed": 0},
+               **{m: {"block_length": 16} for m in DIFFUSION_METHODS}}
 
 
 @dataclass(frozen=True)
@@ -50,10 +55,10 @@ def zoo_plan(available: Sequence[str] | None = None) -> tuple[list[DemoModel], l
         methods = [m for m in CAUSAL_METHODS if m in registered]
         draft = None
         if "ar-tiny" in names:
-            methods.append("hf.assisted")
+            methods += [m for m in DRAFT_METHODS if m in registered]
             draft = "zoo:ar-tiny"
         else:
-            notes.append("zoo:ar-tiny is not bundled, so hf.assisted (which drafts with it) is skipped; "
+            notes.append("zoo:ar-tiny is not bundled, so hf.assisted and spec.draft_model (which draft with it) are skipped; "
                          "make it with `fastdecode train ar-tiny`.")
         plan.append(DemoModel("zoo:ar-small", tuple(methods), draft))
     else:
@@ -63,7 +68,7 @@ def zoo_plan(available: Sequence[str] | None = None) -> tuple[list[DemoModel], l
     elif "dlm.baseline" not in registered:
         notes.append("zoo:dlm-small is bundled but no diffusion method (dlm.baseline) is registered, so it is skipped.")
     else:
-        plan.append(DemoModel("zoo:dlm-small", ("dlm.baseline",)))
+        plan.append(DemoModel("zoo:dlm-small", tuple(m for m in DIFFUSION_METHODS if m in registered)))
     return plan, notes
 
 
