@@ -50,3 +50,39 @@ def test_smoke_one_item_per_task(name):
         r = fastdecode.generate(model, format_prompt(item.prompt), method, max_new_tokens=task.max_new_tokens)
         score = task.score(item, r.text)
         assert 0.0 <= score <= 1.0 and r.stats.new_tokens >= 1
+
+
+def _items(n_tasks: int = 4) -> list[str]:
+    names = ["lists.sort", "letters.reverse", "puzzles.sudoku", "code.complete"][:n_tasks]
+    return [format_prompt(TASKS[t].items(DEFAULT_TEST_SEED, 1)[0].prompt) for t in names]
+
+
+@pytest.mark.skipif("ar-small" not in ZOO, reason="zoo:ar-small is not bundled")
+def test_lossless_speculative_methods_equal_greedy_on_the_zoo():
+    """Every lossless spec.* method reproduces ar.greedy on zoo:ar-small, with its zoo drafter where it takes one."""
+    target = fastdecode.load("zoo:ar-small")
+    drafts = {kind: fastdecode.load(f"zoo:{name}") for kind, name in (("causal", "ar-tiny"), ("diffusion", "dlm-small"))
+              if name in ZOO}
+    prompts = _items()
+    expected = [r.token_ids for r in fastdecode.generate(target, prompts, "ar.greedy", max_new_tokens=48)]
+    checked = 0
+    for method in fastdecode.methods("causal"):
+        if not method.lossless or not method.name.startswith("spec."):
+            continue
+        if method.needs_draft and method.draft_kind not in drafts:
+            continue
+        draft = drafts[method.draft_kind] if method.needs_draft else None
+        got = [r.token_ids for r in fastdecode.generate(target, prompts, method.name, max_new_tokens=48, draft=draft)]
+        assert got == expected, method.name
+        checked += 1
+    assert checked >= 10
+
+
+@pytest.mark.skipif("dlm-small" not in ZOO, reason="zoo:dlm-small is not bundled")
+def test_freedave_equals_the_baseline_on_the_zoo():
+    model = fastdecode.load("zoo:dlm-small")
+    prompts = _items(3)
+    base = fastdecode.generate(model, prompts, "dlm.baseline", max_new_tokens=32, block_length=16)
+    fast = fastdecode.generate(model, prompts, "dlm.freedave", max_new_tokens=32, block_length=16)
+    assert [r.token_ids for r in fast] == [r.token_ids for r in base]
+    assert sum(r.stats.forwards for r in fast) < sum(r.stats.forwards for r in base)

@@ -24,7 +24,7 @@ def write_card(folder: Path, recipe: Recipe, command: str, minutes: float, threa
     lines = [
         f"# {recipe.name}", "", recipe.description + ".", "",
         "## Reproduce", "", "```bash", command, "```", "",
-        f"Trained in {minutes:.1f} minutes on this project's 2-core CPU machine ({threads} torch threads), "
+        f"Trained in {minutes:.1f} minutes on this project's 2-core CPU machine ({threads} torch thread{'s' if threads != 1 else ''}), "
         f"{recipe.steps} steps of about {recipe.batch_tokens} tokens, AdamW lr {recipe.lr}, warm-up {recipe.warmup}, cosine to 10%.",
         "", "## Shape", "",
         f"hidden {recipe.hidden_size}, layers {recipe.num_layers}, heads {recipe.num_heads} (kv {recipe.num_kv_heads}), "
