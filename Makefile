@@ -21,17 +21,23 @@ test: $(VENV)/.installed
 	$(BIN)/python -m pytest
 
 # The committed measurements: docs/results/*.jsonl and docs/RESULTS.md (resumable: rerun to finish a file).
-# One torch thread (--threads 1), so that timings do not depend on what else the machine runs on its other cores.
+# One torch thread (--threads 1): each run uses one core, and its timings are comparable with the others.
 RESULTS := docs/results
 SPEC_METHODS := spec.pld hf.prompt_lookup spec.ngram spec.suffix spec.draft_model hf.assisted spec.recycling \
 	spec.lookahead spec.jacobi spec.layerskip spec.rsd spec.dyntree hf.greedy
 DLM_METHODS := dlm.threshold dlm.factor dlm.entropy_bound dlm.localleap dlm.prophet dlm.credit dlm.freedave \
 	dlm.adablock dlm.dcd dlm.r2 dlm.ccd dlm.ete
 BENCH := $(BIN)/fastdecode bench --threads 1
+MATCHED := --param spec.draft_model.num_draft_tokens=20 --param spec.draft_model.confidence_stop=0.4
 results: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny --methods $(SPEC_METHODS) \
 		--limit 10 --out $(RESULTS)/spec-parallel-lists.jsonl
 	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny --methods $(SPEC_METHODS) \
+		--limit 20 --out $(RESULTS)/spec-code.jsonl
+	# spec.draft_model again with hf.assisted's settings (20 tokens, confidence stop 0.4): the like-for-like pair
+	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny --methods spec.draft_model $(MATCHED) \
+		--limit 10 --out $(RESULTS)/spec-parallel-lists.jsonl
+	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny --methods spec.draft_model $(MATCHED) \
 		--limit 20 --out $(RESULTS)/spec-code.jsonl
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:dlm-small --methods spec.dlm_draft \
 		--limit 10 --out $(RESULTS)/spec-dlm-draft-parallel-lists.jsonl

@@ -248,7 +248,7 @@ def _environment(rows: Sequence[dict[str, Any]]) -> str:
 
     found = [r["machine"] for r in rows if isinstance(r.get("machine"), dict)]
     machines = sorted({f"{m.get('device_name')} ({m.get('device')}, {m.get('cores')} cores, "
-                       f"{m.get('torch_threads')} torch threads)" for m in found})
+                       f"{m.get('torch_threads')} torch thread{'' if m.get('torch_threads') == 1 else 's'})" for m in found})
     drafts = values("draft")
     parts = [f"baseline `{values('baseline')}`", f"seeds {values('seed')}", f"machine: {'; '.join(machines) or '—'}",
              f"fastdecode {values('fastdecode_version')}, torch {values('torch_version')}, "

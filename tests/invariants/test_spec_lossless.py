@@ -244,3 +244,26 @@ def test_time_split_covers_drafting_and_verification(causal, other_draft):
             assert s.draft_s + s.verify_s <= s.wall_s
     greedy = fastdecode.generate(causal, PROMPTS[0], "ar.greedy", max_new_tokens=8).stats
     assert greedy.draft_s == greedy.verify_s == 0.0  # not a speculative method: nothing to split
+
+
+
+def test_model_drafters_stop_drafting_at_end_of_text(causal):
+    """A drafted EOS ends the draft: tokens after it could never be emitted, so drafting on wastes forwards."""
+    eos = min(causal.eos_token_ids)
+
+    class EosFirst:  # the tiny model, except that its second draft token is EOS
+        eos_token_ids, device, calls = causal.eos_token_ids, causal.device, 0
+
+        def new_cache(self):
+            return causal.new_cache()
+
+        def forward(self, *args, **kwargs):
+            logits = causal.forward(*args, **kwargs).clone()
+            self.calls += 1
+            if self.calls == 2:
+                logits[..., eos] = 1e4
+            return logits
+
+    drafter = ModelDrafter(EosFirst(), DraftModelConfig(num_draft_tokens=6), None)
+    draft = drafter.propose(torch.tensor([0, 5, 6, 7]), 6)
+    assert draft.tokens.numel() == 2 and draft.tokens[-1] == eos and drafter.forwards == 2

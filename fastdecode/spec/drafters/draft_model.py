@@ -34,6 +34,7 @@ class ModelDrafter(BaseDrafter):
 
     def __init__(self, draft: CausalLM, cfg: DraftModelConfig, generator: torch.Generator | None) -> None:
         self.draft, self.cfg, self.generator = draft, cfg, generator
+        self.eos = draft.eos_token_ids
         self.cache = draft.new_cache()
         self.length = cfg.num_draft_tokens  # current draft length (changes under the heuristic schedule)
         self.forwards = 0
@@ -53,6 +54,8 @@ class ModelDrafter(BaseDrafter):
             x, q = self._pick(logits)
             tokens.append(x)
             probs.append(q)
+            if int(x) in self.eos:  # nothing after an end of text can be emitted: drafting on would waste forwards
+                break
             if self.cfg.confidence_stop and float(logits.softmax(-1).max()) < self.cfg.confidence_stop:
                 break
             feed, pos = x.view(1), pos[-1:] + 1

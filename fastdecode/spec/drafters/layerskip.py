@@ -194,6 +194,8 @@ class LayerSkipDrafter(BaseDrafter):
                 x, q = self._pick(logits)
                 tokens.append(x)
                 probs.append(q)
+                if int(x) in self.model.eos_token_ids:  # nothing after an end of text can be emitted
+                    break
                 if self.cfg.confidence_stop and float(logits.softmax(-1).max()) < self.cfg.confidence_stop:
                     break
                 feed, pos = x.view(1), pos[-1:] + 1
