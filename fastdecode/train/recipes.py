@@ -48,7 +48,7 @@ RECIPES = {
         Recipe("ar-tiny", "ar", 128, 3, 4, 2, 352, steps=3000, lr=3e-3, warmup=60, batch_tokens=2048,
                curriculum_steps=500, curriculum=COPY_CURRICULUM, tokenizer_from="ar-small",
                description="the drafter for speculative decoding"),
-        Recipe("dlm-small", "mdlm", 256, 8, 8, 4, 704, steps=2700, lr=1e-3, init_from="ar-small",
+        Recipe("dlm-small", "mdlm", 256, 8, 8, 4, 704, steps=2400, lr=1e-3, init_from="ar-small",
                tokenizer_from="ar-small", warmup=100, batch_tokens=2048, mixture={"code.complete": 0.2, "puzzles.sudoku": 1.5},
                description="a LLaDA-style masked-diffusion LM initialised from ar-small"),
     ]
