@@ -36,8 +36,8 @@ def test_demo_plan_skips_missing_models():
     assert any("ar-tiny" in n for n in notes)
     plan, notes = zoo_plan(["ar-small", "ar-tiny", "dlm-small"])
     assert [(m.model, m.draft) for m in plan] == [("zoo:ar-small", "zoo:ar-tiny"), ("zoo:dlm-small", None)] and not notes
-    assert {"ar.greedy", "ar.sample", "hf.greedy", "hf.prompt_lookup", "hf.assisted", "spec.pld", "spec.draft_model"} <= set(plan[0].methods)
-    assert plan[1].methods[0] == "dlm.baseline" and "dlm.freedave" in plan[1].methods
+    assert {"ar.greedy", "hf.greedy", "hf.prompt_lookup", "hf.assisted", "spec.pld", "spec.draft_model"} <= set(plan[0].methods)
+    assert plan[1].methods[0] == "dlm.baseline" and "dlm.threshold" in plan[1].methods
 
 
 def test_bench_and_report_commands(target_dir, tmp_path):
