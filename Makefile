@@ -30,6 +30,7 @@ DLM_METHODS := dlm.threshold dlm.factor dlm.entropy_bound dlm.localleap dlm.prop
 BENCH := $(BIN)/fastdecode bench --threads 1
 # every block-based dlm method (and the baseline, one token per step) with blocks of 16, as the zoo's card
 DLM_BLOCKS := $(foreach m,dlm.baseline $(filter-out dlm.dcd dlm.adablock,$(DLM_METHODS)),--param $(m).block_length=16)
+THRESHOLD_BLOCKS := --param dlm.baseline.block_length=16 --param dlm.threshold.block_length=16
 MATCHED := --param spec.draft_model.num_draft_tokens=20 --param spec.draft_model.confidence_stop=0.4
 results: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny --methods $(SPEC_METHODS) \
@@ -48,8 +49,8 @@ results: $(VENV)/.installed
 	$(BENCH) --suite puzzles --model zoo:dlm-small --methods $(DLM_METHODS) $(DLM_BLOCKS) \
 		--limit 20 --out $(RESULTS)/dlm-puzzles.jsonl
 	# caches: dlm.threshold again with the dual and the delayed cache, beside its uncached rows
-	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(DLM_BLOCKS) \
+	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(THRESHOLD_BLOCKS) \
 		--param dlm.threshold.cache=dual --limit 10 --out $(RESULTS)/dlm-parallel-lists.jsonl
-	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(DLM_BLOCKS) \
+	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(THRESHOLD_BLOCKS) \
 		--param dlm.threshold.cache=delayed --limit 10 --out $(RESULTS)/dlm-parallel-lists.jsonl
 	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out docs/RESULTS.md --plots docs/results

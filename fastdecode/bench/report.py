@@ -89,10 +89,12 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[Summary]:
     for (suite, model), configs in groups.items():
         labels = _labels(list(configs))
         base_rows = [r for rows_ in configs.values() for r in rows_ if r.get("is_baseline")]
-        base_speed = _rate(base_rows)
         group = []
         for config, rs in configs.items():
             speed = _rate(rs)
+            # speed-ups are against the baseline of the same file(s): each bench run measures its own baseline
+            sources = {r.get("_source") for r in rs}
+            base_speed = _rate([r for r in base_rows if r.get("_source") in sources] or base_rows)
             equal = [r["equal_to_baseline"] for r in rs if r.get("equal_to_baseline") is not None]
             proposed = sum(r.get("proposed", 0) for r in rs)
             per_task: dict[str, list[float]] = defaultdict(list)

@@ -183,3 +183,17 @@ def test_warm_up_does_not_hand_spec_suffix_the_first_answer(target, tmp_path):
     fresh = fastdecode.generate(target, format_prompt(item.prompt), "spec.suffix", max_new_tokens=12).stats
     assert (first["forwards"], first["accepted"]) == (fresh.forwards, fresh.accepted)
     forget(target)
+
+
+def test_speed_ups_use_the_baseline_of_the_same_file():
+    from fastdecode.bench.report import summarize
+
+    def row(method, source, wall):
+        return {"suite": "s", "model": "m", "method": method, "task": "t", "score": 1.0, "new_tokens": 10,
+                "forwards": 10, "wall_s": wall, "is_baseline": method == "ar.greedy", "_source": source}
+
+    # two runs on the same suite and model, the second on a slower (busier) machine: 2x faster within each file
+    rows = [row("ar.greedy", "a", 1.0), row("spec.pld", "a", 0.5), row("ar.greedy", "b", 3.0), row("spec.ngram", "b", 1.5)]
+    by = {s.method: s for s in summarize(rows)}
+    assert by["spec.pld"].speedup == pytest.approx(2.0) and by["spec.ngram"].speedup == pytest.approx(2.0)
+    assert by["ar.greedy"].speedup == pytest.approx(1.0) and by["ar.greedy"].items == 2
