@@ -15,7 +15,7 @@ DEFAULT_MIXTURE: dict[str, float] = {
     **{name: 1.0 for name in TASKS if name.startswith(("lists.", "letters."))},
     "lists.sort": 2.0, "lists.insert_index": 1.5, "lists.remove_index": 1.5, "lists.replace_index": 1.5,
     "letters.sort": 1.5, "puzzles.sudoku": 3.0, "puzzles.latin_square": 1.0,
-    # code items are ~5x longer than task items and learn every token: 0.5 is still ~15% of the tokens
+    # code items are several times longer than task items and learn every token: a small weight is still a large share
     "code.complete": 0.5,
 }
 DECONTAMINATE = 500  # training never shows the prompts of the first N test items of each task
