@@ -29,6 +29,15 @@ class DraftModelConfig(SpecConfig):
         check(0 <= self.confidence_stop < 1, "confidence_stop", self.confidence_stop, "must be in [0, 1) (0 = off)")
 
 
+def pick_token(logits: torch.Tensor, cfg: SpecConfig, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A chain drafter's next token from its `[V]` logits: the argmax when greedy; when sampling, x ~ q with the
+    target's processors applied, and q itself (verification needs it)."""
+    if cfg.greedy:
+        return logits.argmax(), None
+    q = target_distribution(logits[None], cfg.temperature, cfg.top_k, cfg.top_p)[0]  # [V]
+    return torch.multinomial(q, 1, generator=generator)[0], q
+
+
 class ModelDrafter(BaseDrafter):
     """Drafts autoregressively with the draft model, keeping its own KV cache in step with the accepted context."""
 
@@ -66,11 +75,7 @@ class ModelDrafter(BaseDrafter):
         return Draft(torch.stack(tokens).cpu(), q)
 
     def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Greedy drafts take the argmax; sampled drafts draw x ~ q with the target's processors applied."""
-        if self.cfg.greedy:
-            return logits.argmax(), None
-        q = target_distribution(logits[None], self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)[0]  # [V]
-        return torch.multinomial(q, 1, generator=self.generator)[0], q
+        return pick_token(logits, self.cfg, self.generator)
 
     def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
         if self._drafted == 0:

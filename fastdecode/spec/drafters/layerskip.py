@@ -33,7 +33,7 @@ from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
 from ..loop import BaseDrafter, Draft, SpecConfig, speculative
-from ..verify import target_distribution
+from .draft_model import pick_token
 
 # where transformers keeps the decoder layers: Llama/Mistral/Qwen/Gemma/Phi, OPT, GPT-2/GPT-J, GPT-NeoX
 _LAYER_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers")
@@ -217,11 +217,7 @@ class LayerSkipDrafter(BaseDrafter):
             self.skip, self.cache = s, cache
 
     def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Greedy drafts take the argmax; sampled drafts draw x ~ q with the target's processors applied."""
-        if self.cfg.greedy:
-            return logits.argmax(), None
-        q = target_distribution(logits[None], self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)[0]  # [V]
-        return torch.multinomial(q, 1, generator=self.generator)[0], q
+        return pick_token(logits, self.cfg, self.generator)
 
     def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
         # the cache holds context + x_1..x_{m-1}; keep the context and the accepted drafts among them
