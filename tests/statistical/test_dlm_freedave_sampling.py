@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_spec_sampling import chi_square_p_value
+from sampling_stats import chi_square_p_value
 from torch import nn
 
 import fastdecode

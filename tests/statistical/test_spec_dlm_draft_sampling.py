@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_spec_sampling import PROCESSORS, chi_square_p_value, first_two, marginals, next_distribution, prompt  # noqa: F401
+from sampling_stats import PROCESSORS, chi_square_p_value, first_two, next_distribution
 from torch import nn
 
 import fastdecode
@@ -24,7 +24,7 @@ from fastdecode.models.diffusion import MaskedDiffusionLM
 from fastdecode.spec.drafters import dlm_draft
 
 MASK = 3
-ROWS = 1600  # draws per test (test_spec_sampling's 800 leave the bias test short of power)
+ROWS = 1600  # draws per test (sampling_stats.N = 800 leave the bias test short of power)
 
 
 class Coupled(nn.Module):
@@ -49,7 +49,7 @@ class Coupled(nn.Module):
 
 
 @pytest.fixture(scope="module")
-def halves(causal, marginals):  # noqa: F811
+def halves(causal, marginals):
     """{a: half A, b: half B} of the first token's support (alternate ranks: similar mass)."""
     p1, p2 = marginals
     a, b = [t for t in p2.argsort(descending=True).tolist() if t not in causal.eos_token_ids and t != MASK][:2]
@@ -59,7 +59,7 @@ def halves(causal, marginals):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def coupled(causal, marginals, halves):  # noqa: F811
+def coupled(causal, marginals, halves):
     c = causal.model.config
     config = SimpleNamespace(vocab_size=c.vocab_size, eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id)
     return MaskedDiffusionLM(Coupled(marginals[0], halves, config), causal.tokenizer, "coupled", mask_token_id=MASK,
@@ -67,7 +67,7 @@ def coupled(causal, marginals, halves):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def cells_law(causal, prompt, marginals, halves):  # noqa: F811
+def cells_law(causal, prompt, marginals, halves):
     """`[6]` exact law of (h, c): h the half of the first token (A, B), c whether the second is a, b or another
     token, given the first is not EOS. Keeping x_2 after x_1 moves mass to (A, a) and (B, b), away from (A, b), (B, a)."""
     p1 = marginals[0]
@@ -82,7 +82,7 @@ def cells_law(causal, prompt, marginals, halves):  # noqa: F811
     return cells / cells.sum()
 
 
-def sample(causal, coupled, prompt, halves, steps: int, seed: int) -> tuple[list[int], list[int], list[int]]:  # noqa: F811
+def sample(causal, coupled, prompt, halves, steps: int, seed: int) -> tuple[list[int], list[int], list[int]]:
     """ROWS runs of 3 tokens (a first draft of 2) -> first tokens, second tokens and (half, a / b / other) cells."""
     results = fastdecode.generate(causal, [prompt] * ROWS, "spec.dlm_draft", draft=coupled, seed=seed, max_new_tokens=3,
                                   num_draft_tokens=2, draft_steps=steps, **PROCESSORS)
@@ -97,14 +97,14 @@ def sample(causal, coupled, prompt, halves, steps: int, seed: int) -> tuple[list
 
 
 @pytest.mark.parametrize("steps", [1, 2])
-def test_sampling_matches_the_target(causal, coupled, prompt, marginals, halves, cells_law, steps):  # noqa: F811
+def test_sampling_matches_the_target(causal, coupled, prompt, marginals, halves, cells_law, steps):
     first, second, cells = sample(causal, coupled, prompt, halves, steps, seed=21 + steps)
     assert chi_square_p_value(first, marginals[0]) > 1e-3
     assert chi_square_p_value(second, marginals[1]) > 1e-3
     assert chi_square_p_value(cells, cells_law) > 1e-3
 
 
-def test_keeping_tokens_committed_out_of_order_would_bias_the_output(causal, coupled, prompt, marginals, halves,  # noqa: F811
+def test_keeping_tokens_committed_out_of_order_would_bias_the_output(causal, coupled, prompt, marginals, halves,
                                                                      cells_law, monkeypatch):
     """The same run keeping the whole block fails the test: the in-order prefix is what keeps sampling exact."""
     monkeypatch.setattr(dlm_draft, "in_order_prefix", lambda step_of: step_of.numel())

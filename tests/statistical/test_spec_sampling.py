@@ -5,68 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sampling_stats import N, PROCESSORS, chi_square_p_value, first_two, next_distribution
 
 import fastdecode
 from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
 from fastdecode.spec.drafters.draft_model import DraftModelConfig, ModelDrafter
 from fastdecode.spec.loop import BaseDrafter, Draft, SpecConfig, speculative
-from fastdecode.spec.verify import target_distribution
-
-N = 800  # draws per test: identical prompts in one batch, rows draw one after another from one generator
-PROCESSORS = dict(temperature=1.0, top_k=16)
-
-
-def chi_square_p_value(samples: list[int], p: torch.Tensor) -> float:
-    """Pearson's test of samples against `[V]` probabilities; cells expecting < 5 draws are pooled."""
-    counts = torch.bincount(torch.tensor(samples), minlength=p.numel()).double()
-    assert counts[p == 0].sum() == 0, "drew a token the target gives probability 0"
-    expected = len(samples) * p.double()
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))  # chi2 survival
-
-
-@pytest.fixture(scope="module")
-def near_draft(causal_dir):
-    """The target with a perturbed output head: q overlaps p by about half, so both paths are common."""
-    draft = fastdecode.load(causal_dir)
-    head = draft.model.lm_head.weight
-    with torch.no_grad():
-        head.add_(0.1 * torch.randn(head.shape, generator=torch.Generator().manual_seed(0)))
-    return draft
-
-
-@pytest.fixture(scope="module")
-def prompt(causal):
-    return causal.encode("the quick brown fox")
-
-
-def next_distribution(model, ids: torch.Tensor) -> torch.Tensor:
-    """`[B, L]` prompts (same length) -> `[B, V]` processed next-token distributions."""
-    L = ids.shape[1]
-    logits = model.forward(ids, torch.arange(L).expand_as(ids))[:, -1]
-    return target_distribution(logits, PROCESSORS["temperature"], PROCESSORS["top_k"])
-
-
-@pytest.fixture(scope="module")
-def marginals(causal, prompt):
-    """Exact distributions of the first generated token, and of the second given that the first is not EOS."""
-    p1 = next_distribution(causal, torch.tensor([prompt]))[0]  # [V]
-    support = [x for x in p1.nonzero().squeeze(-1).tolist() if x not in causal.eos_token_ids]
-    ids = torch.cat([torch.tensor([prompt]).expand(len(support), -1), torch.tensor(support)[:, None]], 1)
-    weights = p1[support] / p1[support].sum()
-    p2 = (weights[:, None] * next_distribution(causal, ids)).sum(0)  # [V] = sum_x p1(x | not EOS) p(. | x)
-    return p1, p2
-
-
-def first_two(outputs: list[list[int]]) -> tuple[list[int], list[int]]:
-    """First tokens of every output; second tokens of those that did not stop at EOS."""
-    return [o[0] for o in outputs], [o[1] for o in outputs if len(o) > 1]
 
 
 def test_model_drafter_sampling_matches_the_target(causal, near_draft, prompt, marginals):

@@ -1,0 +1,36 @@
+"""Shared by the statistical tests: draw counts, processors, the chi-square test, exact next-token marginals."""
+
+from __future__ import annotations
+
+import torch
+
+from fastdecode.spec.verify import target_distribution
+
+N = 800  # draws per test: identical prompts in one batch, rows draw one after another from one generator
+PROCESSORS = dict(temperature=1.0, top_k=16)
+
+
+def chi_square_p_value(samples: list[int], p: torch.Tensor) -> float:
+    """Pearson's test of samples against `[V]` probabilities; cells expecting < 5 draws are pooled."""
+    counts = torch.bincount(torch.tensor(samples), minlength=p.numel()).double()
+    assert counts[p == 0].sum() == 0, "drew a token the target gives probability 0"
+    expected = len(samples) * p.double()
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    df = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))  # chi2 survival
+
+
+def next_distribution(model, ids: torch.Tensor) -> torch.Tensor:
+    """`[B, L]` prompts (same length) -> `[B, V]` processed next-token distributions."""
+    L = ids.shape[1]
+    logits = model.forward(ids, torch.arange(L).expand_as(ids))[:, -1]
+    return target_distribution(logits, PROCESSORS["temperature"], PROCESSORS["top_k"])
+
+
+def first_two(outputs: list[list[int]]) -> tuple[list[int], list[int]]:
+    """First tokens of every output; second tokens of those that did not stop at EOS."""
+    return [o[0] for o in outputs], [o[1] for o in outputs if len(o) > 1]
