@@ -199,7 +199,8 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
     def forward(
         self,
         input_ids: torch.Tensor,  # [B, L], or [B, Q]: the canvas columns `query_index` names
-        attention_mask: torch.Tensor | None = None,  # [B, L] over the whole canvas, 0 = padding (never attended to)
+        attention_mask: torch.Tensor | None = None,  # [B, L] over the whole canvas, 0 = padding (never attended to);
+        # or [B, 1, Q, L] bool, True where a column may be attended to (packed training rows; needs position_ids)
         position_ids: torch.Tensor | None = None,  # [B, L] or [B, Q]
         past_key_values: list[LayerKV] | None = None,  # per layer, whole canvas; updated with the fresh columns
         query_index: torch.Tensor | None = None,  # [B, Q] columns to compute; the others come from past_key_values
@@ -215,6 +216,9 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
         if query_index is not None and past_key_values is None:
             raise ValueError("query_index needs past_key_values: the K/V of the columns that are not recomputed")
         x = self.model.embed_tokens(input_ids)
+        full_mask = attention_mask is not None and attention_mask.dim() == 4
+        if full_mask and position_ids is None:
+            raise ValueError("a [B, 1, Q, L] attention_mask needs position_ids (positions restart in every packed example)")
         if position_ids is None:
             L = input_ids.shape[1] if query_index is None else past_key_values[0].k.shape[2]
             if attention_mask is None:
@@ -224,7 +228,10 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
             if query_index is not None:
                 position_ids = position_ids.gather(1, query_index)
         cos, sin = rope(position_ids, cfg.hidden_size // cfg.num_attention_heads, cfg.rope_theta, x.dtype)
-        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # [B, 1, 1, L]
+        if attention_mask is None:
+            mask = None
+        else:
+            mask = attention_mask.bool() if full_mask else attention_mask.bool()[:, None, None, :]  # [B, 1, Q | 1, L]
         cache = past_key_values
         if cache is None and use_cache:
             cache = [LayerKV() for _ in self.model.layers]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -92,3 +93,78 @@ def collate(batch: list[Example], pad_id: int, max_len: int) -> tuple[torch.Tens
         first = 1 if e.task.startswith("code.") else e.prompt_len
         answer[b, first:n] = True
     return ids, attention, answer
+
+
+def packed_rows(examples: Iterator[Example], row_len: int, pool: int = 256) -> Iterator[list[Example]]:
+    """Rows of whole examples, `row_len` tokens at most each, filled first-fit from a pool (longest first).
+
+    Packing mixes tasks inside every batch: length-grouped batches hold one task each (lengths are
+    task-specific), so each optimiser step pulled the model towards a single task.
+    """
+    while True:
+        chunk = sorted((next(examples) for _ in range(pool)), key=lambda e: -len(e.ids))
+        rows: list[list[Example]] = []
+        room: list[int] = []
+        for ex in chunk:
+            n = min(len(ex.ids), row_len)
+            for r, free in enumerate(room):
+                if n <= free:
+                    rows[r].append(ex)
+                    room[r] -= n
+                    break
+            else:
+                rows.append([ex])
+                room.append(row_len - n)
+        yield from rows
+
+
+def packed_batches(examples: Iterator[Example], row_len: int, max_tokens: int, pool: int = 256,
+                   seed: int = 0) -> Iterator[list[list[Example]]]:
+    """Batches of `max_tokens // row_len` packed rows, in a seeded random order."""
+    rng = random.Random(seed)
+    per_batch = max(1, max_tokens // row_len)
+    rows = packed_rows(examples, row_len, pool)
+    while True:
+        window = [next(rows) for _ in range(per_batch * 8)]
+        rng.shuffle(window)
+        for i in range(0, len(window), per_batch):
+            yield window[i:i + per_batch]
+
+
+class Packed(NamedTuple):
+    ids: torch.Tensor  # [B, T]
+    positions: torch.Tensor  # [B, T], restarting at 0 for every example
+    mask: torch.Tensor  # [B, 1, T, T] bool, True where a token may attend
+    answer: torch.Tensor  # [B, T] bool, tokens that take a loss
+    doc: torch.Tensor  # [B, T] index of the example within its row, -1 on padding
+
+
+def collate_packed(batch: list[list[Example]], pad_id: int, row_len: int, causal: bool = True) -> Packed:
+    """Packed rows: each token attends to its own example only (earlier tokens of it when `causal`).
+
+    Padding attends only to itself, so no attention row is empty.
+    """
+    T = min(row_len, max(sum(len(e.ids) for e in row) for row in batch))
+    B = len(batch)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    positions = torch.zeros(B, T, dtype=torch.long)
+    doc = torch.full((B, T), -1, dtype=torch.long)
+    answer = torch.zeros(B, T, dtype=torch.bool)
+    for b, row in enumerate(batch):
+        at = 0
+        for d, e in enumerate(row):
+            n = min(len(e.ids), T - at)
+            if n <= 0:
+                break
+            ids[b, at:at + n] = torch.tensor(e.ids[:n])
+            positions[b, at:at + n] = torch.arange(n)
+            doc[b, at:at + n] = d
+            first = 1 if e.task.startswith("code.") else e.prompt_len
+            answer[b, at + first:at + n] = True
+            at += n
+        positions[b, at:] = torch.arange(T - at)
+    mask = (doc[:, :, None] == doc[:, None, :]) & (doc[:, :, None] >= 0)  # [B, T, T]
+    if causal:
+        mask &= torch.ones(T, T, dtype=torch.bool).tril()
+    mask |= torch.eye(T, dtype=torch.bool)
+    return Packed(ids, positions, mask[:, None], answer, doc)

@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from ..bench.tasks import TASKS
 from ..bench.tasks.code import training_sources
 from ..models.mdlm import MDLMConfig, MDLMForMaskedDiffusion
-from .data import DEFAULT_MIXTURE, Example, batches, collate, encode, item_stream
+from .data import DEFAULT_MIXTURE, Example, Packed, batches, collate, collate_packed, encode, item_stream, packed_batches
 from .recipes import Recipe
 from .tokenizer import SPECIAL_TOKENS, train_tokenizer
 
@@ -58,16 +58,25 @@ def lr_at(step: int, recipe: Recipe) -> float:
     return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def ar_loss(model, ids, attention, answer) -> torch.Tensor:
-    """Next-token cross-entropy on answer tokens; the output layer runs only where a loss is taken."""
-    hidden = model.model(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]  # [B, T-1, H]
+def ar_loss(model, ids, attention, answer, positions=None) -> torch.Tensor:
+    """Next-token cross-entropy on answer tokens; the output layer runs only where a loss is taken.
+
+    `attention` is `[B, T]` (padding) or, for packed rows, a `[B, 1, T, T]` mask with `positions`.
+    """
+    hidden = model.model(input_ids=ids, attention_mask=attention, position_ids=positions).last_hidden_state[:, :-1]
     learn = answer[:, 1:]  # [B, T-1]: position t predicts token t+1
     logits = model.lm_head(hidden[learn])  # [N, V]
     return F.cross_entropy(logits, ids[:, 1:][learn])
 
 
-def mdlm_loss(model, ids, attention, answer, mask_id: int, gen: torch.Generator, eps: float = 1e-3) -> torch.Tensor:
-    """LLaDA SFT: mask answer tokens with p ~ U(eps, 1), CE on masked tokens weighted 1/p, per answer length."""
+def mdlm_loss(model, ids, attention, answer, mask_id: int, gen: torch.Generator, eps: float = 1e-3,
+              positions=None, doc=None) -> torch.Tensor:
+    """LLaDA SFT: mask answer tokens with p ~ U(eps, 1), CE on masked tokens weighted 1/p, per answer length.
+
+    One p per example: per row, or with packed rows (`doc`, `positions`, a `[B, 1, T, T]` mask) per example.
+    """
+    if doc is not None:
+        return _mdlm_loss_packed(model, ids, attention, answer, mask_id, gen, eps, positions, doc)
     B, T = ids.shape
     p = (1 - eps) * torch.rand(B, 1, generator=gen) + eps  # [B, 1]
     masked = answer & (torch.rand(B, T, generator=gen) < p)  # [B, T]
@@ -75,6 +84,18 @@ def mdlm_loss(model, ids, attention, answer, mask_id: int, gen: torch.Generator,
     ce = F.cross_entropy(logits.transpose(1, 2), ids, reduction="none")  # [B, T]
     per_row = (ce * masked / p).sum(1) / answer.sum(1).clamp(min=1)
     return per_row.mean()
+
+
+def _mdlm_loss_packed(model, ids, mask, answer, mask_id, gen, eps, positions, doc) -> torch.Tensor:
+    B, T = ids.shape
+    key = torch.arange(B)[:, None] * T + doc.clamp(min=0)  # [B, T]: one slot per example
+    p = ((1 - eps) * torch.rand(B * T, generator=gen) + eps)[key]  # [B, T]: the example's mask ratio
+    masked = answer & (torch.rand(B, T, generator=gen) < p)
+    length = torch.zeros(B * T).index_add_(0, key[answer], torch.ones(int(answer.sum())))[key]  # answer length
+    logits = model(input_ids=ids.masked_fill(masked, mask_id), attention_mask=mask, position_ids=positions).logits
+    ce = F.cross_entropy(logits.transpose(1, 2), ids, reduction="none")  # [B, T]
+    n_examples = int(doc.amax(1).clamp(min=-1).add(1).sum())
+    return (ce * masked / (p * length.clamp(min=1))).sum() / max(1, n_examples)
 
 
 def examples(recipe: Recipe, tokenizer, seed: int, mixture: dict[str, float] | None = None):
@@ -100,21 +121,20 @@ def train(recipe: Recipe, tokenizer, seed: int, init: torch.nn.Module | None = N
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=recipe.lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(seed)
-    stream = batches(examples(recipe, tokenizer, seed), recipe.batch_tokens, seed=seed)
+    stream = _batches(recipe, tokenizer, seed)
     if recipe.curriculum_steps:
-        first = batches(examples(recipe, tokenizer, seed, recipe.curriculum), recipe.batch_tokens, seed=seed)
+        first = _batches(recipe, tokenizer, seed, recipe.curriculum)
         stream = itertools.chain(itertools.islice(first, recipe.curriculum_steps), stream)
     total = steps or recipe.steps
     log: list[dict] = []
     start = time.perf_counter()
     for step in range(total):
-        ids, attention, answer = collate(next(stream), tokenizer.pad_token_id, recipe.max_len)
+        batch = next(stream)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, recipe)
-        if recipe.objective == "ar":
-            loss = ar_loss(model, ids, attention, answer)
-        else:
-            loss = mdlm_loss(model, ids, attention, answer, tokenizer.mask_token_id, gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
+            loss = _loss(recipe, model, batch, tokenizer.mask_token_id, gen)
+        ids = batch[0]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -125,6 +145,28 @@ def train(recipe: Recipe, tokenizer, seed: int, init: torch.nn.Module | None = N
             progress(step + 1, total, loss.item())
     model.eval()
     return model, log
+
+
+def _batches(recipe: Recipe, tokenizer, seed: int, mixture: dict[str, float] | None = None):
+    """Padded length-grouped batches (`pack_len` 0) or packed rows that mix tasks in every batch."""
+    stream = examples(recipe, tokenizer, seed, mixture)
+    pad = tokenizer.pad_token_id
+    if recipe.pack_len:
+        causal = recipe.objective == "ar"
+        return (collate_packed(b, pad, recipe.pack_len, causal)
+                for b in packed_batches(stream, recipe.pack_len, recipe.batch_tokens, seed=seed))
+    return (collate(b, pad, recipe.max_len) for b in batches(stream, recipe.batch_tokens, seed=seed))
+
+
+def _loss(recipe: Recipe, model, batch, mask_id: int, gen: torch.Generator) -> torch.Tensor:
+    if isinstance(batch, Packed):
+        if recipe.objective == "ar":
+            return ar_loss(model, batch.ids, batch.mask, batch.answer, batch.positions)
+        return mdlm_loss(model, batch.ids, batch.mask, batch.answer, mask_id, gen, positions=batch.positions, doc=batch.doc)
+    ids, attention, answer = batch
+    if recipe.objective == "ar":
+        return ar_loss(model, ids, attention, answer)
+    return mdlm_loss(model, ids, attention, answer, mask_id, gen)
 
 
 def make_tokenizer(recipe: Recipe, seed: int):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 
 import fastdecode
@@ -117,3 +118,67 @@ def test_tokenizer_round_trips_and_keeps_digits_single(tokenizer):
     assert all(len(p) == 1 for p in pieces if any(c.isdigit() for c in p))  # no '4321' or '00' merges
     text = 'def f(x):\n    return ["Ann Lee", 3.5]  # ünïcode ✓'
     assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def _examples(tokenizer, mixture, n, seed=2, pad_to=None):
+    return [encode(tokenizer, i, pad_to) for i in itertools.islice(item_stream(mixture, seed=seed), n)]
+
+
+def test_packed_rows_keep_every_example_whole_and_mix_tasks(tokenizer):
+    from fastdecode.train.data import packed_batches, packed_rows
+
+    mixture = {"letters.copy": 1.0, "lists.sort": 1.0, "puzzles.sudoku": 1.0}
+    exs = _examples(tokenizer, mixture, 64)
+    source = iter(exs + _examples(tokenizer, mixture, 64, seed=3))
+    rows = []
+    for row in packed_rows(source, row_len=600, pool=64):
+        rows.append(row)
+        if sum(len(r) for r in rows) == 64:
+            break
+    assert sorted(id(e) for r in rows for e in r) == sorted(id(e) for e in exs)  # each example once, whole
+    assert all(sum(len(e.ids) for e in r) <= 600 for r in rows)
+    assert sum(len(e.ids) for e in exs) / (600 * len(rows)) > 0.8  # little padding
+    batch = next(packed_batches(iter(exs * 10), row_len=600, max_tokens=2400, pool=64))
+    assert len(batch) == 4 and len({e.task for r in batch for e in r}) == 3  # one batch, every task
+
+
+def test_packed_ar_loss_equals_the_padded_batch_loss(tokenizer):
+    from fastdecode.train.data import collate_packed
+
+    model = build_model(TINY, tokenizer)
+    exs = _examples(tokenizer, {"letters.copy": 1.0, "lists.reverse": 1.0}, 6)
+    packed = collate_packed([exs[:3], exs[3:]], tokenizer.pad_token_id, row_len=1000)
+    assert (packed.positions[packed.doc == 1] == 0).sum() == 2  # positions restart in every example
+    ids, attention, answer = collate(exs, tokenizer.pad_token_id, max_len=1000)
+    torch.testing.assert_close(ar_loss(model, packed.ids, packed.mask, packed.answer, packed.positions),
+                               ar_loss(model, ids, attention, answer))
+
+
+def test_packed_mdlm_rows_see_only_their_own_example(tokenizer):
+    from fastdecode.train.data import collate_packed
+
+    model = build_model(Recipe("m", "mdlm", 32, 1, 2, 1, 64, steps=1, lr=1e-3), tokenizer).eval()
+    exs = _examples(tokenizer, {"letters.copy": 1.0, "lists.sort": 1.0}, 3, pad_to=24)
+    packed = collate_packed([exs], tokenizer.pad_token_id, row_len=1000, causal=False)
+    logits = model(input_ids=packed.ids, attention_mask=packed.mask, position_ids=packed.positions).logits
+    at = 0
+    for e in exs:
+        alone = model(input_ids=torch.tensor([e.ids])).logits[0]
+        torch.testing.assert_close(logits[0, at:at + len(e.ids)], alone, atol=1e-5, rtol=1e-4)
+        at += len(e.ids)
+    gen = torch.Generator().manual_seed(0)
+    loss = mdlm_loss(model, packed.ids, packed.mask, packed.answer, tokenizer.mask_token_id, gen,
+                     positions=packed.positions, doc=packed.doc)
+    assert torch.isfinite(loss) and loss > 0
+    with pytest.raises(ValueError, match="position_ids"):
+        model(input_ids=packed.ids, attention_mask=packed.mask)
+
+
+@pytest.mark.parametrize("objective", ["ar", "mdlm"])
+def test_packed_bf16_training_lowers_the_loss(tokenizer, objective):
+    import dataclasses
+
+    recipe = dataclasses.replace(TINY, objective=objective, pack_len=128, bf16=True, steps=40)
+    _, log = train(recipe, tokenizer, seed=0)
+    first, last = sum(r["loss"] for r in log[:3]) / 3, sum(r["loss"] for r in log[-5:]) / 5
+    assert last < first - 0.5
