@@ -205,6 +205,7 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
         past_key_values: list[LayerKV] | None = None,  # per layer, whole canvas; updated with the fresh columns
         query_index: torch.Tensor | None = None,  # [B, Q] columns to compute; the others come from past_key_values
         use_cache: bool = False,  # return every layer's K/V (a new cache when none was passed)
+        logits_at: torch.Tensor | None = None,  # [B, L] bool: logits only there, as [N, V] (training's masked tokens)
         **_: object,
     ) -> MDLMOutput:
         """Logits of the given columns. Without `query_index` the whole canvas is computed (no cache needed).
@@ -237,7 +238,10 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
             cache = [LayerKV() for _ in self.model.layers]
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask) if cache is None else layer(x, cos, sin, mask, cache[i], query_index)
-        return MDLMOutput(logits=self.lm_head(self.model.norm(x)), past_key_values=cache if use_cache else None)
+        x = self.model.norm(x)
+        if logits_at is not None:
+            x = x[logits_at]
+        return MDLMOutput(logits=self.lm_head(x), past_key_values=cache if use_cache else None)
 
 
 AutoConfig.register(MDLMConfig.model_type, MDLMConfig, exist_ok=True)

@@ -92,10 +92,11 @@ def _mdlm_loss_packed(model, ids, mask, answer, mask_id, gen, eps, positions, do
     p = ((1 - eps) * torch.rand(B * T, generator=gen) + eps)[key]  # [B, T]: the example's mask ratio
     masked = answer & (torch.rand(B, T, generator=gen) < p)
     length = torch.zeros(B * T).index_add_(0, key[answer], torch.ones(int(answer.sum())))[key]  # answer length
-    logits = model(input_ids=ids.masked_fill(masked, mask_id), attention_mask=mask, position_ids=positions).logits
-    ce = F.cross_entropy(logits.transpose(1, 2), ids, reduction="none")  # [B, T]
+    logits = model(input_ids=ids.masked_fill(masked, mask_id), attention_mask=mask, position_ids=positions,
+                   logits_at=masked).logits  # [N, V]: the output layer runs on masked tokens only
+    ce = F.cross_entropy(logits, ids[masked], reduction="none")  # [N]
     n_examples = int(doc.amax(1).clamp(min=-1).add(1).sum())
-    return (ce * masked / (p * length.clamp(min=1))).sum() / max(1, n_examples)
+    return (ce / (p * length.clamp(min=1))[masked]).sum() / max(1, n_examples)
 
 
 def examples(recipe: Recipe, tokenizer, seed: int, mixture: dict[str, float] | None = None):

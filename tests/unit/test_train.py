@@ -166,10 +166,21 @@ def test_packed_mdlm_rows_see_only_their_own_example(tokenizer):
         alone = model(input_ids=torch.tensor([e.ids])).logits[0]
         torch.testing.assert_close(logits[0, at:at + len(e.ids)], alone, atol=1e-5, rtol=1e-4)
         at += len(e.ids)
+    some = packed.answer
+    torch.testing.assert_close(model(input_ids=packed.ids, attention_mask=packed.mask, position_ids=packed.positions,
+                                     logits_at=some).logits, logits[some])
+    loss = mdlm_loss(model, packed.ids, packed.mask, packed.answer, tokenizer.mask_token_id,
+                     torch.Generator().manual_seed(0), positions=packed.positions, doc=packed.doc)
+    # the same draws by hand, one example at a time: CE on its masked tokens / p / its answer length, mean over examples
     gen = torch.Generator().manual_seed(0)
-    loss = mdlm_loss(model, packed.ids, packed.mask, packed.answer, tokenizer.mask_token_id, gen,
-                     positions=packed.positions, doc=packed.doc)
-    assert torch.isfinite(loss) and loss > 0
+    T = packed.ids.shape[1]
+    p = ((1 - 1e-3) * torch.rand(T, generator=gen) + 1e-3)[packed.doc[0].clamp(min=0)]
+    masked = packed.answer[0] & (torch.rand(1, T, generator=gen)[0] < p)
+    full = model(input_ids=packed.ids.masked_fill(masked[None], tokenizer.mask_token_id), attention_mask=packed.mask,
+                 position_ids=packed.positions).logits[0]
+    ce = torch.nn.functional.cross_entropy(full, packed.ids[0], reduction="none")
+    per_example = [(ce * masked / p)[packed.doc[0] == d].sum() / packed.answer[0][packed.doc[0] == d].sum() for d in range(3)]
+    torch.testing.assert_close(loss, sum(per_example) / 3)
     with pytest.raises(ValueError, match="position_ids"):
         model(input_ids=packed.ids, attention_mask=packed.mask)
 
