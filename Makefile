@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $@
 
-.PHONY: install demo test results
+.PHONY: install demo test
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
@@ -23,25 +23,39 @@ test: $(VENV)/.installed
 # The committed measurements: docs/results/*.jsonl and docs/RESULTS.md (resumable: rerun to finish a file).
 # One torch thread (--threads 1): each run uses one core, and its timings are comparable with the others.
 RESULTS := docs/results
-SPEC_METHODS := spec.pld hf.prompt_lookup spec.ngram spec.suffix spec.draft_model hf.assisted spec.recycling \
-	spec.lookahead spec.jacobi spec.layerskip spec.rsd spec.dyntree hf.greedy
+# the model-free and self-drafting methods; then the two that run zoo:ar-tiny as a draft model
+SPEC_FREE := spec.pld hf.prompt_lookup spec.ngram spec.suffix spec.recycling spec.lookahead spec.jacobi \
+	spec.layerskip spec.rsd spec.dyntree hf.greedy
+SPEC_DRAFT := spec.draft_model hf.assisted
 DLM_METHODS := dlm.threshold dlm.factor dlm.entropy_bound dlm.localleap dlm.prophet dlm.credit dlm.freedave \
 	dlm.adablock dlm.dcd dlm.r2 dlm.ccd dlm.ete
 BENCH := $(BIN)/fastdecode bench --threads 1
 # every block-based dlm method (and the baseline, one token per step) with blocks of 16, as the zoo's card
 DLM_BLOCKS := $(foreach m,dlm.baseline $(filter-out dlm.dcd dlm.adablock,$(DLM_METHODS)),--param $(m).block_length=16)
 THRESHOLD_BLOCKS := --param dlm.baseline.block_length=16 --param dlm.threshold.block_length=16
+LONG := --param dlm.baseline.max_new_tokens=256 --param dlm.threshold.max_new_tokens=256
 MATCHED := --param spec.draft_model.num_draft_tokens=20 --param spec.draft_model.confidence_stop=0.4
-results: $(VENV)/.installed
-	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny --methods $(SPEC_METHODS) \
+.PHONY: results results-spec-free results-spec-draft results-dlm
+results: results-spec-free results-spec-draft results-dlm
+	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out docs/RESULTS.md --plots docs/results
+
+results-spec-free: $(VENV)/.installed
+	$(BENCH) --suite parallel-lists --model zoo:ar-small --methods $(SPEC_FREE) \
 		--limit 10 --out $(RESULTS)/spec-parallel-lists.jsonl
-	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny --methods $(SPEC_METHODS) \
+	$(BENCH) --suite code --model zoo:ar-small --methods $(SPEC_FREE) --limit 20 --out $(RESULTS)/spec-code.jsonl
+
+results-spec-draft: $(VENV)/.installed
+	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny --methods $(SPEC_DRAFT) \
+		--limit 10 --out $(RESULTS)/spec-parallel-lists.jsonl
+	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny --methods $(SPEC_DRAFT) \
 		--limit 20 --out $(RESULTS)/spec-code.jsonl
 	# spec.draft_model again with hf.assisted's settings (20 tokens, confidence stop 0.4): the like-for-like pair
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny --methods spec.draft_model $(MATCHED) \
 		--limit 10 --out $(RESULTS)/spec-parallel-lists.jsonl
 	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny --methods spec.draft_model $(MATCHED) \
 		--limit 20 --out $(RESULTS)/spec-code.jsonl
+
+results-dlm: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:dlm-small --methods spec.dlm_draft \
 		--limit 10 --out $(RESULTS)/spec-dlm-draft-parallel-lists.jsonl
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods $(DLM_METHODS) \
@@ -53,4 +67,10 @@ results: $(VENV)/.installed
 		--param dlm.threshold.cache=dual --limit 10 --out $(RESULTS)/dlm-parallel-lists.jsonl
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(THRESHOLD_BLOCKS) \
 		--param dlm.threshold.cache=delayed --limit 10 --out $(RESULTS)/dlm-parallel-lists.jsonl
-	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out docs/RESULTS.md --plots docs/results
+	# caches on a longer canvas (256 masks, LLaDA's usual gen_length): an uncached forward pays for the whole canvas
+	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(THRESHOLD_BLOCKS) $(LONG) \
+		--limit 10 --out $(RESULTS)/dlm-cache-long.jsonl
+	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(THRESHOLD_BLOCKS) $(LONG) \
+		--param dlm.threshold.cache=dual --limit 10 --out $(RESULTS)/dlm-cache-long.jsonl
+	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(THRESHOLD_BLOCKS) $(LONG) \
+		--param dlm.threshold.cache=delayed --limit 10 --out $(RESULTS)/dlm-cache-long.jsonl

@@ -34,22 +34,30 @@ class Recipe:
     # curriculum: the first `curriculum_steps` steps draw only from these tasks (e.g. copy, to form induction heads)
     curriculum: dict[str, float] = field(default_factory=dict)
     curriculum_steps: int = 0
+    pack_len: int = 0  # 0: batches of similar-length examples, padded; N: rows of N tokens packed with whole examples
+    bf16: bool = False  # bfloat16 autocast for the matrix products (weights and optimiser state stay float32)
+    # mdlm only: token i is scored at output i-1 (Dream's convention, which keeps an AR initialisation's next-token
+    # head); the saved config says so and the adapter realigns, so the engine sees logits at position i either way
+    logits_shift: bool = False
 
 
 # tasks of the first steps of the AR recipes: copying and reversing lists is where the copying (induction) heads form
 COPY_CURRICULUM = {"lists.copy": 1.0, "letters.copy": 1.0, "lists.reverse": 1.0, "letters.reverse": 1.0}
 
+# every recipe: 6 rows of 384 tokens packed with whole examples of the whole mixture, bfloat16 matrix products
+PACKED = dict(pack_len=384, batch_tokens=6 * 384, bf16=True)
+
 RECIPES = {
     r.name: r
     for r in [
-        Recipe("ar-small", "ar", 256, 8, 8, 4, 704, steps=3000, lr=2e-3, batch_tokens=2048, curriculum_steps=500,
-               curriculum=COPY_CURRICULUM,
+        Recipe("ar-small", "ar", 256, 8, 8, 4, 704, steps=3000, lr=2e-3, curriculum_steps=500,
+               curriculum=COPY_CURRICULUM, **PACKED,
                description="the target: a LlamaForCausalLM"),
-        Recipe("ar-tiny", "ar", 128, 3, 4, 2, 352, steps=3000, lr=3e-3, warmup=60, batch_tokens=2048,
-               curriculum_steps=500, curriculum=COPY_CURRICULUM, tokenizer_from="ar-small",
+        Recipe("ar-tiny", "ar", 128, 3, 4, 2, 352, steps=3000, lr=3e-3, warmup=60,
+               curriculum_steps=500, curriculum=COPY_CURRICULUM, tokenizer_from="ar-small", **PACKED,
                description="the drafter for speculative decoding"),
-        Recipe("dlm-small", "mdlm", 256, 8, 8, 4, 704, steps=2400, lr=1e-3, init_from="ar-small",
-               tokenizer_from="ar-small", warmup=100, batch_tokens=2048, mixture={"code.complete": 0.2, "puzzles.sudoku": 1.5},
+        Recipe("dlm-small", "mdlm", 256, 8, 8, 4, 704, steps=2200, lr=1e-3, init_from="ar-small",
+               tokenizer_from="ar-small", warmup=100, mixture={"code.complete": 0.2, "puzzles.sudoku": 1.5}, **PACKED,
                description="a LLaDA-style masked-diffusion LM initialised from ar-small"),
     ]
 }
