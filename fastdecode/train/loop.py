@@ -47,7 +47,7 @@ def build_model(recipe: Recipe, tokenizer) -> torch.nn.Module:
     )
     if recipe.objective == "ar":
         return LlamaForCausalLM(LlamaConfig(**shape))
-    return MDLMForMaskedDiffusion(MDLMConfig(mask_token_id=tokenizer.mask_token_id, **shape))
+    return MDLMForMaskedDiffusion(MDLMConfig(mask_token_id=tokenizer.mask_token_id, logits_shift=recipe.logits_shift, **shape))
 
 
 def lr_at(step: int, recipe: Recipe) -> float:
@@ -81,6 +81,8 @@ def mdlm_loss(model, ids, attention, answer, mask_id: int, gen: torch.Generator,
     p = (1 - eps) * torch.rand(B, 1, generator=gen) + eps  # [B, 1]
     masked = answer & (torch.rand(B, T, generator=gen) < p)  # [B, T]
     logits = model(input_ids=ids.masked_fill(masked, mask_id), attention_mask=attention).logits  # [B, T, V]
+    if model.config.logits_shift:  # output i-1 scores token i (answer tokens never sit at position 0)
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
     ce = F.cross_entropy(logits.transpose(1, 2), ids, reduction="none")  # [B, T]
     per_row = (ce * masked / p).sum(1) / answer.sum(1).clamp(min=1)
     return per_row.mean()
@@ -92,8 +94,11 @@ def _mdlm_loss_packed(model, ids, mask, answer, mask_id, gen, eps, positions, do
     p = ((1 - eps) * torch.rand(B * T, generator=gen) + eps)[key]  # [B, T]: the example's mask ratio
     masked = answer & (torch.rand(B, T, generator=gen) < p)
     length = torch.zeros(B * T).index_add_(0, key[answer], torch.ones(int(answer.sum())))[key]  # answer length
+    # the output layer runs on masked tokens only, or for a shifted model on the outputs just before them (the
+    # same example: an answer token never starts one), in the same order
+    at = torch.cat([masked[:, 1:], torch.zeros_like(masked[:, :1])], dim=1) if model.config.logits_shift else masked
     logits = model(input_ids=ids.masked_fill(masked, mask_id), attention_mask=mask, position_ids=positions,
-                   logits_at=masked).logits  # [N, V]: the output layer runs on masked tokens only
+                   logits_at=at).logits  # [N, V]
     ce = F.cross_entropy(logits, ids[masked], reduction="none")  # [N]
     n_examples = int(doc.amax(1).clamp(min=-1).add(1).sum())
     return (ce / (p * length.clamp(min=1))[masked]).sum() / max(1, n_examples)

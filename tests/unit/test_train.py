@@ -63,6 +63,22 @@ def test_mdlm_loss_counts_only_masked_answer_tokens(tokenizer):
     assert ar_loss(build_model(TINY, tokenizer), ids, attention, answer).item() > 0.0
 
 
+def test_shifted_mdlm_loss_scores_token_i_at_output_i_minus_1(tokenizer):
+    model = build_model(Recipe("m", "mdlm", 32, 1, 2, 1, 64, steps=1, lr=1e-3, logits_shift=True), tokenizer).eval()
+    assert model.config.logits_shift
+    ids = torch.randint(4, 200, (2, 12))
+    attention = torch.ones_like(ids)
+    answer = torch.zeros_like(ids, dtype=torch.bool)
+    answer[:, 6:] = True
+    loss = mdlm_loss(model, ids, attention, answer, tokenizer.mask_token_id, torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)  # the same draws by hand
+    p = (1 - 1e-3) * torch.rand(2, 1, generator=gen) + 1e-3
+    masked = answer & (torch.rand(2, 12, generator=gen) < p)
+    out = model(input_ids=ids.masked_fill(masked, tokenizer.mask_token_id)).logits
+    ce = torch.nn.functional.cross_entropy(out[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")  # [2, 11]
+    torch.testing.assert_close(loss, ((ce * masked[:, 1:] / p).sum(1) / 6).mean())
+
+
 def test_ar_loss_equals_full_logits_cross_entropy_on_answer_tokens(tokenizer):
     model = build_model(TINY, tokenizer)
     ids = torch.randint(4, 200, (3, 10))
@@ -154,10 +170,11 @@ def test_packed_ar_loss_equals_the_padded_batch_loss(tokenizer):
                                ar_loss(model, ids, attention, answer))
 
 
-def test_packed_mdlm_rows_see_only_their_own_example(tokenizer):
+@pytest.mark.parametrize("shift", [False, True])
+def test_packed_mdlm_rows_see_only_their_own_example(tokenizer, shift):
     from fastdecode.train.data import collate_packed
 
-    model = build_model(Recipe("m", "mdlm", 32, 1, 2, 1, 64, steps=1, lr=1e-3), tokenizer).eval()
+    model = build_model(Recipe("m", "mdlm", 32, 1, 2, 1, 64, steps=1, lr=1e-3, logits_shift=shift), tokenizer).eval()
     exs = _examples(tokenizer, {"letters.copy": 1.0, "lists.sort": 1.0}, 3, pad_to=24)
     packed = collate_packed([exs], tokenizer.pad_token_id, row_len=1000, causal=False)
     logits = model(input_ids=packed.ids, attention_mask=packed.mask, position_ids=packed.positions).logits
@@ -178,6 +195,8 @@ def test_packed_mdlm_rows_see_only_their_own_example(tokenizer):
     masked = packed.answer[0] & (torch.rand(1, T, generator=gen)[0] < p)
     full = model(input_ids=packed.ids.masked_fill(masked[None], tokenizer.mask_token_id), attention_mask=packed.mask,
                  position_ids=packed.positions).logits[0]
+    if shift:  # Dream's convention: output i-1 scores token i
+        full = torch.cat([full[:1], full[:-1]])
     ce = torch.nn.functional.cross_entropy(full, packed.ids[0], reduction="none")
     per_example = [(ce * masked / p)[packed.doc[0] == d].sum() / packed.answer[0][packed.doc[0] == d].sum() for d in range(3)]
     torch.testing.assert_close(loss, sum(per_example) / 3)
