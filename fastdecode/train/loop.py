@@ -176,7 +176,8 @@ def _loss(recipe: Recipe, model, batch, mask_id: int, gen: torch.Generator) -> t
 
 
 def make_tokenizer(recipe: Recipe, seed: int):
-    return train_tokenizer(tokenizer_corpus(seed, {**DEFAULT_MIXTURE, **recipe.mixture}), recipe.vocab_size)
+    return train_tokenizer(tokenizer_corpus(seed, {**DEFAULT_MIXTURE, **recipe.mixture}), recipe.vocab_size,
+                           recipe.pre_tokenizer)
 
 
 __all__ = ["Example", "MAX_POSITIONS", "SPECIAL_TOKENS", "build_model", "make_tokenizer", "train", "Path"]

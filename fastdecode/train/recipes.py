@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from ..config import coerce_value
 from ..errors import FastDecodeError, ParameterError, close_names
+from .tokenizer import PRE_TOKENIZERS
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,11 @@ class Recipe:
     # mdlm only: token i is scored at output i-1 (Dream's convention, which keeps an AR initialisation's next-token
     # head); the saved config says so and the adapter realigns, so the engine sees logits at position i either way
     logits_shift: bool = False
+    pre_tokenizer: str = "joined"  # train.tokenizer.PRE_TOKENIZERS: how text is split before BPE merges
+
+    def __post_init__(self) -> None:
+        if self.pre_tokenizer not in PRE_TOKENIZERS:
+            raise ParameterError(f"Unknown pre_tokenizer {self.pre_tokenizer!r}; choose one of {sorted(PRE_TOKENIZERS)}.")
 
 
 # tasks of the first steps of the AR recipes: copying and reversing lists is where the copying (induction) heads form
@@ -50,13 +56,13 @@ PACKED = dict(pack_len=384, batch_tokens=6 * 384, bf16=True)
 RECIPES = {
     r.name: r
     for r in [
-        Recipe("ar-small", "ar", 256, 8, 8, 4, 704, steps=3000, lr=2e-3, curriculum_steps=500,
+        Recipe("ar-small", "ar", 320, 6, 5, 5, 864, steps=3200, lr=2e-3, curriculum_steps=500,
                curriculum=COPY_CURRICULUM, **PACKED,
                description="the target: a LlamaForCausalLM"),
-        Recipe("ar-tiny", "ar", 128, 3, 4, 2, 352, steps=3000, lr=3e-3, warmup=60,
+        Recipe("ar-tiny", "ar", 128, 4, 4, 2, 352, steps=4000, lr=3e-3, warmup=60,
                curriculum_steps=500, curriculum=COPY_CURRICULUM, tokenizer_from="ar-small", **PACKED,
                description="the drafter for speculative decoding"),
-        Recipe("dlm-small", "mdlm", 256, 8, 8, 4, 704, steps=2200, lr=1e-3, init_from="ar-small",
+        Recipe("dlm-small", "mdlm", 320, 6, 5, 5, 864, steps=3800, lr=1e-3, init_from="ar-small", logits_shift=True,
                tokenizer_from="ar-small", warmup=100, mixture={"code.complete": 0.2, "puzzles.sudoku": 1.5}, **PACKED,
                description="a LLaDA-style masked-diffusion LM initialised from ar-small"),
     ]

@@ -126,6 +126,21 @@ def test_recipe_overrides_for_trials():
         override(r, {"curriculum": "copy"})
 
 
+def test_words_pre_tokenizer_gives_a_name_one_token_wherever_it_stands():
+    from fastdecode import ParameterError
+    from fastdecode.train.recipes import get_recipe, override
+    from fastdecode.train.tokenizer import train_tokenizer
+
+    lists = ['["Kevin Evans", "Mike Walker"]', '["Mike Walker", "Kevin Evans"]', "[H, C, B]", "[C, H, B]"] * 50
+    words = train_tokenizer(lists, 300, "words")
+    pieces = words.convert_ids_to_tokens(words('["Mike Walker", "Kevin Evans"]\n[C, H]', add_special_tokens=False)["input_ids"])
+    assert pieces.count("Mike") == 1 and pieces.count("Kevin") == 1 and "C" in pieces and "H" in pieces
+    joined = train_tokenizer(lists, 300, "joined")  # the bundled models' splitting: the first item differs
+    assert "Mike" not in joined.convert_ids_to_tokens(joined('["Mike Walker"]', add_special_tokens=False)["input_ids"])
+    with pytest.raises(ParameterError, match="pre_tokenizer"):
+        override(get_recipe("ar-small"), {"pre_tokenizer": "gpt2"})
+
+
 def test_tokenizer_round_trips_and_keeps_digits_single(tokenizer):
     grid = "Solve:\n0320\n2140\n1200\n0000\nA: 4321"
     ids = tokenizer(grid, add_special_tokens=False)["input_ids"]
