@@ -23,10 +23,10 @@ test: $(VENV)/.installed
 # The committed measurements: docs/results/*.jsonl and docs/RESULTS.md (resumable: rerun to finish a file).
 # One torch thread (--threads 1): each run uses one core, and its timings are comparable with the others.
 RESULTS := docs/results
-# the model-free and self-drafting methods; then the two that run zoo:ar-tiny as a draft model
+# the model-free and self-drafting methods; then those that run zoo:ar-tiny as a draft model
 SPEC_FREE := spec.pld hf.prompt_lookup spec.ngram spec.suffix spec.recycling spec.lookahead spec.jacobi \
-	spec.layerskip spec.rsd spec.dyntree hf.greedy
-SPEC_DRAFT := spec.draft_model hf.assisted
+	spec.layerskip hf.greedy
+SPEC_DRAFT := spec.draft_model hf.assisted spec.rsd spec.dyntree
 DLM_METHODS := dlm.threshold dlm.factor dlm.entropy_bound dlm.localleap dlm.prophet dlm.credit dlm.freedave \
 	dlm.adablock dlm.dcd dlm.r2 dlm.ccd dlm.ete
 BENCH := $(BIN)/fastdecode bench --threads 1
