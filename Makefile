@@ -35,7 +35,7 @@ DLM_BLOCKS := $(foreach m,dlm.baseline $(filter-out dlm.dcd dlm.adablock,$(DLM_M
 THRESHOLD_BLOCKS := --param dlm.baseline.block_length=16 --param dlm.threshold.block_length=16
 LONG := --param dlm.baseline.max_new_tokens=256 --param dlm.threshold.max_new_tokens=256
 MATCHED := --param spec.draft_model.num_draft_tokens=20 --param spec.draft_model.confidence_stop=0.4
-.PHONY: results results-spec-free results-spec-draft results-dlm
+.PHONY: results results-spec-free results-spec-draft results-dlm results-dlm-lists results-dlm-other
 results: results-spec-free results-spec-draft results-dlm
 	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out docs/RESULTS.md --plots docs/results
 
@@ -55,18 +55,23 @@ results-spec-draft: $(VENV)/.installed
 	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny --methods spec.draft_model $(MATCHED) \
 		--limit 20 --out $(RESULTS)/spec-code.jsonl
 
-results-dlm: $(VENV)/.installed
-	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:dlm-small --methods spec.dlm_draft \
-		--limit 10 --out $(RESULTS)/spec-dlm-draft-parallel-lists.jsonl
+# two independent halves: `make -j2 results-dlm` runs them side by side, one thread each
+results-dlm: results-dlm-lists results-dlm-other
+
+results-dlm-lists: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods $(DLM_METHODS) \
 		$(DLM_BLOCKS) --limit 10 --out $(RESULTS)/dlm-parallel-lists.jsonl
-	$(BENCH) --suite puzzles --model zoo:dlm-small --methods $(DLM_METHODS) $(DLM_BLOCKS) \
-		--limit 20 --out $(RESULTS)/dlm-puzzles.jsonl
 	# caches: dlm.threshold again with the dual and the delayed cache, beside its uncached rows
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(THRESHOLD_BLOCKS) \
 		--param dlm.threshold.cache=dual --limit 10 --out $(RESULTS)/dlm-parallel-lists.jsonl
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(THRESHOLD_BLOCKS) \
 		--param dlm.threshold.cache=delayed --limit 10 --out $(RESULTS)/dlm-parallel-lists.jsonl
+
+results-dlm-other: $(VENV)/.installed
+	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:dlm-small --methods spec.dlm_draft \
+		--limit 10 --out $(RESULTS)/spec-dlm-draft-parallel-lists.jsonl
+	$(BENCH) --suite puzzles --model zoo:dlm-small --methods $(DLM_METHODS) $(DLM_BLOCKS) \
+		--limit 20 --out $(RESULTS)/dlm-puzzles.jsonl
 	# caches on a longer canvas (256 masks, LLaDA's usual gen_length): an uncached forward pays for the whole canvas
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(THRESHOLD_BLOCKS) $(LONG) \
 		--limit 10 --out $(RESULTS)/dlm-cache-long.jsonl
