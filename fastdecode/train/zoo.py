@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ from ..bench.tasks import DEFAULT_TEST_SEED, TASKS, format_prompt
 from ..engine import generate
 from ..models.loading import load, resolve
 from .export import save_folder, write_card
-from .loop import Progress, make_tokenizer, train
+from .loop import Progress, make_tokenizer, train, uses_bf16
 from .recipes import Recipe
 
 Status = Callable[[str], None]
@@ -41,7 +42,8 @@ def build(recipe: Recipe, out: Path, seed: int, threads: int, steps: int | None,
     metrics = evaluate_zoo_model(recipe, out, eval_items)
     metrics["train_minutes"] = round(minutes, 1)
     metrics["final_loss"] = sum(r["loss"] for r in log[-50:]) / len(log[-50:])
-    write_card(out, recipe, command, minutes, threads, metrics)
+    # the card states what ran: bfloat16 autocast only where this CPU is fast at it
+    write_card(out, dataclasses.replace(recipe, bf16=uses_bf16(recipe)), command, minutes, threads, metrics)
     return metrics
 
 

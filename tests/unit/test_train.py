@@ -220,10 +220,24 @@ def test_packed_mdlm_rows_see_only_their_own_example(tokenizer, shift):
 
 
 @pytest.mark.parametrize("objective", ["ar", "mdlm"])
-def test_packed_bf16_training_lowers_the_loss(tokenizer, objective):
+def test_packed_bf16_training_lowers_the_loss(tokenizer, objective, monkeypatch):
     import dataclasses
 
+    monkeypatch.setattr("fastdecode.train.loop.cpu_bf16_is_fast", lambda: True)  # the bf16 path on every CPU
     recipe = dataclasses.replace(TINY, objective=objective, pack_len=128, bf16=True, steps=40)
     _, log = train(recipe, tokenizer, seed=0)
     first, last = sum(r["loss"] for r in log[:3]) / 3, sum(r["loss"] for r in log[-5:]) / 5
     assert last < first - 0.5
+
+
+def test_bf16_recipe_trains_in_float32_where_the_cpu_emulates_bf16(tokenizer, monkeypatch):
+    import dataclasses
+
+    monkeypatch.setattr("fastdecode.train.loop.cpu_bf16_is_fast", lambda: False)
+    recipe = dataclasses.replace(TINY, pack_len=128, steps=3)
+    _, with_flag = train(dataclasses.replace(recipe, bf16=True), tokenizer, seed=0)
+    _, without = train(dataclasses.replace(recipe, bf16=False), tokenizer, seed=0)
+    assert [r["loss"] for r in with_flag] == [r["loss"] for r in without]
+    monkeypatch.setattr("fastdecode.train.loop.cpu_bf16_is_fast", lambda: True)
+    _, emulated = train(dataclasses.replace(recipe, bf16=True), tokenizer, seed=0)
+    assert [r["loss"] for r in emulated] != [r["loss"] for r in without]  # the flag does switch bf16 on where fast
