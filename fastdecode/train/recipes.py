@@ -64,7 +64,7 @@ RECIPES = {
                description="the drafter for speculative decoding"),
         Recipe("dlm-small", "mdlm", 320, 6, 5, 5, 864, steps=2600, lr=1e-3, init_from="ar-small", logits_shift=True,
                tokenizer_from="ar-small", warmup=100, mixture={"code.complete": 0.2, "puzzles.sudoku": 1.5}, **PACKED,
-               description="a LLaDA-style masked-diffusion LM initialised from ar-small"),
+               description="a masked-diffusion LM (bidirectional attention, mask token, Dream-style shifted logits) initialised from ar-small"),
     ]
 }
 
