@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from .harness import read_rows
+from .tasks import TASKS
 from .suites import BenchError
 
 LEADERBOARD_FRACTIONS = (0.80, 0.90, 0.95)  # of the baseline's accuracy (ParallelBench reports absolute 80/75/70 %)
-IGNORED_PARAMS = ("max_new_tokens",)  # set per task, so not part of a configuration's name
+def _task_budget(task: str) -> int | None:
+    return TASKS[task].max_new_tokens if task in TASKS else None
 
 
 @dataclass
@@ -55,7 +57,10 @@ class Report:
 
 
 def _config_id(row: dict[str, Any]) -> tuple[str, str, str]:
-    params = {k: v for k, v in (row.get("params") or {}).items() if k not in IGNORED_PARAMS}
+    params = dict(row.get("params") or {})
+    # each task sets its own budget, so max_new_tokens names a configuration only where a run overrode it
+    if params.get("max_new_tokens") == _task_budget(row.get("task", "")):
+        params.pop("max_new_tokens", None)
     draft = "" if row.get("is_baseline") else (row.get("draft") or "")
     return row["method"], json.dumps(params, sort_keys=True), draft
 
@@ -72,8 +77,10 @@ def _labels(configs: Sequence[tuple[str, str, str]]) -> dict[tuple[str, str, str
                 labels[c] = method
                 continue
             params = json.loads(c[1])
-            varying = [k for k in params if len({json.dumps(json.loads(g[1]).get(k)) for g in group}) > 1]
-            bits = [f"{k}={params[k]}" for k in varying]
+            keys = list(dict.fromkeys(k for g in group for k in json.loads(g[1])))
+            varying = [k for k in keys if len({json.dumps(json.loads(g[1]).get(k)) for g in group}) > 1]
+            # only max_new_tokens can be absent: each task's own budget
+            bits = [f"{k}={params.get(k, 'per-task')}" for k in varying]
             if len({g[2] for g in group}) > 1:
                 bits.append(f"draft={c[2] or '-'}")
             labels[c] = f"{method} ({', '.join(bits)})"

@@ -197,3 +197,23 @@ def test_speed_ups_use_the_baseline_of_the_same_file():
     by = {s.method: s for s in summarize(rows)}
     assert by["spec.pld"].speedup == pytest.approx(2.0) and by["spec.ngram"].speedup == pytest.approx(2.0)
     assert by["ar.greedy"].speedup == pytest.approx(1.0) and by["ar.greedy"].items == 2
+
+
+def test_an_overridden_budget_is_its_own_configuration():
+    from fastdecode.bench.report import summarize
+
+    budget = TASKS["lists.copy"].max_new_tokens
+    def row(method, max_new_tokens, wall):
+        return {"suite": "s", "model": "m", "method": method, "task": "lists.copy", "score": 1.0, "new_tokens": 10,
+                "forwards": 10, "wall_s": wall, "is_baseline": method == "dlm.baseline",
+                "params": {"max_new_tokens": max_new_tokens, "cache": "none"}, "_source": str(max_new_tokens)}
+
+    # the task's own budget is not part of a name; a run at 256 tokens is another configuration, not pooled with it
+    rows = [row("dlm.baseline", budget, 1.0), row("dlm.threshold", budget, 0.5),
+            row("dlm.baseline", 256, 4.0), row("dlm.threshold", 256, 1.0)]
+    by = {s.label: s for s in summarize(rows)}
+    assert set(by) == {"dlm.baseline (max_new_tokens=per-task)", "dlm.baseline (max_new_tokens=256)",
+                       "dlm.threshold (max_new_tokens=per-task)", "dlm.threshold (max_new_tokens=256)"}
+    assert by["dlm.threshold (max_new_tokens=256)"].speedup == pytest.approx(4.0)
+    assert by["dlm.threshold (max_new_tokens=per-task)"].speedup == pytest.approx(2.0)
+    assert all(s.items == 1 for s in by.values())
