@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from .harness import read_rows
-from .tasks import TASKS
 from .suites import BenchError
+from .tasks import TASKS
 
 LEADERBOARD_FRACTIONS = (0.80, 0.90, 0.95)  # of the baseline's accuracy (ParallelBench reports absolute 80/75/70 %)
-def _task_budget(task: str) -> int | None:
-    return TASKS[task].max_new_tokens if task in TASKS else None
 
 
 @dataclass
@@ -58,8 +56,10 @@ class Report:
 
 def _config_id(row: dict[str, Any]) -> tuple[str, str, str]:
     params = dict(row.get("params") or {})
-    # each task sets its own budget, so max_new_tokens names a configuration only where a run overrode it
-    if params.get("max_new_tokens") == _task_budget(row.get("task", "")):
+    # each task sets its own budget (the harness's default), so max_new_tokens names a configuration only where
+    # a run overrode it
+    task = TASKS.get(row.get("task", ""))
+    if task is None or params.get("max_new_tokens") == task.max_new_tokens:
         params.pop("max_new_tokens", None)
     draft = "" if row.get("is_baseline") else (row.get("draft") or "")
     return row["method"], json.dumps(params, sort_keys=True), draft

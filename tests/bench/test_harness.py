@@ -203,6 +203,7 @@ def test_an_overridden_budget_is_its_own_configuration():
     from fastdecode.bench.report import summarize
 
     budget = TASKS["lists.copy"].max_new_tokens
+
     def row(method, max_new_tokens, wall):
         return {"suite": "s", "model": "m", "method": method, "task": "lists.copy", "score": 1.0, "new_tokens": 10,
                 "forwards": 10, "wall_s": wall, "is_baseline": method == "dlm.baseline",

@@ -239,5 +239,5 @@ def test_bf16_recipe_trains_in_float32_where_the_cpu_emulates_bf16(tokenizer, mo
     _, without = train(dataclasses.replace(recipe, bf16=False), tokenizer, seed=0)
     assert [r["loss"] for r in with_flag] == [r["loss"] for r in without]
     monkeypatch.setattr("fastdecode.train.loop.cpu_bf16_is_fast", lambda: True)
-    _, emulated = train(dataclasses.replace(recipe, bf16=True), tokenizer, seed=0)
-    assert [r["loss"] for r in emulated] != [r["loss"] for r in without]  # the flag does switch bf16 on where fast
+    _, in_bf16 = train(dataclasses.replace(recipe, bf16=True), tokenizer, seed=0)
+    assert [r["loss"] for r in in_bf16] != [r["loss"] for r in without]  # the flag does switch bf16 on where fast
