@@ -38,6 +38,12 @@ MATCHED := --param spec.draft_model.num_draft_tokens=20 --param spec.draft_model
 .PHONY: results results-spec-free results-spec-draft results-dlm results-dlm-lists results-dlm-other
 results: results-spec-free results-spec-draft results-dlm
 	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out docs/RESULTS.md --plots docs/results
+	$(BIN)/python tools/measured.py
+
+# the figures README.md and docs/*.md quote (marked <!--m KEY-->...<!--/m-->), recomputed from docs/results
+.PHONY: docs-figures
+docs-figures: $(VENV)/.installed
+	$(BIN)/python tools/measured.py
 
 results-spec-free: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --methods $(SPEC_FREE) \

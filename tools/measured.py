@@ -1,0 +1,176 @@
+"""Rewrite the measured figures quoted in the docs from the committed results (`make docs-figures`).
+
+Docs mark each quoted figure span as `<!--m KEY-->...<!--/m-->`; this script recomputes the text between the
+markers from `docs/results/*.jsonl` with the report's own summaries, so every figure in README.md and
+docs/methods.md comes from a command. `--check` rewrites nothing and fails if a span is out of date (a test
+runs it).
+
+Keys:
+  dlm:LABEL       per-suite figures of a dlm configuration on zoo:dlm-small (parallel-lists and puzzles)
+  dlm-baseline    dlm.baseline's accuracy and TPF on both suites
+  spec:LABEL      tau and speed-up of a speculative configuration on zoo:ar-small (parallel-lists and code)
+  readme-table    the README's results table (rows listed in README_ROWS below)
+  fig:STAT|SUITE|MODEL|LABEL[|REF]   one figure: acc, tpf, tps (tokens/s), speedup (over the file's baseline),
+                  equal (share of items equal to the baseline), ratio (tokens/s over REF's), fewer (REF's
+                  forwards per item over LABEL's)
+LABEL is the report's configuration label as in docs/RESULTS.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=256)`, or a
+bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fastdecode.bench.harness import read_rows  # noqa: E402
+from fastdecode.bench.report import Summary, summarize  # noqa: E402
+
+DOCS = [ROOT / "README.md", ROOT / "docs" / "methods.md", ROOT / "docs" / "spec.md"]
+SPAN = re.compile(r"<!--m (?P<key>[^>]+?)-->(?P<body>.*?)<!--/m-->", re.S)
+
+# (suite, model, labels joined with " / " in one row, what the method column says)
+README_ROWS = [
+    ("code", "zoo:ar-small", ["spec.suffix"], "`spec.suffix`"),
+    ("code", "zoo:ar-small", ["spec.ngram"], "`spec.ngram`"),
+    ("code", "zoo:ar-small", ["spec.recycling"], "`spec.recycling`"),
+    ("code", "zoo:ar-small", ["spec.pld", "hf.prompt_lookup"], "`spec.pld` / `hf.prompt_lookup`"),
+    ("code", "zoo:ar-small", ["spec.draft_model (confidence_stop=0.4, num_draft_tokens=20)", "hf.assisted"],
+     "`spec.draft_model` / `hf.assisted` (same settings, draft ar-tiny)"),
+    ("parallel-lists", "zoo:ar-small", ["spec.ngram", "spec.suffix"], "`spec.ngram` / `spec.suffix`"),
+    ("parallel-lists", "zoo:ar-small", ["spec.pld", "hf.prompt_lookup"], "`spec.pld` / `hf.prompt_lookup`"),
+    ("parallel-lists", "zoo:ar-small", ["spec.draft_model (confidence_stop=0.4, num_draft_tokens=20)", "hf.assisted"],
+     "`spec.draft_model` / `hf.assisted` (same settings, draft ar-tiny)"),
+    ("parallel-lists", "zoo:ar-small", ["spec.dyntree"], "`spec.dyntree` (draft ar-tiny)"),
+    ("parallel-lists", "zoo:dlm-small", ["dlm.baseline"], "`dlm.baseline` (one token per step)"),
+    ("parallel-lists", "zoo:dlm-small", ["dlm.freedave"], "`dlm.freedave` (lossless)"),
+    ("parallel-lists", "zoo:dlm-small", ["dlm.threshold", "dlm.ete"], "`dlm.threshold` / `dlm.ete`"),
+    ("parallel-lists", "zoo:dlm-small", ["dlm.threshold (cache=dual, max_new_tokens=per-task)"], "`dlm.threshold` + dual cache"),
+    ("parallel-lists", "zoo:dlm-small", ["dlm.threshold (cache=dual, max_new_tokens=256)"],
+     "`dlm.threshold` + dual cache, 256-mask canvas"),
+    ("parallel-lists", "zoo:dlm-small", ["dlm.prophet"], "`dlm.prophet`"),
+]
+
+
+def load(results: Path) -> dict[tuple[str, str, str], Summary]:
+    rows = []
+    for path in sorted(results.glob("*.jsonl")):
+        for row in read_rows(path):
+            row["_source"] = str(path)
+            rows.append(row)
+    return {(s.suite, s.model, s.label): s for s in summarize(rows)}
+
+
+def pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f} %"
+
+
+DEFAULT_BITS = {"cache=none", "max_new_tokens=per-task"}  # what a label shows for a default setting beside others
+
+
+def get(table: dict, suite: str, model: str, label: str) -> Summary:
+    """A configuration by its report label; a bare method name means its default configuration."""
+    if (suite, model, label) in table:
+        return table[(suite, model, label)]
+    for (su, mo, la), s in table.items():
+        if (su, mo, s.method) == (suite, model, label) and set(la[len(label) + 2:-1].split(", ")) <= DEFAULT_BITS:
+            return s
+    else:
+        known = sorted(k[2] for k in table if k[:2] == (suite, model))
+        raise SystemExit(f"no configuration {label!r} on {suite} / {model} in the results; known: {known}") from None
+
+
+def baseline(table: dict, suite: str, model: str) -> Summary:
+    """The baseline at each task's own budget (runs that override max_new_tokens have their own, labelled one)."""
+    method = next(s.method for k, s in table.items() if k[:2] == (suite, model) and s.is_baseline)
+    return get(table, suite, model, method)
+
+
+def figure(table: dict, spec: str) -> str:
+    stat, suite, model, label, *ref = spec.split("|")
+    s = get(table, suite, model, label)
+    r = get(table, suite, model, ref[0]) if ref else None
+    values = {
+        "acc": lambda: pct(s.accuracy), "tpf": lambda: f"{s.tpf:.2f}", "tps": lambda: f"{s.tokens_per_s:.1f}",
+        "speedup": lambda: f"{s.speedup:.2f}×", "equal": lambda: f"{100 * (s.equal_rate or 0):.0f} %",
+        "ratio": lambda: f"{s.tokens_per_s / r.tokens_per_s:.2f}×",
+        "fewer": lambda: f"{r.forwards_per_item / s.forwards_per_item:.2f}×",
+    }
+    if stat not in values or (stat in ("ratio", "fewer")) != bool(ref):
+        raise SystemExit(f"bad figure {spec!r}: STAT is one of {sorted(values)}; ratio and fewer take a REF label")
+    return values[stat]()
+
+
+def dlm_text(table: dict, label: str) -> str:
+    parts = []
+    for suite in ("parallel-lists", "puzzles"):
+        s, b = get(table, suite, "zoo:dlm-small", label), baseline(table, suite, "zoo:dlm-small")
+        parts.append(f"`{suite}`: accuracy {pct(s.accuracy)} (baseline {pct(b.accuracy)}), TPF {s.tpf:.2f}, "
+                     f"{b.forwards_per_item / s.forwards_per_item:.2f}× fewer forwards, {s.speedup:.2f}× tokens/s, "
+                     f"same tokens as the baseline on {100 * (s.equal_rate or 0):.0f} % of items")
+    return "; ".join(parts)
+
+
+def dlm_baseline_text(table: dict) -> str:
+    a, b = (baseline(table, s, "zoo:dlm-small") for s in ("parallel-lists", "puzzles"))
+    return f"{pct(a.accuracy)} on `parallel-lists` and {pct(b.accuracy)} on `puzzles`, TPF {a.tpf:.2f} / {b.tpf:.2f}"
+
+
+def spec_text(table: dict, label: str) -> str:
+    return "; ".join(f"τ {s.tpf:.2f}, {s.speedup:.2f}× on `{suite}`"
+                     for suite in ("parallel-lists", "code")
+                     for s in [get(table, suite, "zoo:ar-small", label)])
+
+
+def readme_table(table: dict) -> str:
+    lines = ["| suite · model | method | TPF | speed-up | = baseline |", "|---|---|---:|---:|---:|"]
+    for suite, model, labels, name in README_ROWS:
+        ss = [get(table, suite, model, label) for label in labels]
+        tpf = " / ".join(f"{s.tpf:.2f}" for s in ss)
+        speed = " / ".join(f"{s.speedup:.2f}×" for s in ss)
+        equal = " / ".join(f"{100 * (s.equal_rate or 0):.0f} %" for s in ss)
+        lines.append(f"| {suite} · {model.removeprefix('zoo:')} | {name} | {tpf} | {speed} | {equal} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def render(key: str, table: dict) -> str:
+    kind, _, label = key.partition(":")
+    if kind == "dlm":
+        return dlm_text(table, label)
+    if kind == "dlm-baseline":
+        return dlm_baseline_text(table)
+    if kind == "spec":
+        return spec_text(table, label)
+    if kind == "readme-table":
+        return readme_table(table)
+    if kind == "fig":
+        return figure(table, label)
+    raise SystemExit(f"unknown figure key {key!r}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=ROOT / "docs" / "results")
+    parser.add_argument("--check", action="store_true", help="fail if a span is out of date; write nothing")
+    args = parser.parse_args()
+    table = load(args.results)
+    stale = []
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        new = SPAN.sub(lambda m: f"<!--m {m['key']}-->{render(m['key'], table)}<!--/m-->", text)
+        if new != text:
+            stale.append(doc.relative_to(ROOT))
+            if not args.check:
+                doc.write_text(new, encoding="utf-8")
+    if args.check and stale:
+        print(f"out of date: {', '.join(map(str, stale))}; run `make docs-figures`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
