@@ -12,7 +12,8 @@ Keys:
   readme-table    the README's results table (rows listed in README_ROWS below)
   fig:STAT|SUITE|MODEL|LABEL[|REF]   one figure: acc, tpf, tps (tokens/s), speedup (over the file's baseline),
                   equal (share of items equal to the baseline), ratio (tokens/s over REF's), fewer (REF's
-                  forwards per item over LABEL's)
+                  forwards per item over LABEL's), drafting / verifying (share of wall time), draftfwd
+                  (draft forwards per target forward)
 LABEL is the report's configuration label as in docs/RESULTS.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=256)`, or a
 bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
 """
@@ -99,6 +100,8 @@ def figure(table: dict, spec: str) -> str:
         "speedup": lambda: f"{s.speedup:.2f}×", "equal": lambda: f"{100 * (s.equal_rate or 0):.0f} %",
         "ratio": lambda: f"{s.tokens_per_s / r.tokens_per_s:.2f}×",
         "fewer": lambda: f"{r.forwards_per_item / s.forwards_per_item:.2f}×",
+        "drafting": lambda: pct(s.draft_share), "verifying": lambda: pct(s.verify_share),
+        "draftfwd": lambda: f"{s.draft_forwards_per_item / s.forwards_per_item:.1f}",
     }
     if stat not in values or (stat in ("ratio", "fewer")) != bool(ref):
         raise SystemExit(f"bad figure {spec!r}: STAT is one of {sorted(values)}; ratio and fewer take a REF label")
