@@ -16,7 +16,10 @@ class CausalLM(ModelAdapter):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._has_logits_to_keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        params = inspect.signature(self.model.forward).parameters
+        self._has_logits_to_keep = "logits_to_keep" in params
+        # transformers 5.24 renamed the forward argument `past_key_values` to `cache` (the old name warns)
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     def new_cache(self) -> KVCache:
         return KVCache(DynamicCache(config=self.config))
@@ -31,14 +34,13 @@ class CausalLM(ModelAdapter):
         num_logits: int | None = None,  # keep logits of only the last num_logits positions
     ) -> torch.Tensor:
         """Run the model over `input_ids` appended after `cache`; returns float32 logits `[B, T', V]`."""
-        kwargs = {}
+        kwargs = {self._cache_arg: cache.hf if cache is not None else None}
         if num_logits is not None and self._has_logits_to_keep:
             kwargs["logits_to_keep"] = num_logits
         out = self.model(
             input_ids=input_ids,
             position_ids=positions,
             attention_mask=attention_mask,
-            past_key_values=cache.hf if cache is not None else None,
             use_cache=cache is not None,
             **kwargs,
         )

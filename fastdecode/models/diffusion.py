@@ -59,14 +59,14 @@ class MaskedDiffusionLM(ModelAdapter):
             logits = out.logits.float()
             if self.shifted:
                 logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-            return logits, [(layer.k, layer.v) for layer in out.past_key_values]
+            return logits, [(layer.k, layer.v) for layer in out.cache]
         Q = columns.shape[1]
         query = torch.cat([(columns - 1).clamp(min=0), columns], dim=1) if self.shifted else columns  # [B, Q']
         past = [LayerKV(k, v) for k, v in kv]
-        out = self.model(input_ids=canvas.gather(1, query), attention_mask=attention_mask, past_key_values=past,
+        out = self.model(input_ids=canvas.gather(1, query), attention_mask=attention_mask, cache=past,
                          query_index=query, use_cache=True)
         logits = out.logits.float()
-        return (logits[:, :Q] if self.shifted else logits), [(layer.k, layer.v) for layer in out.past_key_values]
+        return (logits[:, :Q] if self.shifted else logits), [(layer.k, layer.v) for layer in out.cache]
 
     def describe(self) -> dict:
         d = super().describe()

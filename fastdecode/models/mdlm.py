@@ -90,7 +90,9 @@ class LayerKV:
 @dataclass
 class MDLMOutput(ModelOutput):
     logits: torch.Tensor | None = None  # [B, Q, V]
-    past_key_values: list[LayerKV] | None = None  # per layer, whole canvas; with use_cache=True
+    # per layer, whole canvas; with use_cache=True. Named `cache` as transformers >= 5.24 names it (5.24's ModelOutput
+    # renames a `past_key_values` argument to `cache`)
+    cache: list[LayerKV] | None = None
 
 
 class Attention(nn.Module):
@@ -202,26 +204,28 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
         attention_mask: torch.Tensor | None = None,  # [B, L] over the whole canvas, 0 = padding (never attended to);
         # or [B, 1, Q, L] bool, True where a column may be attended to (packed training rows; needs position_ids)
         position_ids: torch.Tensor | None = None,  # [B, L] or [B, Q]
-        past_key_values: list[LayerKV] | None = None,  # per layer, whole canvas; updated with the fresh columns
-        query_index: torch.Tensor | None = None,  # [B, Q] columns to compute; the others come from past_key_values
+        cache: list[LayerKV] | None = None,  # per layer, whole canvas; updated with the fresh columns
+        query_index: torch.Tensor | None = None,  # [B, Q] columns to compute; the others come from `cache`
         use_cache: bool = False,  # return every layer's K/V (a new cache when none was passed)
         logits_at: torch.Tensor | None = None,  # [B, L] bool: logits only there, as [N, V] (training's masked tokens)
+        past_key_values: list[LayerKV] | None = None,  # the name of `cache` before transformers 5.24
         **_: object,
     ) -> MDLMOutput:
         """Logits of the given columns. Without `query_index` the whole canvas is computed (no cache needed).
 
         With it, only those columns run through the layers; they attend to all L columns, taking the K/V of
-        the others from `past_key_values` (stale where the canvas changed since: that is the cache's trade).
+        the others from `cache` (stale where the canvas changed since: that is the cache's trade).
         """
         cfg = self.config
-        if query_index is not None and past_key_values is None:
-            raise ValueError("query_index needs past_key_values: the K/V of the columns that are not recomputed")
+        cache = cache if cache is not None else past_key_values
+        if query_index is not None and cache is None:
+            raise ValueError("query_index needs a cache: the K/V of the columns that are not recomputed")
         x = self.model.embed_tokens(input_ids)
         full_mask = attention_mask is not None and attention_mask.dim() == 4
         if full_mask and position_ids is None:
             raise ValueError("a [B, 1, Q, L] attention_mask needs position_ids (positions restart in every packed example)")
         if position_ids is None:
-            L = input_ids.shape[1] if query_index is None else past_key_values[0].k.shape[2]
+            L = input_ids.shape[1] if query_index is None else cache[0].k.shape[2]
             if attention_mask is None:
                 position_ids = torch.arange(L, device=input_ids.device).expand(input_ids.shape[0], L)
             else:
@@ -233,7 +237,6 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
             mask = None
         else:
             mask = attention_mask.bool() if full_mask else attention_mask.bool()[:, None, None, :]  # [B, 1, Q | 1, L]
-        cache = past_key_values
         if cache is None and use_cache:
             cache = [LayerKV() for _ in self.model.layers]
         for i, layer in enumerate(self.model.layers):
@@ -241,7 +244,7 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
         x = self.model.norm(x)
         if logits_at is not None:
             x = x[logits_at]
-        return MDLMOutput(logits=self.lm_head(x), past_key_values=cache if use_cache else None)
+        return MDLMOutput(logits=self.lm_head(x), cache=cache if use_cache else None)
 
 
 AutoConfig.register(MDLMConfig.model_type, MDLMConfig, exist_ok=True)
