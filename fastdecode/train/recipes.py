@@ -56,13 +56,13 @@ PACKED = dict(pack_len=384, batch_tokens=6 * 384, bf16=True)
 RECIPES = {
     r.name: r
     for r in [
-        Recipe("ar-small", "ar", 320, 6, 5, 5, 864, steps=3200, lr=2e-3, curriculum_steps=500,
+        Recipe("ar-small", "ar", 320, 6, 5, 5, 864, steps=3200, lr=1e-3, curriculum_steps=500,
                curriculum=COPY_CURRICULUM, **PACKED,
                description="the target: a LlamaForCausalLM"),
         Recipe("ar-tiny", "ar", 128, 4, 4, 2, 352, steps=4000, lr=3e-3, warmup=60,
                curriculum_steps=500, curriculum=COPY_CURRICULUM, tokenizer_from="ar-small", **PACKED,
                description="the drafter for speculative decoding"),
-        Recipe("dlm-small", "mdlm", 320, 6, 5, 5, 864, steps=2600, lr=1e-3, init_from="ar-small", logits_shift=True,
+        Recipe("dlm-small", "mdlm", 320, 6, 5, 5, 864, steps=3600, lr=1e-3, init_from="ar-small", logits_shift=True,
                tokenizer_from="ar-small", warmup=100, mixture={"code.complete": 0.2, "puzzles.sudoku": 1.5}, **PACKED,
                description="a masked-diffusion LM (bidirectional attention, mask token, Dream-style shifted logits) initialised from ar-small"),
     ]
