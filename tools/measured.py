@@ -13,7 +13,9 @@ Keys:
   fig:STAT|SUITE|MODEL|LABEL[|REF]   one figure: acc, tpf, tps (tokens/s), speedup (over the file's baseline),
                   equal (share of items equal to the baseline), ratio (tokens/s over REF's), fewer (REF's
                   forwards per item over LABEL's), drafting / verifying (share of wall time), draftfwd
-                  (draft forwards per target forward)
+                  (draft forwards per target forward), msfwd (wall ms per target forward), stepcost (a step's
+                  wall time over a baseline step's), draftcost (one draft forward's wall time over a baseline
+                  step's)
 LABEL is the report's configuration label as in docs/RESULTS.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=256)`, or a
 bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
 """
@@ -95,6 +97,13 @@ def figure(table: dict, spec: str) -> str:
     stat, suite, model, label, *ref = spec.split("|")
     s = get(table, suite, model, label)
     r = get(table, suite, model, ref[0]) if ref else None
+
+    def step(x: Summary) -> float:  # seconds of wall time per target forward
+        return x.tpf / x.tokens_per_s
+
+    def draft_forward(x: Summary) -> float:  # seconds per draft forward
+        return (x.draft_share or 0.0) * step(x) * x.forwards_per_item / max(x.draft_forwards_per_item, 1e-9)
+
     values = {
         "acc": lambda: pct(s.accuracy), "tpf": lambda: f"{s.tpf:.2f}", "tps": lambda: f"{s.tokens_per_s:.1f}",
         "speedup": lambda: f"{s.speedup:.2f}×", "equal": lambda: f"{100 * (s.equal_rate or 0):.0f} %",
@@ -102,6 +111,9 @@ def figure(table: dict, spec: str) -> str:
         "fewer": lambda: f"{r.forwards_per_item / s.forwards_per_item:.2f}×",
         "drafting": lambda: pct(s.draft_share), "verifying": lambda: pct(s.verify_share),
         "draftfwd": lambda: f"{s.draft_forwards_per_item / s.forwards_per_item:.1f}",
+        "msfwd": lambda: f"{1000 * step(s):.1f}",
+        "stepcost": lambda: f"{step(s) / step(baseline(table, suite, model)):.1f}×",
+        "draftcost": lambda: f"{draft_forward(s) / step(baseline(table, suite, model)):.2f}×",
     }
     if stat not in values or (stat in ("ratio", "fewer")) != bool(ref):
         raise SystemExit(f"bad figure {spec!r}: STAT is one of {sorted(values)}; ratio and fewer take a REF label")
