@@ -33,7 +33,10 @@ BENCH := $(BIN)/fastdecode bench --threads 1
 # every block-based dlm method (and the baseline, one token per step) with blocks of 16, as the zoo's card
 DLM_BLOCKS := $(foreach m,dlm.baseline $(filter-out dlm.dcd dlm.adablock,$(DLM_METHODS)),--param $(m).block_length=16)
 THRESHOLD_BLOCKS := --param dlm.baseline.block_length=16 --param dlm.threshold.block_length=16
-LONG := --param dlm.baseline.max_new_tokens=256 --param dlm.threshold.max_new_tokens=256
+# the caches, each a configuration of its own beside the uncached rows of the same run (bench's METHOD:NAME=VALUE)
+DLM_CACHES := $(foreach c,dual suffix delayed,dlm.threshold:cache=$(c)) dlm.baseline:cache=dual dlm.baseline:cache=suffix
+# a long canvas (384 masks, LLaDA's gen_length is 256-512): an uncached forward pays for the whole canvas
+LONG := --param dlm.baseline.max_new_tokens=384 --param dlm.threshold.max_new_tokens=384
 MATCHED := --param spec.draft_model.num_draft_tokens=20 --param spec.draft_model.confidence_stop=0.4
 .PHONY: results results-spec-free results-spec-draft results-dlm results-dlm-lists results-dlm-other
 results: results-spec-free results-spec-draft results-dlm
@@ -65,23 +68,13 @@ results-spec-draft: $(VENV)/.installed
 results-dlm: results-dlm-lists results-dlm-other
 
 results-dlm-lists: $(VENV)/.installed
-	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods $(DLM_METHODS) \
+	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods $(DLM_METHODS) $(DLM_CACHES) \
 		$(DLM_BLOCKS) --limit 10 --out $(RESULTS)/dlm-parallel-lists.jsonl
-	# caches: dlm.threshold again with the dual and the delayed cache, beside its uncached rows
-	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(THRESHOLD_BLOCKS) \
-		--param dlm.threshold.cache=dual --limit 10 --out $(RESULTS)/dlm-parallel-lists.jsonl
-	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(THRESHOLD_BLOCKS) \
-		--param dlm.threshold.cache=delayed --limit 10 --out $(RESULTS)/dlm-parallel-lists.jsonl
 
 results-dlm-other: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:dlm-small --methods spec.dlm_draft \
 		--limit 10 --out $(RESULTS)/spec-dlm-draft-parallel-lists.jsonl
 	$(BENCH) --suite puzzles --model zoo:dlm-small --methods $(DLM_METHODS) $(DLM_BLOCKS) \
 		--limit 20 --out $(RESULTS)/dlm-puzzles.jsonl
-	# caches on a longer canvas (256 masks, LLaDA's usual gen_length): an uncached forward pays for the whole canvas
-	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(THRESHOLD_BLOCKS) $(LONG) \
-		--limit 10 --out $(RESULTS)/dlm-cache-long.jsonl
-	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(THRESHOLD_BLOCKS) $(LONG) \
-		--param dlm.threshold.cache=dual --limit 10 --out $(RESULTS)/dlm-cache-long.jsonl
-	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(THRESHOLD_BLOCKS) $(LONG) \
-		--param dlm.threshold.cache=delayed --limit 10 --out $(RESULTS)/dlm-cache-long.jsonl
+	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(DLM_CACHES) \
+		$(THRESHOLD_BLOCKS) $(LONG) --limit 10 --out $(RESULTS)/dlm-cache-long.jsonl

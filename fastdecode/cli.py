@@ -139,7 +139,7 @@ def _print_summaries(summaries, title: str) -> None:
 def bench(
     suite: Annotated[str, typer.Option(help="Suite: parallel-lists, puzzles, code or quick.")],
     model: ModelOpt,
-    methods: Annotated[list[str], typer.Option("--methods", help="Methods to run: --methods m1 m2 ... (the baseline is added).")],
+    methods: Annotated[list[str], typer.Option("--methods", help="Methods to run: --methods m1 m2 ... (the baseline is added); m:name=value,... is a configuration of its own, e.g. dlm.baseline:cache=dual.")],
     out_path: Annotated[str, typer.Option("--out", help="Results JSONL; re-running with the same file resumes it.")],
     draft: Annotated[Optional[str], typer.Option(help="Draft model folder or zoo:NAME, for methods that take one (a diffusion LM for spec.dlm_draft).")] = None,
     param: Annotated[list[str], typer.Option("--param", help="method.name=value, e.g. ar.sample.seed=1; repeatable.")] = [],  # noqa: B006

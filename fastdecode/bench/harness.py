@@ -50,6 +50,7 @@ class Job:
     method: str
     params: dict[str, Any]  # the method's full config, as a dict
     is_baseline: bool
+    entry: str = ""  # the --methods entry it came from: the method, or a configuration such as dlm.baseline:cache=dual
 
 
 @dataclass(frozen=True)
@@ -171,19 +172,37 @@ def split_params(items: Sequence[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+def split_entry(entry: str) -> tuple[str, dict[str, str]]:
+    """A --methods entry -> (method, its own parameters): `dlm.baseline:cache=dual,block_length=16`.
+
+    An entry with parameters is a configuration of its own, so one run can compare several configurations of
+    a method, the baseline's method included (`dlm.baseline:cache=dual` runs beside the plain baseline).
+    """
+    name, sep, rest = entry.partition(":")
+    own: dict[str, str] = {}
+    for part in rest.split(",") if sep else []:
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip():
+            raise BenchError(f"Cannot read --methods entry {entry!r}: write it as method:name=value,name=value, "
+                             f"e.g. dlm.baseline:cache=dual.")
+        own[key.strip()] = value.strip()
+    return name.strip(), own
+
+
 def plan_jobs(suite: Suite, methods: Sequence[str], baseline: str, params: Mapping[str, Mapping[str, Any]],
               seeds: Sequence[int] | None, limit: int | None) -> list[Job]:
     """Every job, the baseline's first; parameters are validated here, before anything runs."""
     plan = suite.plan(list(seeds) if seeds else None, limit)
     items = {(task.name, seed): task.items(seed, n) for task, seed, n in plan}
     jobs = []
-    for method in methods:
+    for entry in methods:  # `--param METHOD.name` applies to every entry of METHOD; an entry's own values win
+        method, own = split_entry(entry)
         spec = get_method(method)
         for task, seed, _ in plan:
-            given = {"max_new_tokens": task.max_new_tokens, **params.get(method, {})}
+            given = {"max_new_tokens": task.max_new_tokens, **params.get(method, {}), **own}
             cfg = dataclasses.asdict(build_config(spec.config, given, method))
             for index, item in enumerate(items[(task.name, seed)]):
-                jobs.append(Job(task, item, index, seed, method, cfg, method == baseline))
+                jobs.append(Job(task, item, index, seed, method, cfg, entry == baseline, entry))
     return jobs
 
 
@@ -222,8 +241,8 @@ def run_bench(
     assert target is not None and model_id is not None
     baseline = BASELINES[target.kind]
     order = [baseline, *(m for m in dict.fromkeys(methods) if m != baseline)]
-    for name in order:
-        resolve(target, name)  # a method that does not fit the model is refused here
+    for entry in order:
+        resolve(target, split_entry(entry)[0])  # a method that does not fit the model is refused here
     jobs = plan_jobs(suite, order, baseline, params, seeds, limit)
     summary = BenchSummary(Path(out), len(jobs), methods=order, baseline=baseline)
     meta = {"suite": suite.name, "model": model_id, "draft": draft_id, "baseline": baseline, "schema": SCHEMA,
@@ -238,9 +257,10 @@ def _check_request(suite: Suite, methods: Sequence[str], params: Mapping[str, Ma
                    seeds: Sequence[int] | None, limit: int | None) -> dict[str, dict[str, Any]]:
     """Refuse bad names, stray parameters and training seeds before any model is loaded."""
     params = {m: dict(p) for m, p in (params or {}).items()}
-    for name in [*methods, *params]:
+    names = [split_entry(entry)[0] for entry in methods]
+    for name in [*names, *params]:
         get_method(name)
-    unused = sorted(set(params) - set(methods) - set(BASELINES.values()))
+    unused = sorted(set(params) - set(names) - set(BASELINES.values()))
     if unused:
         raise BenchError(f"--param given for {', '.join(unused)}, which is not in --methods {' '.join(methods)}.")
     suite.plan(list(seeds) if seeds else None, limit)
@@ -260,7 +280,7 @@ def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, targe
             summary.skipped += 1
             report(Progress(summary.skipped, summary.total, summary.skipped, job, "skip"))
         else:
-            pending.setdefault(job.method, []).append(job)
+            pending.setdefault(job.entry or job.method, []).append(job)
     _preflight(target, assistant, [todo[0] for todo in pending.values()])
     for todo in pending.values():  # the baseline's jobs come first
         if warmup:

@@ -15,7 +15,7 @@ import torch
 
 from ..config import MethodConfig, check
 
-CacheKind = Literal["none", "prefix", "dual", "delayed"]
+CacheKind = Literal["none", "prefix", "dual", "suffix", "delayed"]
 
 
 @dataclass(frozen=True)
@@ -24,15 +24,15 @@ class DiffusionConfig(MethodConfig):
 
     temperature: float = 0.0  # 0: argmax; > 0: Gumbel-max sampling in float64
     seed: int | None = None  # None draws from torch's global RNG; a seed makes the run repeat
-    cache: CacheKind = "none"  # K/V reuse: prefix / dual (Fast-dLLM), delayed (dKV-Cache)
+    cache: CacheKind = "none"  # K/V reuse: prefix / dual (Fast-dLLM), suffix (masks after the view), delayed (dKV-Cache)
     cache_refresh: int | None = None  # a full refresh at least every n steps; None: only at block changes (prefix,
-    #   dual), every 8 steps (delayed); 1: every step, exactly the uncached result
+    #   dual, suffix), every 8 steps (delayed); 1: every step, exactly the uncached result
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 means argmax)")
-        check(self.cache in ("none", "prefix", "dual", "delayed"), "cache", self.cache,
-              "must be 'none', 'prefix', 'dual' or 'delayed'")
+        check(self.cache in ("none", "prefix", "dual", "suffix", "delayed"), "cache", self.cache,
+              "must be 'none', 'prefix', 'dual', 'suffix' or 'delayed'")
         if self.cache_refresh is not None:
             check(self.cache_refresh >= 1, "cache_refresh", self.cache_refresh,
                   "must be at least 1 (1 refreshes every step), or None for the cache's default")
@@ -90,7 +90,7 @@ class StepsConfig(BlockConfig):
 class View:
     """Per live row `[B']`: the span [lo, hi) of generated offsets a step looks at, and its block id.
 
-    Caches that keep K/V outside the current block (prefix, dual) refresh when the block id changes.
+    Caches that keep K/V outside the current block (prefix, dual, suffix) refresh when the block id changes.
     """
 
     lo: torch.Tensor

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fastdecode.bench import harness
-from fastdecode.bench.harness import read_rows, row_key, run_bench, split_params
+from fastdecode.bench.harness import read_rows, row_key, run_bench, split_entry, split_params
 from fastdecode.bench.report import build_report
 from fastdecode.bench.suites import SUITES, BenchError, Suite, get_suite
 from fastdecode.bench.tasks import DEFAULT_TEST_SEED, TASKS, format_prompt
@@ -218,3 +218,30 @@ def test_an_overridden_budget_is_its_own_configuration():
     assert by["dlm.threshold (max_new_tokens=256)"].speedup == pytest.approx(4.0)
     assert by["dlm.threshold (max_new_tokens=per-task)"].speedup == pytest.approx(2.0)
     assert all(s.items == 1 for s in by.values())
+
+
+def test_a_configuration_of_the_baseline_method_runs_beside_the_baseline(diffusion, tmp_path):
+    from fastdecode.bench.report import summarize
+
+    out = tmp_path / "r.jsonl"
+    params = {"dlm.baseline": {"max_new_tokens": 8, "block_length": 4}}  # applies to both entries of the method
+    summary = run_bench(SUITE, diffusion, ["dlm.baseline:cache=dual"], out, params=params)
+    rows = read_rows(out)
+    assert summary.written == len(rows) == 2 * 3
+    plain = [r for r in rows if r["is_baseline"]]
+    dual = [r for r in rows if not r["is_baseline"]]
+    assert {r["params"]["cache"] for r in plain} == {"none"} and {r["params"]["cache"] for r in dual} == {"dual"}
+    assert {r["params"]["block_length"] for r in rows} == {4} and {r["method"] for r in rows} == {"dlm.baseline"}
+    by = {(r["task"], r["item"]): r["token_ids"] for r in plain}
+    assert all(r["equal_to_baseline"] == (r["token_ids"] == by[(r["task"], r["item"])]) for r in dual)
+    labels = {s.label: s for s in summarize(rows)}
+    assert set(labels) == {"dlm.baseline (cache=none)", "dlm.baseline (cache=dual)"}
+    assert labels["dlm.baseline (cache=none)"].is_baseline and not labels["dlm.baseline (cache=dual)"].is_baseline
+    assert run_bench(SUITE, diffusion, ["dlm.baseline:cache=dual"], out, params=params).written == 0  # resumes
+
+
+def test_split_entry():
+    assert split_entry("dlm.threshold") == ("dlm.threshold", {})
+    assert split_entry("dlm.baseline:cache=dual, block_length=16") == ("dlm.baseline", {"cache": "dual", "block_length": "16"})
+    with pytest.raises(BenchError, match="method:name=value"):
+        split_entry("dlm.baseline:dual")

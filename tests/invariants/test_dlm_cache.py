@@ -57,7 +57,7 @@ def test_a_stale_cache_reads_old_kv_for_columns_it_does_not_recompute(diffusion)
     assert not torch.allclose(stale, fresh)
 
 
-@pytest.mark.parametrize("cache", ["prefix", "dual", "delayed"])
+@pytest.mark.parametrize("cache", ["prefix", "dual", "suffix", "delayed"])
 @pytest.mark.parametrize("name", METHODS)
 def test_a_cache_refreshed_every_step_gives_exactly_the_uncached_result(sharp, name, cache):
     if name == "dlm.freedave" and cache == "delayed":  # drafts would read K/V of tokens not yet verified
@@ -70,7 +70,7 @@ def test_a_cache_refreshed_every_step_gives_exactly_the_uncached_result(sharp, n
     assert [r.stats.forwards for r in cached] == [r.stats.forwards for r in plain]
 
 
-@pytest.mark.parametrize("cache", ["prefix", "dual", "delayed"])
+@pytest.mark.parametrize("cache", ["prefix", "dual", "suffix", "delayed"])
 @pytest.mark.parametrize("name", ["dlm.baseline", "dlm.threshold", "dlm.dcd", "dlm.ccd"])
 def test_cached_runs_batched_equal_one_by_one(sharp, name, cache):
     batched = fastdecode.generate(sharp, PROMPTS, name, **kw(name, cache=cache))
@@ -111,6 +111,23 @@ def test_prefix_cache_recomputes_from_the_block_to_the_end(diffusion, monkeypatc
     P, T = len(r.prompt_ids), len(r.prompt_ids) + GEN
     assert calls[0] is None and calls[8] is None
     assert calls[1] == [list(range(P, T))] and calls[9] == [list(range(P + 8, T))]
+
+
+def test_suffix_cache_recomputes_everything_up_to_the_end_of_the_block(diffusion, monkeypatch):
+    calls = spy(diffusion, monkeypatch)
+    r = fastdecode.generate(diffusion, PROMPTS[0], "dlm.baseline", max_new_tokens=GEN, block_length=8, cache="suffix")
+    P = len(r.prompt_ids)
+    assert len(calls) == r.stats.forwards == GEN
+    assert calls[0] is None and calls[8] is None  # a full refresh at each new block
+    assert calls[1] == [list(range(P + 8))] and calls[9] == [list(range(P + 16))]  # only the later masks are cached
+
+
+def test_suffix_cache_reads_stale_kv_only_for_the_masks_after_the_block(diffusion, monkeypatch):
+    """Refreshed at the block's start, the suffix cache differs from the uncached run only through the later
+    masks' K/V: a canvas with no masks after the block gives exactly the uncached logits."""
+    plain = fastdecode.generate(diffusion, PROMPTS, "dlm.baseline", max_new_tokens=8, block_length=8)
+    cached = fastdecode.generate(diffusion, PROMPTS, "dlm.baseline", max_new_tokens=8, block_length=8, cache="suffix")
+    assert [r.token_ids for r in cached] == [r.token_ids for r in plain]
 
 
 def test_delayed_cache_recomputes_the_masks_and_the_tokens_committed_one_step_earlier(diffusion, monkeypatch):

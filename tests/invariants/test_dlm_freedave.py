@@ -19,7 +19,7 @@ def model(request, diffusion_dir):
     return m
 
 
-@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual", "suffix"])
 @pytest.mark.parametrize("block_length", [None, 4, 8])
 def test_equals_baseline_at_one_token_per_step_with_fewer_forwards(model, block_length, cache):
     kw = dict(max_new_tokens=GEN, block_length=block_length, cache=cache)
@@ -30,7 +30,7 @@ def test_equals_baseline_at_one_token_per_step_with_fewer_forwards(model, block_
     assert sum(f.stats.forwards for f in fast) < sum(b.stats.forwards for b in base)
 
 
-@pytest.mark.parametrize("cache, refresh", [("prefix", 3), ("dual", 2), ("dual", 1)])
+@pytest.mark.parametrize("cache, refresh", [("prefix", 3), ("dual", 2), ("dual", 1), ("suffix", 2)])
 def test_stays_lossless_with_periodic_cache_refreshes(model, cache, refresh):
     kw = dict(max_new_tokens=GEN, block_length=8, cache=cache, cache_refresh=refresh)
     base = fastdecode.generate(model, PROMPTS, "dlm.baseline", **kw)

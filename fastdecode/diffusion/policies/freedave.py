@@ -9,7 +9,7 @@ draft's logits seed the next round: one forward advances 1 to K baseline steps.
 
 A run starts with one forward of the all-mask canvas (its first step costs 2 forwards). At temperature > 0
 every state keeps the one Gumbel draw it was verified with, so the output follows the baseline's
-distribution exactly (not its random stream). Prefix and dual caches stay lossless: a draft that needs a
+distribution exactly (not its random stream). Prefix, dual and suffix caches stay lossless: a draft that needs a
 refresh (new block, periodic refresh) ends the chain. The delayed cache is refused: its K/V depend on the
 order of past steps, which parallel drafts cannot reproduce.
 """
@@ -44,7 +44,7 @@ class FreeDaveConfig(BlockConfig):
         check(self.draft_steps >= 1, "draft_steps", self.draft_steps, "must be at least 1")
         check(self.cache != "delayed", "cache", self.cache,
               "cannot be 'delayed' for dlm.freedave: a delayed cache depends on the order of past steps, which "
-              "drafts verified in parallel cannot reproduce; use 'prefix' or 'dual'")
+              "drafts verified in parallel cannot reproduce; use 'prefix', 'dual' or 'suffix'")
 
 
 @dataclass
