@@ -64,17 +64,18 @@ results-spec-draft: $(VENV)/.installed
 	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny --methods spec.draft_model $(MATCHED) \
 		--limit 20 --out $(RESULTS)/spec-code.jsonl
 
-# two independent halves: `make -j2 results-dlm` runs them side by side, one thread each
+# two independent halves: `make -j2 results-dlm` runs them side by side, one thread each (about 15 minutes);
+# 15 items per list task (210 items: one accuracy point is two items), 25 per puzzle task, 5 per task on 384 masks
 results-dlm: results-dlm-lists results-dlm-other
 
 results-dlm-lists: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods $(DLM_METHODS) $(DLM_CACHES) \
-		$(DLM_BLOCKS) --limit 10 --out $(RESULTS)/dlm-parallel-lists.jsonl
+		$(DLM_BLOCKS) --limit 15 --out $(RESULTS)/dlm-parallel-lists.jsonl
 
 results-dlm-other: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:dlm-small --methods spec.dlm_draft \
 		--limit 10 --out $(RESULTS)/spec-dlm-draft-parallel-lists.jsonl
 	$(BENCH) --suite puzzles --model zoo:dlm-small --methods $(DLM_METHODS) $(DLM_BLOCKS) \
-		--limit 20 --out $(RESULTS)/dlm-puzzles.jsonl
+		--limit 25 --out $(RESULTS)/dlm-puzzles.jsonl
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(DLM_CACHES) \
-		$(THRESHOLD_BLOCKS) $(LONG) --limit 10 --out $(RESULTS)/dlm-cache-long.jsonl
+		$(THRESHOLD_BLOCKS) $(LONG) --limit 5 --out $(RESULTS)/dlm-cache-long.jsonl

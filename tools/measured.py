@@ -16,7 +16,7 @@ Keys:
                   (draft forwards per target forward), msfwd (wall ms per target forward), stepcost (a step's
                   wall time over a baseline step's), draftcost (one draft forward's wall time over a baseline
                   step's)
-LABEL is the report's configuration label as in docs/RESULTS.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=256)`, or a
+LABEL is the report's configuration label as in docs/RESULTS.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=384)`, or a
 bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
 """
 
@@ -52,9 +52,12 @@ README_ROWS = [
     ("parallel-lists", "zoo:dlm-small", ["dlm.baseline"], "`dlm.baseline` (one token per step)"),
     ("parallel-lists", "zoo:dlm-small", ["dlm.freedave"], "`dlm.freedave` (lossless)"),
     ("parallel-lists", "zoo:dlm-small", ["dlm.threshold", "dlm.ete"], "`dlm.threshold` / `dlm.ete`"),
-    ("parallel-lists", "zoo:dlm-small", ["dlm.threshold (cache=dual, max_new_tokens=per-task)"], "`dlm.threshold` + dual cache"),
-    ("parallel-lists", "zoo:dlm-small", ["dlm.threshold (cache=dual, max_new_tokens=256)"],
-     "`dlm.threshold` + dual cache, 256-mask canvas"),
+    ("parallel-lists", "zoo:dlm-small", ["dlm.threshold (cache=dual, max_new_tokens=per-task)",
+                                         "dlm.threshold (cache=suffix, max_new_tokens=per-task)"],
+     "`dlm.threshold` + dual / suffix cache"),
+    ("parallel-lists", "zoo:dlm-small", ["dlm.baseline (cache=dual, max_new_tokens=384)",
+                                         "dlm.baseline (cache=suffix, max_new_tokens=384)"],
+     "`dlm.baseline` + dual / suffix cache, 384-mask canvas (speed-up over the uncached baseline there)"),
     ("parallel-lists", "zoo:dlm-small", ["dlm.prophet"], "`dlm.prophet`"),
 ]
 
