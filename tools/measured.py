@@ -10,6 +10,9 @@ Keys:
   dlm-baseline    dlm.baseline's accuracy and TPF on both suites
   spec:LABEL      tau and speed-up of a speculative configuration on zoo:ar-small (parallel-lists and code)
   readme-table    the README's results table (rows listed in README_ROWS below)
+  answers:SUITE|MODEL   the baseline's answer length in tokens: mean (shortest–longest)
+  loops:SUITE|MODEL     "N of M": baseline answers that run to the token limit in a loop (at most LOOP_TOKENS
+                  distinct tokens among their last LOOP_WINDOW)
   fig:STAT|SUITE|MODEL|LABEL[|REF]   one figure: acc, tpf, tps (tokens/s), speedup (over the file's baseline),
                   equal (share of items equal to the baseline), ratio (tokens/s over REF's), fewer (REF's
                   forwards per item over LABEL's), drafting / verifying (share of wall time), draftfwd
@@ -32,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from fastdecode.bench.harness import read_rows  # noqa: E402
 from fastdecode.bench.report import Summary, summarize  # noqa: E402
+from fastdecode.bench.tasks import TASKS  # noqa: E402
 
 DOCS = [ROOT / "README.md", ROOT / "docs" / "methods.md", ROOT / "docs" / "spec.md"]
 SPAN = re.compile(r"<!--m (?P<key>[^>]+?)-->(?P<body>.*?)<!--/m-->", re.S)
@@ -62,13 +66,45 @@ README_ROWS = [
 ]
 
 
-def load(results: Path) -> dict[tuple[str, str, str], Summary]:
+LOOP_TOKENS, LOOP_WINDOW = 4, 40
+
+
+class Table(dict):
+    """(suite, model, label) -> Summary, with the rows they summarise in `rows`."""
+
+    rows: list[dict]
+
+
+def load(results: Path) -> Table:
     rows = []
     for path in sorted(results.glob("*.jsonl")):
         for row in read_rows(path):
             row["_source"] = str(path)
             rows.append(row)
-    return {(s.suite, s.model, s.label): s for s in summarize(rows)}
+    table = Table({(s.suite, s.model, s.label): s for s in summarize(rows)})
+    table.rows = rows
+    return table
+
+
+def baseline_answers(table: Table, spec: str) -> list[dict]:
+    """One baseline row per item of SUITE|MODEL at the task's own budget (several runs repeat the baseline)."""
+    suite, model = spec.split("|")
+    s = baseline(table, suite, model)
+    by_item = {(r["task"], r["item"], r["seed"]): r for r in table.rows
+               if r["suite"] == suite and r["model"] == model and r["is_baseline"] and r["method"] == s.method
+               and r["params"]["max_new_tokens"] == TASKS[r["task"]].max_new_tokens}
+    return list(by_item.values())
+
+
+def answers_text(table: Table, spec: str) -> str:
+    lengths = [r["new_tokens"] for r in baseline_answers(table, spec)]
+    return f"{sum(lengths) / len(lengths):.0f} tokens on average ({min(lengths)}–{max(lengths)})"
+
+
+def loops_text(table: Table, spec: str) -> str:
+    rows = baseline_answers(table, spec)
+    loops = sum(r["finish_reason"] == "length" and len(set(r["token_ids"][-LOOP_WINDOW:])) <= LOOP_TOKENS for r in rows)
+    return f"{loops} of {len(rows)}"
 
 
 def pct(x: float | None) -> str:
@@ -167,6 +203,10 @@ def render(key: str, table: dict) -> str:
         return readme_table(table)
     if kind == "fig":
         return figure(table, label)
+    if kind == "answers":
+        return answers_text(table, label)
+    if kind == "loops":
+        return loops_text(table, label)
     raise SystemExit(f"unknown figure key {key!r}")
 
 
