@@ -50,7 +50,7 @@ class Job:
     method: str
     params: dict[str, Any]  # the method's full config, as a dict
     is_baseline: bool
-    entry: str = ""  # the --methods entry it came from: the method, or a configuration such as dlm.baseline:cache=dual
+    entry: str  # the --methods entry it came from: the method, or a configuration such as dlm.baseline:cache=dual
 
 
 @dataclass(frozen=True)
@@ -280,7 +280,7 @@ def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, targe
             summary.skipped += 1
             report(Progress(summary.skipped, summary.total, summary.skipped, job, "skip"))
         else:
-            pending.setdefault(job.entry or job.method, []).append(job)
+            pending.setdefault(job.entry, []).append(job)
     _preflight(target, assistant, [todo[0] for todo in pending.values()])
     for todo in pending.values():  # the baseline's jobs come first
         if warmup:
