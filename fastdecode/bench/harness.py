@@ -172,37 +172,44 @@ def split_params(items: Sequence[str]) -> dict[str, dict[str, str]]:
     return out
 
 
-def split_entry(entry: str) -> tuple[str, dict[str, str]]:
-    """A --methods entry -> (method, its own parameters): `dlm.baseline:cache=dual,block_length=16`.
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One --methods entry, parsed once: `dlm.baseline:cache=dual,block_length=16` -> method and its own values.
 
     An entry with parameters is a configuration of its own, so one run can compare several configurations of
     a method, the baseline's method included (`dlm.baseline:cache=dual` runs beside the plain baseline).
     """
-    name, sep, rest = entry.partition(":")
-    own: dict[str, str] = {}
-    for part in rest.split(",") if sep else []:
-        key, eq, value = part.partition("=")
-        if not eq or not key.strip():
-            raise BenchError(f"Cannot read --methods entry {entry!r}: write it as method:name=value,name=value, "
-                             f"e.g. dlm.baseline:cache=dual.")
-        own[key.strip()] = value.strip()
-    return name.strip(), own
+
+    text: str
+    method: str
+    own: Mapping[str, str]
+
+    @classmethod
+    def parse(cls, text: str) -> Entry:
+        name, sep, rest = text.partition(":")
+        own: dict[str, str] = {}
+        for part in rest.split(",") if sep else []:
+            key, eq, value = part.partition("=")
+            if not eq or not key.strip():
+                raise BenchError(f"Cannot read --methods entry {text!r}: write it as method:name=value,name=value, "
+                                 f"e.g. dlm.baseline:cache=dual.")
+            own[key.strip()] = value.strip()
+        return cls(text, name.strip(), own)
 
 
-def plan_jobs(suite: Suite, methods: Sequence[str], baseline: str, params: Mapping[str, Mapping[str, Any]],
+def plan_jobs(suite: Suite, entries: Sequence[Entry], baseline: str, params: Mapping[str, Mapping[str, Any]],
               seeds: Sequence[int] | None, limit: int | None) -> list[Job]:
     """Every job, the baseline's first; parameters are validated here, before anything runs."""
     plan = suite.plan(list(seeds) if seeds else None, limit)
     items = {(task.name, seed): task.items(seed, n) for task, seed, n in plan}
     jobs = []
-    for entry in methods:  # `--param METHOD.name` applies to every entry of METHOD; an entry's own values win
-        method, own = split_entry(entry)
-        spec = get_method(method)
+    for entry in entries:  # `--param METHOD.name` applies to every entry of METHOD; an entry's own values win
+        spec = get_method(entry.method)
         for task, seed, _ in plan:
-            given = {"max_new_tokens": task.max_new_tokens, **params.get(method, {}), **own}
-            cfg = dataclasses.asdict(build_config(spec.config, given, method))
+            given = {"max_new_tokens": task.max_new_tokens, **params.get(entry.method, {}), **entry.own}
+            cfg = dataclasses.asdict(build_config(spec.config, given, entry.method))
             for index, item in enumerate(items[(task.name, seed)]):
-                jobs.append(Job(task, item, index, seed, method, cfg, entry == baseline, entry))
+                jobs.append(Job(task, item, index, seed, entry.method, cfg, entry.text == baseline, entry.text))
     return jobs
 
 
@@ -235,15 +242,17 @@ def run_bench(
     Rows already in `out` (same suite, task, item, seed, method, parameters, model and draft) are skipped.
     """
     suite = get_suite(suite) if isinstance(suite, str) else suite
-    params = _check_request(suite, methods, params, seeds, limit)
+    asked = [Entry.parse(text) for text in dict.fromkeys(methods)]
+    params = _check_request(suite, asked, params, seeds, limit)
     target, model_id = _model(model, load_kwargs or {})
     assistant, draft_id = _model(draft, load_kwargs or {})
     assert target is not None and model_id is not None
     baseline = BASELINES[target.kind]
-    order = [baseline, *(m for m in dict.fromkeys(methods) if m != baseline)]
-    for entry in order:
-        resolve(target, split_entry(entry)[0])  # a method that does not fit the model is refused here
-    jobs = plan_jobs(suite, order, baseline, params, seeds, limit)
+    entries = [Entry.parse(baseline), *(e for e in asked if e.text != baseline)]
+    order = [e.text for e in entries]
+    for entry in entries:
+        resolve(target, entry.method)  # a method that does not fit the model is refused here
+    jobs = plan_jobs(suite, entries, baseline, params, seeds, limit)
     summary = BenchSummary(Path(out), len(jobs), methods=order, baseline=baseline)
     meta = {"suite": suite.name, "model": model_id, "draft": draft_id, "baseline": baseline, "schema": SCHEMA,
             **versions(), "machine": machine(target.device), "command": command}
@@ -253,16 +262,16 @@ def run_bench(
     return summary
 
 
-def _check_request(suite: Suite, methods: Sequence[str], params: Mapping[str, Mapping[str, Any]] | None,
+def _check_request(suite: Suite, entries: Sequence[Entry], params: Mapping[str, Mapping[str, Any]] | None,
                    seeds: Sequence[int] | None, limit: int | None) -> dict[str, dict[str, Any]]:
     """Refuse bad names, stray parameters and training seeds before any model is loaded."""
     params = {m: dict(p) for m, p in (params or {}).items()}
-    names = [split_entry(entry)[0] for entry in methods]
+    names = [e.method for e in entries]
     for name in [*names, *params]:
         get_method(name)
     unused = sorted(set(params) - set(names) - set(BASELINES.values()))
     if unused:
-        raise BenchError(f"--param given for {', '.join(unused)}, which is not in --methods {' '.join(methods)}.")
+        raise BenchError(f"--param given for {', '.join(unused)}, which is not in --methods {' '.join(e.text for e in entries)}.")
     suite.plan(list(seeds) if seeds else None, limit)
     return params
 
@@ -369,7 +378,7 @@ def measure_overhead(model: str | ModelAdapter, suite: str = "quick", method: st
     assert target is not None
     baseline = BASELINES[target.kind]
     methods = list(dict.fromkeys([baseline, method]))  # the harness always runs the baseline too
-    jobs = plan_jobs(get_suite(suite), methods, baseline, {}, None, limit)
+    jobs = plan_jobs(get_suite(suite), [Entry.parse(m) for m in methods], baseline, {}, None, limit)
     for name in methods:
         _generate(target, None, next(j for j in jobs if j.method == name))
     direct, bench = [], []

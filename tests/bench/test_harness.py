@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fastdecode.bench import harness
-from fastdecode.bench.harness import read_rows, row_key, run_bench, split_entry, split_params
+from fastdecode.bench.harness import Entry, read_rows, row_key, run_bench, split_params
 from fastdecode.bench.report import build_report
 from fastdecode.bench.suites import SUITES, BenchError, Suite, get_suite
 from fastdecode.bench.tasks import DEFAULT_TEST_SEED, TASKS, format_prompt
@@ -199,6 +199,27 @@ def test_speed_ups_use_the_baseline_of_the_same_file():
     assert by["ar.greedy"].speedup == pytest.approx(1.0) and by["ar.greedy"].items == 2
 
 
+def test_the_leaderboard_ranks_a_method_against_the_baseline_of_its_own_file():
+    from fastdecode.bench.report import leaderboard, summarize
+
+    def row(method, source, score, forwards):
+        budget = 384 if source == "long" else TASKS["lists.copy"].max_new_tokens
+        return {"suite": "s", "model": "m", "method": method, "task": "lists.copy", "score": score, "new_tokens": 12,
+                "forwards": forwards, "wall_s": 1.0, "is_baseline": method == "dlm.baseline", "_source": source,
+                "params": {"max_new_tokens": budget}}
+
+    # the long canvas's baseline scores 0.25, the short one's 1.0; a long-canvas method at 0.25 and TPF 6 keeps
+    # all of its own baseline's accuracy but only a quarter of the short baseline's
+    rows = [row("dlm.baseline", "short", 1.0, 12), row("dlm.threshold", "short", 1.0, 4),
+            row("dlm.baseline", "long", 0.25, 12), row("dlm.prophet", "long", 0.25, 2)]
+    board = {base.sources: (base.accuracy, best) for _, _, base, best in leaderboard(summarize(rows))}
+    assert set(board) == {("short",), ("long",)}
+    accuracy, best = board[("short",)]
+    assert accuracy == 1.0 and {b.method for b in best.values()} == {"dlm.threshold"}
+    accuracy, best = board[("long",)]
+    assert accuracy == 0.25 and {b.method for b in best.values()} == {"dlm.prophet"}
+
+
 def test_an_overridden_budget_is_its_own_configuration():
     from fastdecode.bench.report import summarize
 
@@ -240,8 +261,9 @@ def test_a_configuration_of_the_baseline_method_runs_beside_the_baseline(diffusi
     assert run_bench(SUITE, diffusion, ["dlm.baseline:cache=dual"], out, params=params).written == 0  # resumes
 
 
-def test_split_entry():
-    assert split_entry("dlm.threshold") == ("dlm.threshold", {})
-    assert split_entry("dlm.baseline:cache=dual, block_length=16") == ("dlm.baseline", {"cache": "dual", "block_length": "16"})
+def test_a_methods_entry_is_parsed_into_method_and_its_own_values():
+    assert Entry.parse("dlm.threshold") == Entry("dlm.threshold", "dlm.threshold", {})
+    entry = Entry.parse("dlm.baseline:cache=dual, block_length=16")
+    assert (entry.method, dict(entry.own)) == ("dlm.baseline", {"cache": "dual", "block_length": "16"})
     with pytest.raises(BenchError, match="method:name=value"):
-        split_entry("dlm.baseline:dual")
+        Entry.parse("dlm.baseline:dual")
