@@ -18,7 +18,7 @@ Keys:
                   forwards per item over LABEL's), drafting / verifying (share of wall time), draftfwd
                   (draft forwards per target forward), msfwd (wall ms per target forward), stepcost (a step's
                   wall time over a baseline step's), draftcost (one draft forward's wall time over a baseline
-                  step's)
+                  step's); tpf@TASK is one task's TPF
 LABEL is the report's configuration label as in docs/RESULTS.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=384)`, or a
 bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
 """
@@ -154,6 +154,11 @@ def figure(table: dict, spec: str) -> str:
         "stepcost": lambda: f"{step(s) / step(baseline(table, suite, model)):.1f}×",
         "draftcost": lambda: f"{draft_forward(s) / step(baseline(table, suite, model)):.2f}×",
     }
+    stat, _, task = stat.partition("@")
+    if task:  # one task's figure: tpf@TASK
+        if stat != "tpf" or task not in s.tpf_by_task or ref:
+            raise SystemExit(f"bad figure {spec!r}: only tpf takes @TASK, a task of the suite")
+        return f"{s.tpf_by_task[task]:.2f}"
     if stat not in values or (stat in ("ratio", "fewer")) != bool(ref):
         raise SystemExit(f"bad figure {spec!r}: STAT is one of {sorted(values)}; ratio and fewer take a REF label")
     return values[stat]()
@@ -181,13 +186,14 @@ def spec_text(table: dict, label: str) -> str:
 
 
 def readme_table(table: dict) -> str:
-    lines = ["| suite · model | method | TPF | speed-up | = baseline |", "|---|---|---:|---:|---:|"]
+    lines = ["| suite · model | method | accuracy | TPF | speed-up | = baseline |", "|---|---|---:|---:|---:|---:|"]
     for suite, model, labels, name in README_ROWS:
         ss = [get(table, suite, model, label) for label in labels]
+        acc = " / ".join(pct(s.accuracy) for s in ss)
         tpf = " / ".join(f"{s.tpf:.2f}" for s in ss)
         speed = " / ".join(f"{s.speedup:.2f}×" for s in ss)
         equal = " / ".join(f"{100 * (s.equal_rate or 0):.0f} %" for s in ss)
-        lines.append(f"| {suite} · {model.removeprefix('zoo:')} | {name} | {tpf} | {speed} | {equal} |")
+        lines.append(f"| {suite} · {model.removeprefix('zoo:')} | {name} | {acc} | {tpf} | {speed} | {equal} |")
     return "\n" + "\n".join(lines) + "\n"
 
 

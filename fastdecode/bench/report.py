@@ -42,7 +42,8 @@ class Summary:
     equal_rate: float | None
     peak_rss_mb: float
     acceptance_rate: float | None
-    by_task: dict[str, float] = field(default_factory=dict)
+    by_task: dict[str, float] = field(default_factory=dict)  # accuracy per task
+    tpf_by_task: dict[str, float] = field(default_factory=dict)  # TPF per task (where drafting or unmasking pays)
     draft_share: float | None = None  # of wall time, drafting (speculative methods; None when not timed)
     verify_share: float | None = None  # of wall time, the target's verification forward + accept rule
     sources: tuple[str, ...] = ()  # the result files its rows came from (each bench run measures its own baseline)
@@ -106,10 +107,13 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[Summary]:
             equal = [r["equal_to_baseline"] for r in rs if r.get("equal_to_baseline") is not None]
             proposed = sum(r.get("proposed", 0) for r in rs)
             per_task: dict[str, list[float]] = defaultdict(list)
+            task_counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # new tokens, forwards
             wall = sum(r["wall_s"] for r in rs)
             timed = wall > 0 and any(r.get("draft_s", 0) or r.get("verify_s", 0) for r in rs)
             for r in rs:
                 per_task[r["task"]].append(r["score"])
+                task_counts[r["task"]][0] += r["new_tokens"]
+                task_counts[r["task"]][1] += r["forwards"]
             group.append(Summary(
                 suite=suite, model=model, method=config[0], label=labels[config],
                 is_baseline=any(r.get("is_baseline") for r in rs), items=len(rs),
@@ -123,6 +127,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[Summary]:
                 peak_rss_mb=max(r.get("peak_rss_mb", 0.0) for r in rs),
                 acceptance_rate=sum(r.get("accepted", 0) for r in rs) / proposed if proposed else None,
                 by_task={t: _mean(s) for t, s in per_task.items()},
+                tpf_by_task={t: _ratio(*c) for t, c in task_counts.items()},
                 draft_share=sum(r.get("draft_s", 0.0) for r in rs) / wall if timed else None,
                 verify_share=sum(r.get("verify_s", 0.0) for r in rs) / wall if timed else None,
                 sources=tuple(sorted(str(x) for x in sources if x is not None)),
@@ -208,11 +213,14 @@ def time_table(group: Sequence[Summary]) -> list[str]:
     return lines
 
 
-def task_table(group: Sequence[Summary]) -> list[str]:
+def task_table(group: Sequence[Summary], tpf: bool = False) -> list[str]:
+    """Accuracy (or, with `tpf`, tokens per forward) per task and configuration."""
     tasks = list(dict.fromkeys(t for s in group for t in s.by_task))
     lines = ["| task | " + " | ".join(s.label for s in group) + " |", "|---|" + "---:|" * len(group)]
     for t in tasks:
-        lines.append(f"| {t} | " + " | ".join(_pct(s.by_task.get(t)) for s in group) + " |")
+        cells = [(f"{s.tpf_by_task[t]:.2f}" if t in s.tpf_by_task else "—") if tpf else _pct(s.by_task.get(t))
+                 for s in group]
+        lines.append(f"| {t} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -238,6 +246,7 @@ def render(rows: Sequence[dict[str, Any]], summaries: Sequence[Summary], sources
         if split := time_table(group):
             lines += ["Where the time goes (share of wall time):", ""] + split + [""]
         lines += ["Accuracy by task:", ""] + task_table(group) + [""]
+        lines += ["TPF by task:", ""] + task_table(group, tpf=True) + [""]
         for png in plots.get((suite, model), []):
             link = os.path.relpath(png, out_dir) if out_dir else str(png)
             lines += [f"![{png.stem}]({link})", ""]

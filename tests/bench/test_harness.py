@@ -212,7 +212,9 @@ def test_the_leaderboard_ranks_a_method_against_the_baseline_of_its_own_file():
     # all of its own baseline's accuracy but only a quarter of the short baseline's
     rows = [row("dlm.baseline", "short", 1.0, 12), row("dlm.threshold", "short", 1.0, 4),
             row("dlm.baseline", "long", 0.25, 12), row("dlm.prophet", "long", 0.25, 2)]
-    board = {base.sources: (base.accuracy, best) for _, _, base, best in leaderboard(summarize(rows))}
+    summaries = summarize(rows)
+    assert {s.method: s.tpf_by_task for s in summaries}["dlm.prophet"] == {"lists.copy": 6.0}
+    board = {base.sources: (base.accuracy, best) for _, _, base, best in leaderboard(summaries)}
     assert set(board) == {("short",), ("long",)}
     accuracy, best = board[("short",)]
     assert accuracy == 1.0 and {b.method for b in best.values()} == {"dlm.threshold"}
