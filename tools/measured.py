@@ -11,6 +11,9 @@ Keys:
   spec:LABEL      tau and speed-up of a speculative configuration on zoo:ar-small (parallel-lists and code)
   readme-table    the README's results table (rows listed in README_ROWS below)
   answers:SUITE|MODEL   the baseline's answer length in tokens: mean (shortest–longest)
+  card:NAME|FIELD       a zoo model's figure from the card `fastdecode train` wrote (fastdecode/zoo/NAME/README.md):
+                  mean (mean exact match on the deterministic list tasks), agreement (ar-tiny's greedy agreement
+                  with ar-small), minutes (training time), acc@TASK (one task's accuracy)
   loops:SUITE|MODEL     "N of M": baseline answers that run to the token limit in a loop (at most LOOP_TOKENS
                   distinct tokens among their last LOOP_WINDOW)
   fig:STAT|SUITE|MODEL|LABEL[|REF]   one figure: acc, tpf, tps (tokens/s), speedup (over the file's baseline),
@@ -26,6 +29,7 @@ bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -37,7 +41,8 @@ from fastdecode.bench.harness import read_rows  # noqa: E402
 from fastdecode.bench.report import Summary, summarize  # noqa: E402
 from fastdecode.bench.tasks import TASKS  # noqa: E402
 
-DOCS = [ROOT / "README.md", ROOT / "docs" / "methods.md", ROOT / "docs" / "spec.md"]
+DOCS = [ROOT / "README.md", ROOT / "docs" / "methods.md", ROOT / "docs" / "spec.md", ROOT / "docs" / "zoo.md"]
+CARD_JSON = re.compile(r"## Measured on the test split\s*```json\n(?P<json>.*?)```", re.S)
 SPAN = re.compile(r"<!--m (?P<key>[^>]+?)-->(?P<body>.*?)<!--/m-->", re.S)
 
 # (suite, model, labels joined with " / " in one row, what the method column says)
@@ -92,7 +97,7 @@ def baseline_answers(table: Table, spec: str) -> list[dict]:
     s = baseline(table, suite, model)
     by_item = {(r["task"], r["item"], r["seed"]): r for r in table.rows
                if r["suite"] == suite and r["model"] == model and r["is_baseline"] and r["method"] == s.method
-               and r["params"]["max_new_tokens"] == TASKS[r["task"]].max_new_tokens}
+               and (r.get("default_budget") or r["params"]["max_new_tokens"] == TASKS[r["task"]].max_new_tokens)}
     return list(by_item.values())
 
 
@@ -197,6 +202,23 @@ def readme_table(table: dict) -> str:
     return "\n" + "\n".join(lines) + "\n"
 
 
+def card_text(spec: str) -> str:
+    name, field = spec.split("|")
+    card = (ROOT / "fastdecode" / "zoo" / name / "README.md").read_text(encoding="utf-8")
+    found = CARD_JSON.search(card)
+    if found is None:
+        raise SystemExit(f"the card of {name} has no measured metrics")
+    metrics = json.loads(found["json"])
+    if field.startswith("acc@"):
+        return pct(metrics["accuracy"][field[4:]])
+    values = {"mean": lambda: pct(metrics["mean_deterministic_list_accuracy"]),
+              "agreement": lambda: pct(metrics["greedy_agreement_with_ar_small"]),
+              "minutes": lambda: f"{metrics['train_minutes']:.1f} min"}
+    if field not in values:
+        raise SystemExit(f"bad card figure {spec!r}: FIELD is one of {sorted(values)} or acc@TASK")
+    return values[field]()
+
+
 def render(key: str, table: dict) -> str:
     kind, _, label = key.partition(":")
     if kind == "dlm":
@@ -213,6 +235,8 @@ def render(key: str, table: dict) -> str:
         return answers_text(table, label)
     if kind == "loops":
         return loops_text(table, label)
+    if kind == "card":
+        return card_text(label)
     raise SystemExit(f"unknown figure key {key!r}")
 
 
