@@ -1,8 +1,9 @@
-"""How much of dlm-small's training canvas is EOS padding: per task, answer tokens (+ EOS) against the budget.
+"""How much of dlm-small's training canvas is EOS padding: per task, answer tokens (+ EOS) against the canvas.
 
-dlm-small is trained as LLaDA's SFT is, each answer padded with EOS to a fixed length (the task's
-`max_new_tokens`), and decoded on a canvas of that length. The budget is tokenizer-independent (one token per
-two characters), so with the zoo tokenizer most of each padded answer is EOS. Prints a Markdown table.
+dlm-small is trained as LLaDA's SFT is, each answer padded with EOS to a fixed length, and decoded on a canvas
+of that length. Up to v4 that length was the task's `max_new_tokens`, a tokenizer-independent budget (one token
+per two characters), so with the zoo tokenizer most of each padded answer was EOS; since v5 it is
+`Task.canvas_length` (fitted to the tokenizer). Prints a Markdown table of both.
 
     python tools/dlm_canvas.py [--items 500]
 """
@@ -29,9 +30,9 @@ def main() -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(str(ROOT / "fastdecode" / "zoo" / "ar-small"))
     mixture = {**DEFAULT_MIXTURE, **get_recipe("dlm-small").mixture}
-    print("| task | weight | budget (canvas) | answer + EOS, mean | longest | EOS share of the padded answer |")
-    print("|---|---:|---:|---:|---:|---:|")
-    total_answer = total_canvas = 0.0
+    print("| task | weight | answer + EOS, mean | longest | budget | EOS share | fitted canvas | EOS share |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    total_answer = total_budget = total_canvas = 0.0
     for name, weight in mixture.items():
         task = TASKS[name]
         if name.startswith("code"):
@@ -39,12 +40,15 @@ def main() -> int:
         items = task.items(TRAIN_SEEDS.start, args.items)
         lengths = [len(tokenizer(i.reference, add_special_tokens=False)["input_ids"]) + 1 for i in items]
         mean = sum(lengths) / len(lengths)
+        canvas = task.canvas_length(tokenizer)
         total_answer += weight * mean
-        total_canvas += weight * task.max_new_tokens
-        print(f"| {name} | {weight:g} | {task.max_new_tokens} | {mean:.1f} | {max(lengths)} | "
-              f"{100 * (1 - mean / task.max_new_tokens):.0f} % |")
-    print(f"\nWeighted by the mixture (code left out): {100 * (1 - total_answer / total_canvas):.0f} % of the padded "
-          f"answer tokens are EOS padding.")
+        total_budget += weight * task.max_new_tokens
+        total_canvas += weight * canvas
+        print(f"| {name} | {weight:g} | {mean:.1f} | {max(lengths)} | {task.max_new_tokens} | "
+              f"{100 * (1 - mean / task.max_new_tokens):.0f} % | {canvas} | {100 * (1 - mean / canvas):.0f} % |")
+    print(f"\nWeighted by the mixture (code left out), EOS padding is {100 * (1 - total_answer / total_budget):.0f} % "
+          f"of the padded answer tokens on the budgets and {100 * (1 - total_answer / total_canvas):.0f} % on the "
+          f"fitted canvases.")
     return 0
 
 

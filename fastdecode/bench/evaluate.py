@@ -9,9 +9,14 @@ import torch
 
 from ..engine import generate
 from ..models.base import ModelAdapter
-from .tasks import DEFAULT_TEST_SEED, TASKS, Item, format_prompt
+from .tasks import DEFAULT_TEST_SEED, TASKS, Item, Task, format_prompt
 
 DETERMINISTIC_LIST_TASKS = [n for n, t in TASKS.items() if t.family in ("lists", "letters") and t.deterministic]
+
+
+def default_budget(task: Task, model: ModelAdapter) -> int:
+    """`max_new_tokens` for a task: its budget, or for a masked-diffusion model the canvas fitted to its tokenizer."""
+    return task.canvas_length(model.tokenizer) if model.kind == "diffusion" else task.max_new_tokens
 
 
 def task_accuracy(
@@ -21,7 +26,7 @@ def task_accuracy(
     """Mean score of `method` on the first n test items of a task (batched generation)."""
     task = TASKS[task_name]
     items = task.items(seed, n)
-    params = {"max_new_tokens": task.max_new_tokens, **(params or {})}
+    params = {"max_new_tokens": default_budget(task, model), **(params or {})}
     total = 0.0
     for start in range(0, n, batch_size):
         chunk = items[start : start + batch_size]

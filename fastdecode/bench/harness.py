@@ -29,6 +29,7 @@ from ..models.causal import CausalLM
 from ..models.loading import load
 from ..registry import get_method
 from ..spec.drafters.suffix import forget
+from .evaluate import default_budget
 from .suites import BenchError, Suite, get_suite
 from .tasks import Item, Task, format_prompt
 from .tasks.code import first_line_exact
@@ -51,6 +52,7 @@ class Job:
     params: dict[str, Any]  # the method's full config, as a dict
     is_baseline: bool
     entry: str  # the --methods entry it came from: the method, or a configuration such as dlm.baseline:cache=dual
+    default_budget: bool = True  # max_new_tokens is the task's default for this model, not a --param / entry value
 
 
 @dataclass(frozen=True)
@@ -198,18 +200,24 @@ class Entry:
 
 
 def plan_jobs(suite: Suite, entries: Sequence[Entry], baseline: str, params: Mapping[str, Mapping[str, Any]],
-              seeds: Sequence[int] | None, limit: int | None) -> list[Job]:
-    """Every job, the baseline's first; parameters are validated here, before anything runs."""
+              seeds: Sequence[int] | None, limit: int | None,
+              budget: Callable[[Task], int] = lambda task: task.max_new_tokens) -> list[Job]:
+    """Every job, the baseline's first; parameters are validated here, before anything runs.
+
+    `budget` gives a task's default max_new_tokens for the model (`default_budget`: a diffusion model's canvas).
+    """
     plan = suite.plan(list(seeds) if seeds else None, limit)
     items = {(task.name, seed): task.items(seed, n) for task, seed, n in plan}
     jobs = []
     for entry in entries:  # `--param METHOD.name` applies to every entry of METHOD; an entry's own values win
         spec = get_method(entry.method)
+        given_here = {**params.get(entry.method, {}), **entry.own}
         for task, seed, _ in plan:
-            given = {"max_new_tokens": task.max_new_tokens, **params.get(entry.method, {}), **entry.own}
+            given = {"max_new_tokens": budget(task), **given_here}
             cfg = dataclasses.asdict(build_config(spec.config, given, entry.method))
             for index, item in enumerate(items[(task.name, seed)]):
-                jobs.append(Job(task, item, index, seed, entry.method, cfg, entry.text == baseline, entry.text))
+                jobs.append(Job(task, item, index, seed, entry.method, cfg, entry.text == baseline, entry.text,
+                                default_budget="max_new_tokens" not in given_here))
     return jobs
 
 
@@ -252,7 +260,7 @@ def run_bench(
     order = [e.text for e in entries]
     for entry in entries:
         resolve(target, entry.method)  # a method that does not fit the model is refused here
-    jobs = plan_jobs(suite, entries, baseline, params, seeds, limit)
+    jobs = plan_jobs(suite, entries, baseline, params, seeds, limit, lambda task: default_budget(task, target))
     summary = BenchSummary(Path(out), len(jobs), methods=order, baseline=baseline)
     meta = {"suite": suite.name, "model": model_id, "draft": draft_id, "baseline": baseline, "schema": SCHEMA,
             **versions(), "machine": machine(target.device), "command": command}
@@ -344,7 +352,7 @@ def _row(job: Job, target: ModelAdapter, assistant: ModelAdapter | None,
     base = reference.get((job.task.name, job.index, job.seed))
     return {
         "suite": meta["suite"], "task": job.task.name, "item": job.index, "seed": job.seed, "method": job.method,
-        "params": job.params, "model": meta["model"], "draft": meta["draft"],
+        "params": job.params, "default_budget": job.default_budget, "model": meta["model"], "draft": meta["draft"],
         "is_baseline": job.is_baseline, "baseline": meta["baseline"], "lossless": get_method(job.method).lossless,
         "score": job.task.score(job.item, result.text),
         "scores": {name: fn(job.item, result.text) for name, fn in extra.items()},
@@ -378,7 +386,8 @@ def measure_overhead(model: str | ModelAdapter, suite: str = "quick", method: st
     assert target is not None
     baseline = BASELINES[target.kind]
     methods = list(dict.fromkeys([baseline, method]))  # the harness always runs the baseline too
-    jobs = plan_jobs(get_suite(suite), [Entry.parse(m) for m in methods], baseline, {}, None, limit)
+    jobs = plan_jobs(get_suite(suite), [Entry.parse(m) for m in methods], baseline, {}, None, limit,
+                     lambda task: default_budget(task, target))
     for name in methods:
         _generate(target, None, next(j for j in jobs if j.method == name))
     direct, bench = [], []

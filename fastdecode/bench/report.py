@@ -58,10 +58,10 @@ class Report:
 
 def _config_id(row: dict[str, Any]) -> tuple[str, str, str]:
     params = dict(row.get("params") or {})
-    # each task sets its own budget (the harness's default), so max_new_tokens names a configuration only where
-    # a run overrode it
+    # each task sets its own budget (the harness's default: the task's, or a diffusion model's canvas), so
+    # max_new_tokens names a configuration only where a run overrode it
     task = TASKS.get(row.get("task", ""))
-    if task is None or params.get("max_new_tokens") == task.max_new_tokens:
+    if row.get("default_budget") or task is None or params.get("max_new_tokens") == task.max_new_tokens:
         params.pop("max_new_tokens", None)
     draft = "" if row.get("is_baseline") else (row.get("draft") or "")
     return row["method"], json.dumps(params, sort_keys=True), draft

@@ -108,7 +108,8 @@ def examples(recipe: Recipe, tokenizer, seed: int, mixture: dict[str, float] | N
     mixture = mixture or {**DEFAULT_MIXTURE, **recipe.mixture}
     pad_answers = recipe.objective == "mdlm"
     for item in item_stream(mixture, seed):
-        yield encode(tokenizer, item, TASKS[item.task].max_new_tokens if pad_answers else None)
+        # LLaDA's SFT: answers padded with EOS to a fixed length, the canvas the model will decode on
+        yield encode(tokenizer, item, TASKS[item.task].canvas_length(tokenizer) if pad_answers else None)
 
 
 def cpu_bf16_is_fast() -> bool:

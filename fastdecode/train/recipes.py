@@ -66,7 +66,7 @@ RECIPES = {
         Recipe("ar-tiny", "ar", 128, 4, 4, 2, 352, steps=4000, lr=3e-3, warmup=60,
                curriculum_steps=500, curriculum=COPY_CURRICULUM, tokenizer_from="ar-small", **PACKED,
                description="the drafter for speculative decoding"),
-        Recipe("dlm-small", "mdlm", 320, 6, 5, 5, 864, steps=3600, lr=1e-3, init_from="ar-small", logits_shift=True,
+        Recipe("dlm-small", "mdlm", 320, 6, 5, 5, 864, steps=4600, lr=1e-3, init_from="ar-small", logits_shift=True,
                tokenizer_from="ar-small", warmup=100, mixture={**SLOW_TASKS, "code.complete": 0.2, "puzzles.sudoku": 1.5},
                **PACKED,
                description="a masked-diffusion LM (bidirectional attention, mask token, Dream-style shifted logits) initialised from ar-small"),

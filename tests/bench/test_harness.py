@@ -243,6 +243,45 @@ def test_an_overridden_budget_is_its_own_configuration():
     assert all(s.items == 1 for s in by.values())
 
 
+def test_a_diffusion_model_decodes_on_the_canvas_fitted_to_its_tokenizer(diffusion, tmp_path):
+    from fastdecode.bench.report import summarize
+
+    out = tmp_path / "r.jsonl"
+    suite = Suite("sudoku", "one item", (("puzzles.sudoku", 1),))  # a short budget: the tiny model has 128 positions
+    run_bench(suite, diffusion, ["dlm.threshold:max_new_tokens=16"], out, params={"dlm.baseline": {"block_length": 4}})
+    rows = read_rows(out)
+    for row in rows:
+        canvas = TASKS[row["task"]].canvas_length(diffusion.tokenizer)
+        if row["method"] == "dlm.baseline":  # the default: the canvas, not the worst-case budget
+            assert row["default_budget"] and row["params"]["max_new_tokens"] == canvas
+        else:  # given by the entry
+            assert not row["default_budget"] and row["params"]["max_new_tokens"] == 16
+    assert {s.label for s in summarize(rows)} == {"dlm.baseline", "dlm.threshold"}
+
+
+def test_a_canvas_holds_the_longest_training_answer_and_never_exceeds_the_budget(tokenizer):
+    for task in TASKS.values():
+        canvas = task.canvas_length(tokenizer)
+        assert canvas <= task.max_new_tokens and canvas % 16 == 0 or canvas == task.max_new_tokens
+        if task.family != "code":
+            longest = max(len(tokenizer(i.reference, add_special_tokens=False)["input_ids"]) + 1
+                          for i in task.items(0, 200))
+            assert canvas >= min(task.max_new_tokens, longest)
+    assert TASKS["code.complete"].canvas_length(tokenizer) == TASKS["code.complete"].max_new_tokens
+
+
+def test_the_zoo_tokenizer_gets_canvases_shorter_than_the_worst_case_budget():
+    from transformers import AutoTokenizer
+
+    from fastdecode.models.loading import resolve
+
+    zoo = AutoTokenizer.from_pretrained(resolve("zoo:dlm-small"))
+    for name in ("lists.copy", "lists.insert_index", "letters.repeat"):
+        task = TASKS[name]
+        longest = max(len(zoo(i.reference, add_special_tokens=False)["input_ids"]) + 1 for i in task.items(0, 1000))
+        assert longest < task.canvas_length(zoo) < task.max_new_tokens  # room for every training answer, no more
+
+
 def test_a_configuration_of_the_baseline_method_runs_beside_the_baseline(diffusion, tmp_path):
     from fastdecode.bench.report import summarize
 

@@ -14,6 +14,9 @@ TEST_SEED_START = 1_000_000  # every seed >= this is a test seed
 DEFAULT_TEST_SEED = TEST_SEED_START
 PROMPT_TEMPLATE = "Q: {prompt}\nA: "  # the one prompt format every zoo model is trained on
 FAMILIES = ("lists", "letters", "puzzles", "code")
+CANVAS_ITEMS = 1000  # training items whose answers size a diffusion canvas
+CANVAS_MARGIN = 4  # tokens of slack beyond the longest of them
+_canvas_cache: dict[tuple[str, str, int], int] = {}
 
 
 def format_prompt(prompt: str) -> str:
@@ -97,6 +100,25 @@ class Task(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+    def canvas_length(self, tokenizer: Any) -> int:
+        """The diffusion canvas (masks to decode) for this task and a model's tokenizer.
+
+        `max_new_tokens` assumes the worst tokenizer (one token per two characters); a masked-diffusion model
+        computes every canvas position at every step and is trained on answers padded with EOS to its canvas, so
+        its canvas is fitted to its tokenizer instead: the longest answer plus EOS among the first CANVAS_ITEMS
+        training items, plus CANVAS_MARGIN, rounded up to a multiple of 16, never above `max_new_tokens`. Only
+        training items are read, so the test split decides nothing. Code answers are cut by characters rather
+        than drawn from a closed set, so code keeps `max_new_tokens`.
+        """
+        if self.family == "code":
+            return self.max_new_tokens
+        key = (self.name, str(getattr(tokenizer, "name_or_path", "")), len(tokenizer))
+        if key not in _canvas_cache:
+            answers = [i.reference for i in self.items(TRAIN_SEEDS.start, CANVAS_ITEMS)]
+            longest = max(len(ids) for ids in tokenizer(answers, add_special_tokens=False)["input_ids"]) + 1
+            _canvas_cache[key] = min(self.max_new_tokens, 16 * math.ceil((longest + CANVAS_MARGIN) / 16))
+        return _canvas_cache[key]
 
     def items(self, seed: int, n: int) -> list[Item]:
         """`n` items drawn from one random stream seeded by (task name, seed)."""
