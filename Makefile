@@ -64,7 +64,8 @@ results-spec-draft: $(VENV)/.installed
 	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny --methods spec.draft_model $(MATCHED) \
 		--limit 20 --out $(RESULTS)/spec-code.jsonl
 
-# two independent halves: `make -j2 results-dlm` runs them side by side, one thread each (about 15 minutes);
+# two independent halves: `make -j2 results-dlm` runs them side by side, one thread each (about 25 minutes, most
+# of it the 384-mask runs);
 # 15 items per list task (210 items: one accuracy point is two items), 25 per puzzle task, 5 per task on 384 masks
 results-dlm: results-dlm-lists results-dlm-other
 

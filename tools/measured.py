@@ -137,10 +137,25 @@ def baseline(table: dict, suite: str, model: str) -> Summary:
     return get(table, suite, model, method)
 
 
+def timed_baseline(table: Table, suite: str, model: str, like: Summary) -> Summary:
+    """The baseline measured beside `like`: its rows from `like`'s result files only (files from different runs,
+    or machines, are never pooled for a timing); for the baseline itself, the file holding most of its rows."""
+    base = baseline(table, suite, model)
+    sources = set(like.sources)
+    if like.is_baseline:
+        counts = {src: sum(r.get("_source") == src and r["is_baseline"] for r in table.rows) for src in base.sources}
+        sources = {max(counts, key=counts.get)}
+    rows = [r for r in table.rows if r["suite"] == suite and r["model"] == model and r["is_baseline"]
+            and r["method"] == base.method and r.get("_source") in sources]
+    return next(x for x in summarize(rows) if x.is_baseline)
+
+
 def figure(table: dict, spec: str) -> str:
     stat, suite, model, label, *ref = spec.split("|")
     s = get(table, suite, model, label)
     r = get(table, suite, model, ref[0]) if ref else None
+    if r is not None and r.is_baseline:  # a timing against the baseline: the one measured beside s
+        r = timed_baseline(table, suite, model, s)
 
     def step(x: Summary) -> float:  # seconds of wall time per target forward
         return x.tpf / x.tokens_per_s
@@ -155,9 +170,9 @@ def figure(table: dict, spec: str) -> str:
         "fewer": lambda: f"{r.forwards_per_item / s.forwards_per_item:.2f}×",
         "drafting": lambda: pct(s.draft_share), "verifying": lambda: pct(s.verify_share),
         "draftfwd": lambda: f"{s.draft_forwards_per_item / s.forwards_per_item:.1f}",
-        "msfwd": lambda: f"{1000 * step(s):.1f}",
-        "stepcost": lambda: f"{step(s) / step(baseline(table, suite, model)):.1f}×",
-        "draftcost": lambda: f"{draft_forward(s) / step(baseline(table, suite, model)):.2f}×",
+        "msfwd": lambda: f"{1000 * step(timed_baseline(table, suite, model, s) if s.is_baseline else s):.1f}",
+        "stepcost": lambda: f"{step(s) / step(timed_baseline(table, suite, model, s)):.1f}×",
+        "draftcost": lambda: f"{draft_forward(s) / step(timed_baseline(table, suite, model, s)):.2f}×",
     }
     stat, _, task = stat.partition("@")
     if task:  # one task's figure: tpf@TASK
