@@ -19,7 +19,8 @@ Keys:
   fig:STAT|SUITE|MODEL|LABEL[|REF]   one figure: acc, tpf, tps (tokens/s), speedup (over the file's baseline),
                   equal (share of items equal to the baseline), ratio (tokens/s over REF's), fewer (REF's
                   forwards per item over LABEL's), drafting / verifying (share of wall time), draftfwd
-                  (draft forwards per target forward), msfwd (wall ms per target forward), stepcost (a step's
+                  (draft forwards per target forward), msfwd (wall ms per target forward; not for the baseline, whose
+                  rows may come from several runs), basems (wall ms per baseline forward in LABEL's run), stepcost (a step's
                   wall time over a baseline step's), draftcost (one draft forward's wall time over a baseline
                   step's); tpf@TASK is one task's TPF
 LABEL is the report's configuration label as in docs/RESULTS.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=384)`, or a
@@ -38,8 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fastdecode.bench.harness import read_rows  # noqa: E402
-from fastdecode.bench.report import Summary, summarize  # noqa: E402
-from fastdecode.bench.tasks import TASKS  # noqa: E402
+from fastdecode.bench.report import Summary, summarize, uses_default_budget  # noqa: E402
 
 DOCS = [ROOT / "README.md", ROOT / "docs" / "methods.md", ROOT / "docs" / "spec.md", ROOT / "docs" / "zoo.md"]
 CARD_JSON = re.compile(r"## Measured on the test split\s*```json\n(?P<json>.*?)```", re.S)
@@ -97,7 +97,7 @@ def baseline_answers(table: Table, spec: str) -> list[dict]:
     s = baseline(table, suite, model)
     by_item = {(r["task"], r["item"], r["seed"]): r for r in table.rows
                if r["suite"] == suite and r["model"] == model and r["is_baseline"] and r["method"] == s.method
-               and (r.get("default_budget") or r["params"]["max_new_tokens"] == TASKS[r["task"]].max_new_tokens)}
+               and uses_default_budget(r)}
     return list(by_item.values())
 
 
@@ -137,28 +137,26 @@ def baseline(table: dict, suite: str, model: str) -> Summary:
     return get(table, suite, model, method)
 
 
-def timed_baseline(table: Table, suite: str, model: str, like: Summary) -> Summary:
-    """The baseline measured beside `like`: its rows from `like`'s result files only (files from different runs,
-    or machines, are never pooled for a timing); for the baseline itself, the file holding most of its rows."""
-    base = baseline(table, suite, model)
-    sources = set(like.sources)
-    if like.is_baseline:
-        counts = {src: sum(r.get("_source") == src and r["is_baseline"] for r in table.rows) for src in base.sources}
-        sources = {max(counts, key=counts.get)}
-    rows = [r for r in table.rows if r["suite"] == suite and r["model"] == model and r["is_baseline"]
-            and r["method"] == base.method and r.get("_source") in sources]
-    return next(x for x in summarize(rows) if x.is_baseline)
-
-
 def figure(table: dict, spec: str) -> str:
     stat, suite, model, label, *ref = spec.split("|")
     s = get(table, suite, model, label)
     r = get(table, suite, model, ref[0]) if ref else None
-    if r is not None and r.is_baseline:  # a timing against the baseline: the one measured beside s
-        r = timed_baseline(table, suite, model, s)
+    if r is not None and r.is_baseline and not set(r.sources) & set(s.sources):
+        raise SystemExit(f"bad figure {spec!r}: {ref[0]!r} is not the baseline measured beside {label!r}")
 
     def step(x: Summary) -> float:  # seconds of wall time per target forward
         return x.tpf / x.tokens_per_s
+
+    def base_step() -> float:  # seconds per baseline forward in s's own run (its speed-up's denominator)
+        return baseline(table, suite, model).tpf * s.speedup / s.tokens_per_s
+
+    def ratio() -> float:  # timings against a baseline are the report's same-run speed-up
+        return s.speedup if r.is_baseline else s.tokens_per_s / r.tokens_per_s
+
+    def own_step() -> float:
+        if s.is_baseline:  # pooled over every run (and machine) that measured it
+            raise SystemExit(f"bad figure {spec!r}: use basems with a configuration to time the baseline of its run")
+        return step(s)
 
     def draft_forward(x: Summary) -> float:  # seconds per draft forward
         return (x.draft_share or 0.0) * step(x) * x.forwards_per_item / max(x.draft_forwards_per_item, 1e-9)
@@ -166,13 +164,13 @@ def figure(table: dict, spec: str) -> str:
     values = {
         "acc": lambda: pct(s.accuracy), "tpf": lambda: f"{s.tpf:.2f}", "tps": lambda: f"{s.tokens_per_s:.1f}",
         "speedup": lambda: f"{s.speedup:.2f}×", "equal": lambda: f"{100 * (s.equal_rate or 0):.0f} %",
-        "ratio": lambda: f"{s.tokens_per_s / r.tokens_per_s:.2f}×",
+        "ratio": lambda: f"{ratio():.2f}×",
         "fewer": lambda: f"{r.forwards_per_item / s.forwards_per_item:.2f}×",
         "drafting": lambda: pct(s.draft_share), "verifying": lambda: pct(s.verify_share),
         "draftfwd": lambda: f"{s.draft_forwards_per_item / s.forwards_per_item:.1f}",
-        "msfwd": lambda: f"{1000 * step(timed_baseline(table, suite, model, s) if s.is_baseline else s):.1f}",
-        "stepcost": lambda: f"{step(s) / step(timed_baseline(table, suite, model, s)):.1f}×",
-        "draftcost": lambda: f"{draft_forward(s) / step(timed_baseline(table, suite, model, s)):.2f}×",
+        "msfwd": lambda: f"{1000 * own_step():.1f}", "basems": lambda: f"{1000 * base_step():.1f}",
+        "stepcost": lambda: f"{own_step() / base_step():.1f}×",
+        "draftcost": lambda: f"{draft_forward(s) / base_step():.2f}×",
     }
     stat, _, task = stat.partition("@")
     if task:  # one task's figure: tpf@TASK

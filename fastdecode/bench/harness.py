@@ -200,11 +200,10 @@ class Entry:
 
 
 def plan_jobs(suite: Suite, entries: Sequence[Entry], baseline: str, params: Mapping[str, Mapping[str, Any]],
-              seeds: Sequence[int] | None, limit: int | None,
-              budget: Callable[[Task], int] = lambda task: task.max_new_tokens) -> list[Job]:
+              seeds: Sequence[int] | None, limit: int | None, target: ModelAdapter) -> list[Job]:
     """Every job, the baseline's first; parameters are validated here, before anything runs.
 
-    `budget` gives a task's default max_new_tokens for the model (`default_budget`: a diffusion model's canvas).
+    max_new_tokens defaults to `default_budget` for the target (a diffusion model's canvas, else the task's budget).
     """
     plan = suite.plan(list(seeds) if seeds else None, limit)
     items = {(task.name, seed): task.items(seed, n) for task, seed, n in plan}
@@ -213,7 +212,7 @@ def plan_jobs(suite: Suite, entries: Sequence[Entry], baseline: str, params: Map
         spec = get_method(entry.method)
         given_here = {**params.get(entry.method, {}), **entry.own}
         for task, seed, _ in plan:
-            given = {"max_new_tokens": budget(task), **given_here}
+            given = {"max_new_tokens": default_budget(task, target), **given_here}
             cfg = dataclasses.asdict(build_config(spec.config, given, entry.method))
             for index, item in enumerate(items[(task.name, seed)]):
                 jobs.append(Job(task, item, index, seed, entry.method, cfg, entry.text == baseline, entry.text,
@@ -260,7 +259,7 @@ def run_bench(
     order = [e.text for e in entries]
     for entry in entries:
         resolve(target, entry.method)  # a method that does not fit the model is refused here
-    jobs = plan_jobs(suite, entries, baseline, params, seeds, limit, lambda task: default_budget(task, target))
+    jobs = plan_jobs(suite, entries, baseline, params, seeds, limit, target)
     summary = BenchSummary(Path(out), len(jobs), methods=order, baseline=baseline)
     meta = {"suite": suite.name, "model": model_id, "draft": draft_id, "baseline": baseline, "schema": SCHEMA,
             **versions(), "machine": machine(target.device), "command": command}
@@ -279,7 +278,8 @@ def _check_request(suite: Suite, entries: Sequence[Entry], params: Mapping[str, 
         get_method(name)
     unused = sorted(set(params) - set(names) - set(BASELINES.values()))
     if unused:
-        raise BenchError(f"--param given for {', '.join(unused)}, which is not in --methods {' '.join(e.text for e in entries)}.")
+        given = " ".join(e.text for e in entries)
+        raise BenchError(f"--param given for {', '.join(unused)}, which is not in --methods {given}.")
     suite.plan(list(seeds) if seeds else None, limit)
     return params
 
@@ -386,8 +386,7 @@ def measure_overhead(model: str | ModelAdapter, suite: str = "quick", method: st
     assert target is not None
     baseline = BASELINES[target.kind]
     methods = list(dict.fromkeys([baseline, method]))  # the harness always runs the baseline too
-    jobs = plan_jobs(get_suite(suite), [Entry.parse(m) for m in methods], baseline, {}, None, limit,
-                     lambda task: default_budget(task, target))
+    jobs = plan_jobs(get_suite(suite), [Entry.parse(m) for m in methods], baseline, {}, None, limit, target)
     for name in methods:
         _generate(target, None, next(j for j in jobs if j.method == name))
     direct, bench = [], []

@@ -56,12 +56,19 @@ class Report:
     plots: list[Path]
 
 
+def uses_default_budget(row: dict[str, Any]) -> bool:
+    """The row's max_new_tokens is the harness's default for its task and model (the task's budget, or a
+    diffusion model's canvas), not a value a run set; rows written before `default_budget` existed compare it
+    with the task's budget."""
+    task = TASKS.get(row.get("task", ""))
+    budget = (row.get("params") or {}).get("max_new_tokens")
+    return bool(row.get("default_budget")) or task is None or budget == task.max_new_tokens
+
+
 def _config_id(row: dict[str, Any]) -> tuple[str, str, str]:
     params = dict(row.get("params") or {})
-    # each task sets its own budget (the harness's default: the task's, or a diffusion model's canvas), so
-    # max_new_tokens names a configuration only where a run overrode it
-    task = TASKS.get(row.get("task", ""))
-    if row.get("default_budget") or task is None or params.get("max_new_tokens") == task.max_new_tokens:
+    # each task sets its own budget, so max_new_tokens names a configuration only where a run overrode it
+    if uses_default_budget(row):
         params.pop("max_new_tokens", None)
     draft = "" if row.get("is_baseline") else (row.get("draft") or "")
     return row["method"], json.dumps(params, sort_keys=True), draft

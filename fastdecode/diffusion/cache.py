@@ -7,7 +7,7 @@ the K/V of the other columns are read from the cache (stale where the canvas cha
 - `dual` (Fast-dLLM): recompute only the view; prefix and suffix are cached.
 - `suffix`: recompute the prompt, the decoded prefix and the view; only the masks after the view are cached.
   The mirror of `prefix`, for models whose prompt K/V shift as the answer fills in: on the zoo's dlm-small the
-  dual cache loses about 6 points of accuracy on short canvases and this one none (docs/methods.md).
+  dual cache loses accuracy on the suite's canvases and this one none (measured in docs/methods.md).
   The three refresh (one full forward, whose logits also serve the step) when the view's block changes.
 - `delayed` (dKV-Cache-Decode): recompute every column whose K/V are not cached yet, i.e. the masks and
   the tokens committed at the previous step; a token's K/V are cached one step after its commit.
