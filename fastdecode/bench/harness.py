@@ -28,7 +28,7 @@ from ..models.base import ModelAdapter
 from ..models.causal import CausalLM
 from ..models.loading import load
 from ..registry import get_method
-from ..spec.drafters.suffix import forget
+from ..spec.memory import forget
 from .evaluate import default_budget
 from .suites import BenchError, Suite, get_suite
 from .tasks import Item, Task, format_prompt
@@ -315,8 +315,9 @@ def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, targe
 
 
 def _forget_requests(target: ModelAdapter) -> None:
-    """Measured rows start from no remembered requests: spec.suffix's global tree keeps the outputs of earlier
-    generations (that is its method), but the pre-flight and warm-up runs must not hand it the first row's answer."""
+    """Measured rows start from no remembered requests: spec.suffix's global tree and spec.recycling's matrix keep
+    state from earlier generations (that is their method), but the pre-flight and warm-up runs must not hand the
+    first row its own answer."""
     if isinstance(target, CausalLM):
         forget(target)
 

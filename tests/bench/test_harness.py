@@ -170,14 +170,14 @@ def test_harness_is_quiet(target, tmp_path, capsys):
 def test_warm_up_does_not_hand_spec_suffix_the_first_answer(target, tmp_path):
     """Without the reset, the warm-up's output of item 0 sits in spec.suffix's global tree and item 0 drafts it."""
     import fastdecode
-    from fastdecode.spec.drafters.suffix import _GLOBAL, forget
+    from fastdecode.spec.memory import forget, remembers
 
     out = tmp_path / "suffix.jsonl"
     params = {"ar.greedy": {"max_new_tokens": 12}, "spec.suffix": {"max_new_tokens": 12}}
     run_bench(SUITE, target, ["spec.suffix"], out, params=params, limit=1)
     first = next(r for r in read_rows(out) if r["method"] == "spec.suffix")  # the first measured row
     assert first["task"] == "lists.sort" and first["equal_to_baseline"] is True
-    assert target in _GLOBAL  # measured rows do feed the global tree (SuffixDecoding's cross-request memory)
+    assert remembers(target)  # measured rows do feed the global tree (SuffixDecoding's cross-request memory)
     forget(target)
     item = TASKS["lists.sort"].items(DEFAULT_TEST_SEED, 1)[0]
     fresh = fastdecode.generate(target, format_prompt(item.prompt), "spec.suffix", max_new_tokens=12).stats

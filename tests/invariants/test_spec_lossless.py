@@ -13,8 +13,10 @@ from fastdecode.errors import IncompatibleMethodError, ParameterError
 from fastdecode.registry import RunContext
 from fastdecode.spec.drafters.draft_model import DraftModelConfig, ModelDrafter
 from fastdecode.spec.drafters.ngram import NgramConfig
-from fastdecode.spec.drafters.suffix import forget
+from fastdecode.spec.drafters.recycling import RecyclingConfig, parse_template, tree_template
 from fastdecode.spec.loop import BaseDrafter, Draft, SpecConfig, speculative
+from fastdecode.spec.memory import forget
+from fastdecode.spec.tree import depths
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
 LONG = PROMPTS[2]  # runs 40 tokens without EOS on the tiny model
@@ -73,15 +75,26 @@ def test_batched_greedy_equals_ar_greedy(causal, other_draft, baseline, method, 
         assert s.forwards <= s.new_tokens
 
 
-def test_suffix_learns_from_earlier_requests_and_stays_lossless(causal, baseline):
+@pytest.mark.parametrize("method", ["spec.suffix", "spec.recycling"])
+def test_drafters_learn_from_earlier_requests_and_stay_lossless(causal, baseline, method):
+    """spec.suffix's global tree and spec.recycling's matrix outlive a request; `forget` empties them."""
     forget(causal)
-    first = fastdecode.generate(causal, PROMPTS, "spec.suffix", max_new_tokens=40)
-    again = fastdecode.generate(causal, PROMPTS, "spec.suffix", max_new_tokens=40)
+    first = fastdecode.generate(causal, PROMPTS, method, max_new_tokens=40)
+    again = fastdecode.generate(causal, PROMPTS, method, max_new_tokens=40)
     assert [r.token_ids for r in first] == [r.token_ids for r in again] == baseline
     assert sum(r.stats.forwards for r in again) < sum(r.stats.forwards for r in first)
     forget(causal)
-    fresh = fastdecode.generate(causal, PROMPTS, "spec.suffix", max_new_tokens=40)
+    fresh = fastdecode.generate(causal, PROMPTS, method, max_new_tokens=40)
     assert [r.stats.forwards for r in fresh] == [r.stats.forwards for r in first]
+    forget(causal)
+
+
+def test_recycling_without_a_shared_matrix_starts_every_request_empty(causal, baseline):
+    forget(causal)
+    first = fastdecode.generate(causal, PROMPTS, "spec.recycling", max_new_tokens=40, shared_matrix=False)
+    again = fastdecode.generate(causal, PROMPTS, "spec.recycling", max_new_tokens=40, shared_matrix=False)
+    assert [r.token_ids for r in again] == baseline
+    assert [r.stats.forwards for r in again] == [r.stats.forwards for r in first]
 
 
 def test_batched_stats_equal_one_by_one(causal, other_draft):
@@ -127,10 +140,13 @@ def test_max_new_tokens_inside_a_draft(causal, baseline, n):
     for method, kw in [("spec.draft_model", {"draft": causal}), ("spec.pld", {"num_tokens": 10}), ("spec.suffix", {}),
                        ("spec.recycling", {}), ("spec.lookahead", {"ngram": 3})]:
         out = fastdecode.generate(causal, PROMPTS, method, max_new_tokens=n, trace=True, **kw)
+        # a chain drafts at most n - 1 tokens per forward; a tree at most its template's nodes that deep
+        per_forward = max(n - 1, 0) if method != "spec.recycling" else sum(
+            d <= n - 1 for d in depths([p for p, _ in tree_template(parse_template(RecyclingConfig().template), 8)]))
         for b, r in enumerate(out):
             assert r.token_ids == baseline[b][:n]
             assert sum(len(e.tokens[b]) for e in r.trace) == len(r.token_ids) <= n
-            assert r.stats.proposed <= max(n - 1, 0) * r.stats.forwards
+            assert r.stats.proposed <= per_forward * r.stats.forwards
 
 
 def test_seeded_sampling_repeats_and_seeds_differ(causal, other_draft):

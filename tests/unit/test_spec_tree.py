@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastdecode.spec.drafters.recycling import RecyclingConfig, RecyclingDrafter, tree_template
+from fastdecode.spec.drafters.recycling import RecyclingConfig, RecyclingDrafter, new_matrix, tree_template
 from fastdecode.spec.tree import ancestor_mask, check_tree, children, depths, verify_tree_greedy, verify_tree_sampling
 
 #        root
@@ -83,7 +83,7 @@ def test_recycling_template_and_tree_from_the_adjacency_matrix():
     template = tree_template([1, 1], width=2)  # depth 1: ranks 0, 1; depth 2: only rank sums <= 1
     assert template == [(-1, 0), (-1, 1), (0, 0), (0, 1), (1, 0)]
     assert len(tree_template([7, 5, 3, 2, 1, 0], 8)) == 71
-    drafter = RecyclingDrafter(RecyclingConfig(top_k_candidates=2, template="1,1"), vocab_size=V)
+    drafter = RecyclingDrafter(RecyclingConfig(top_k_candidates=2, template="1,1"), new_matrix(V, 2))
     assert drafter.propose(torch.tensor([3, 4]), 5).tokens.numel() == 0  # nothing seen yet
     logits = torch.zeros(1, V)
     logits[0, [6, 7]] = torch.tensor([2.0, 1.0])

@@ -4,7 +4,9 @@ adjacency matrix and recycled as a draft tree.
 A[v] holds the target's top-k next tokens the last time v was an input. Each step the tree template is filled
 breadth first from the last context token (a node of rank r under a parent with token v gets token A[v, r]),
 verified in one forward with a tree mask, and A is overwritten for every input token of that forward with the
-top-k of its logits, so candidates from rejected branches are reused.
+top-k of its logits, so candidates from rejected branches are reused. As in the authors' evaluation code, which
+allocates A once and passes it to every question, A outlives the request: one matrix per target model and k,
+shared by every run in this process (`shared_matrix=False` gives each request an empty one).
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
 from ..loop import BaseDrafter, Draft, SpecConfig, speculative
+from ..memory import store
 
 
 @dataclass(frozen=True)
 class RecyclingConfig(SpecConfig):
     top_k_candidates: int = 8  # k, candidates kept per token (the paper's output-id top-k)
     template: str = "7,5,3,2,1,0"  # per depth, the largest sum of candidate ranks on a root path (71 nodes, 6 deep)
+    shared_matrix: bool = True  # keep A across requests on the same target (the authors' code); False: empty per request
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -59,14 +63,29 @@ def tree_template(budgets: list[int], width: int) -> list[tuple[int, int]]:
     return nodes
 
 
+# the adjacency matrix of each target model and k, kept across requests like the authors' evaluation loop does
+_SHARED = store()  # model -> {k: [V, k] matrix}
+
+
+def new_matrix(vocab_size: int, k: int) -> torch.Tensor:
+    return torch.full((vocab_size, k), -1, dtype=torch.long)  # [V, k] A, -1 = not seen yet
+
+
+def shared_matrix(model: CausalLM, k: int) -> torch.Tensor:
+    per_k = _SHARED.setdefault(model, {})
+    if k not in per_k:
+        per_k[k] = new_matrix(model.vocab_size, k)
+    return per_k[k]
+
+
 class RecyclingDrafter(BaseDrafter):
-    def __init__(self, cfg: RecyclingConfig, vocab_size: int) -> None:
+    def __init__(self, cfg: RecyclingConfig, adjacency: torch.Tensor) -> None:
         self.k = cfg.top_k_candidates
         self.template = tree_template(parse_template(cfg.template), self.k)
         self.depth = [0] * len(self.template)
         for i, (parent, _) in enumerate(self.template):
             self.depth[i] = 1 if parent < 0 else self.depth[parent] + 1
-        self.adjacency = torch.full((vocab_size, self.k), -1, dtype=torch.long)  # [V, k] A, -1 = not seen yet
+        self.adjacency = adjacency  # [V, k], written in place
         self._inputs: list[int] = []  # tokens whose logits the verification forward returns
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
@@ -95,4 +114,9 @@ class RecyclingDrafter(BaseDrafter):
 @register("spec.recycling", kind="causal", config=RecyclingConfig, lossless=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: RecyclingConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Token Recycling: a draft tree from an adjacency matrix of the target's recent top-k candidates."""
-    return speculative(model, batch, cfg, ctx, lambda generator: RecyclingDrafter(cfg, model.vocab_size))
+    k = cfg.top_k_candidates
+
+    def drafter(generator) -> RecyclingDrafter:
+        return RecyclingDrafter(cfg, shared_matrix(model, k) if cfg.shared_matrix else new_matrix(model.vocab_size, k))
+
+    return speculative(model, batch, cfg, ctx, drafter)

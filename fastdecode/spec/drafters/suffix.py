@@ -4,7 +4,6 @@ output and over earlier requests' outputs, with a draft length that grows with t
 from __future__ import annotations
 
 import itertools
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
 from ..loop import BaseDrafter, Draft, SpecConfig, speculative
+from ..memory import store
 from ..suffix_tree import SuffixTree, best_draft
 
 
@@ -35,7 +35,7 @@ class SuffixConfig(SpecConfig):
 
 
 # the global tree of each target model: outputs of earlier requests, shared by every run in this process
-_GLOBAL: weakref.WeakKeyDictionary[CausalLM, SuffixTree] = weakref.WeakKeyDictionary()
+_GLOBAL = store()
 _request_ids = itertools.count()
 
 
@@ -44,11 +44,6 @@ def global_tree(model: CausalLM, max_depth: int) -> SuffixTree:
     if tree is None or tree.max_depth != max_depth:
         tree = _GLOBAL[model] = SuffixTree(max_depth)
     return tree
-
-
-def forget(model: CausalLM) -> None:
-    """Drop the outputs of earlier requests that spec.suffix remembers for `model`."""
-    _GLOBAL.pop(model, None)
 
 
 class SuffixDrafter(BaseDrafter):

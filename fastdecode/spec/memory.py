@@ -1,0 +1,31 @@
+"""Drafter state that outlives a request: one store per drafter kind, keyed weakly by the target model.
+
+spec.suffix keeps a global tree of earlier outputs and spec.recycling its adjacency matrix across requests, as
+their authors' code does. `forget(model)` empties every store for a model, e.g. so that a benchmark's warm-up
+run does not hand the first measured request its own answer.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+_STORES: list[weakref.WeakKeyDictionary] = []
+
+
+def store() -> weakref.WeakKeyDictionary:
+    """A new per-model store that `forget` empties."""
+    new: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    _STORES.append(new)
+    return new
+
+
+def remembers(model: Any) -> bool:
+    """Whether any drafter keeps state from earlier requests on `model`."""
+    return any(model in s for s in _STORES)
+
+
+def forget(model: Any) -> None:
+    """Drop everything drafters remember from earlier requests on `model`."""
+    for s in _STORES:
+        s.pop(model, None)
