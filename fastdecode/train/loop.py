@@ -106,10 +106,24 @@ def _mdlm_loss_packed(model, ids, mask, answer, mask_id, gen, eps, positions, do
 
 def examples(recipe: Recipe, tokenizer, seed: int, mixture: dict[str, float] | None = None):
     mixture = mixture or {**DEFAULT_MIXTURE, **recipe.mixture}
-    pad_answers = recipe.objective == "mdlm"
+    if recipe.objective != "mdlm":
+        for item in item_stream(mixture, seed):
+            yield encode(tokenizer, item)
+        return
+    rng = random.Random(f"canvas-{seed}")  # its own stream: the items drawn do not depend on the canvases
     for item in item_stream(mixture, seed):
         # LLaDA's SFT: answers padded with EOS to a fixed length, the canvas the model will decode on
-        yield encode(tokenizer, item, TASKS[item.task].canvas_length(tokenizer) if pad_answers else None)
+        yield encode(tokenizer, item, training_canvas(recipe, TASKS[item.task], tokenizer, rng))
+
+
+def training_canvas(recipe: Recipe, task, tokenizer, rng: random.Random) -> int:
+    """The canvas an answer is padded to: the task's fitted canvas, or for a `long_canvas` share of the answers
+    of fitted-canvas tasks a longer one, a multiple of 16 drawn uniformly up to `long_canvas_to`."""
+    canvas = task.canvas_length(tokenizer)
+    longer = range(canvas // 16 + 1, recipe.long_canvas_to // 16 + 1)
+    if canvas < task.max_new_tokens and longer and rng.random() < recipe.long_canvas:
+        return 16 * rng.choice(longer)
+    return canvas
 
 
 def cpu_bf16_is_fast() -> bool:

@@ -41,10 +41,19 @@ class Recipe:
     # head); the saved config says so and the adapter realigns, so the engine sees logits at position i either way
     logits_shift: bool = False
     pre_tokenizer: str = "joined"  # train.tokenizer.PRE_TOKENIZERS: how text is split before BPE merges
+    # mdlm only: the share of padded answers drawn to a longer canvas (a multiple of 16 above the task's fitted
+    # canvas, up to `long_canvas_to` masks) instead of the fitted one, so that the model also decodes on long
+    # canvases; LLaDA's SFT pads to the batch's longest answer and so shows its model varying amounts of EOS
+    long_canvas: float = 0.0
+    long_canvas_to: int = 256
 
     def __post_init__(self) -> None:
         if self.pre_tokenizer not in PRE_TOKENIZERS:
             raise ParameterError(f"Unknown pre_tokenizer {self.pre_tokenizer!r}; choose one of {sorted(PRE_TOKENIZERS)}.")
+        if not 0.0 <= self.long_canvas <= 1.0:
+            raise ParameterError(f"long_canvas is a share of the answers, between 0 and 1; got {self.long_canvas}.")
+        if self.long_canvas and self.long_canvas_to % 16:
+            raise ParameterError(f"long_canvas_to is a canvas length, a multiple of 16; got {self.long_canvas_to}.")
 
 
 # tasks of the first steps of the AR recipes: copying and reversing lists is where the copying (induction) heads form
@@ -68,6 +77,7 @@ RECIPES = {
                description="the drafter for speculative decoding"),
         Recipe("dlm-small", "mdlm", 320, 6, 5, 5, 864, steps=4600, lr=1e-3, init_from="ar-small", logits_shift=True,
                tokenizer_from="ar-small", warmup=100, mixture={**SLOW_TASKS, "code.complete": 0.2, "puzzles.sudoku": 1.5},
+               long_canvas=0.25, long_canvas_to=256,
                **PACKED,
                description="a masked-diffusion LM (bidirectional attention, mask token, Dream-style shifted logits) initialised from ar-small"),
     ]

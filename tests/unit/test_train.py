@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,8 +12,10 @@ import torch
 import fastdecode
 from fastdecode.bench.tasks import TASKS, format_prompt
 from fastdecode.train.data import DEFAULT_MIXTURE, batches, collate, encode, item_stream, held_out_prompts
-from fastdecode.train.loop import ar_loss, build_model, mdlm_loss, train
+from fastdecode.train.loop import ar_loss, build_model, examples, mdlm_loss, train, training_canvas
 from fastdecode.train.recipes import RECIPES, Recipe
+
+ZOO = Path(fastdecode.__file__).parent / "zoo"
 
 
 def test_encoding_matches_what_inference_feeds(tokenizer):
@@ -110,6 +114,32 @@ def test_curriculum_draws_only_its_tasks_first(tokenizer, monkeypatch):
     train(recipe, tokenizer, seed=0)
     assert all(tasks == {"letters.copy"} for tasks in seen[:3])
     assert set().union(*seen[3:]) - {"letters.copy"}  # the full mixture afterwards
+
+
+def test_long_canvas_pads_a_share_of_answers_to_longer_multiples_of_16():
+    from transformers import AutoTokenizer
+
+    from fastdecode import ParameterError
+
+    tokenizer = AutoTokenizer.from_pretrained(ZOO / "ar-small")  # the tokenizer dlm-small trains with
+
+    base = Recipe("d", "mdlm", 32, 1, 2, 1, 64, steps=1, lr=1e-3)
+    task = TASKS["lists.copy"]
+    fitted = task.canvas_length(tokenizer)
+    rng = random.Random(0)
+    assert {training_canvas(base, task, tokenizer, rng) for _ in range(50)} == {fitted}
+    always = Recipe("d", "mdlm", 32, 1, 2, 1, 64, steps=1, lr=1e-3, long_canvas=1.0, long_canvas_to=256)
+    drawn = {training_canvas(always, task, tokenizer, rng) for _ in range(400)}
+    assert all(fitted < c <= 256 and c % 16 == 0 for c in drawn) and len(drawn) > 5
+    some = Recipe("d", "mdlm", 32, 1, 2, 1, 64, steps=1, lr=1e-3, long_canvas=0.25, long_canvas_to=256)
+    share = sum(training_canvas(some, task, tokenizer, rng) != fitted for _ in range(2000)) / 2000
+    assert 0.2 < share < 0.3
+    padded = [e for e in itertools.islice(examples(always, tokenizer, seed=0, mixture={"lists.copy": 1.0}), 20)]
+    assert all((len(e.ids) - e.prompt_len) % 16 == 0 and len(e.ids) - e.prompt_len > fitted for e in padded)
+    with pytest.raises(ParameterError, match="between 0 and 1"):
+        Recipe("d", "mdlm", 32, 1, 2, 1, 64, steps=1, lr=1e-3, long_canvas=1.5)
+    with pytest.raises(ParameterError, match="multiple of 16"):
+        Recipe("d", "mdlm", 32, 1, 2, 1, 64, steps=1, lr=1e-3, long_canvas=0.5, long_canvas_to=100)
 
 
 def test_recipe_overrides_for_trials():
