@@ -77,7 +77,6 @@ RECIPES = {
                description="the drafter for speculative decoding"),
         Recipe("dlm-small", "mdlm", 320, 6, 5, 5, 864, steps=4600, lr=1e-3, init_from="ar-small", logits_shift=True,
                tokenizer_from="ar-small", warmup=100, mixture={**SLOW_TASKS, "code.complete": 0.2, "puzzles.sudoku": 1.5},
-               long_canvas=0.25, long_canvas_to=256,
                **PACKED,
                description="a masked-diffusion LM (bidirectional attention, mask token, Dream-style shifted logits) initialised from ar-small"),
     ]
