@@ -97,6 +97,19 @@ def test_recycling_without_a_shared_matrix_starts_every_request_empty(causal, ba
     assert [r.stats.forwards for r in again] == [r.stats.forwards for r in first]
 
 
+def test_recycling_sampled_runs_repeat_from_the_same_matrix(causal):
+    """A seeded sampled run depends on the matrix it starts from: it repeats after `forget` or without sharing."""
+    def run(**kw):
+        return [r.token_ids for r in fastdecode.generate(causal, PROMPTS, "spec.recycling", temperature=1.5, seed=5,
+                                                          max_new_tokens=24, **kw)]
+    forget(causal)
+    first = run()
+    forget(causal)
+    assert run() == first
+    assert run(shared_matrix=False) == run(shared_matrix=False)
+    forget(causal)
+
+
 def test_batched_stats_equal_one_by_one(causal, other_draft):
     batched = fastdecode.generate(causal, PROMPTS, "spec.draft_model", draft=other_draft, max_new_tokens=30)
     for prompt, b in zip(PROMPTS, batched):
