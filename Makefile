@@ -38,8 +38,9 @@ DLM_CACHES := $(foreach c,dual suffix delayed,dlm.threshold:cache=$(c)) dlm.base
 # a long canvas (384 masks, LLaDA's gen_length is 256-512): an uncached forward pays for the whole canvas
 LONG := --param dlm.baseline.max_new_tokens=384 --param dlm.threshold.max_new_tokens=384
 MATCHED := --param spec.draft_model.num_draft_tokens=20 --param spec.draft_model.confidence_stop=0.4
-.PHONY: results results-spec-free results-spec-draft results-dlm results-dlm-lists results-dlm-other
-results: results-spec-free results-spec-draft results-dlm
+.PHONY: results results-spec results-spec-lists results-spec-code results-dlm results-dlm-lists results-dlm-other \
+	results-dlm-canvas
+results: results-spec results-dlm results-dlm-canvas
 	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out docs/RESULTS.md --plots docs/results
 	$(BIN)/python tools/measured.py
 
@@ -48,19 +49,23 @@ results: results-spec-free results-spec-draft results-dlm
 docs-figures: $(VENV)/.installed
 	$(BIN)/python tools/measured.py
 
-results-spec-free: $(VENV)/.installed
+# one target per suite, each running every spec method in turn into its own file, so that `make -j2 results-spec`
+# runs the two side by side, one thread each; the draft-free methods first, then those that run zoo:ar-tiny, then
+# spec.draft_model again with hf.assisted's settings (20 tokens, confidence stop 0.4): the like-for-like pair
+results-spec: results-spec-lists results-spec-code
+
+results-spec-lists: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --methods $(SPEC_FREE) \
 		--limit 10 --out $(RESULTS)/spec-parallel-lists.jsonl
-	$(BENCH) --suite code --model zoo:ar-small --methods $(SPEC_FREE) --limit 20 --out $(RESULTS)/spec-code.jsonl
-
-results-spec-draft: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny --methods $(SPEC_DRAFT) \
 		--limit 10 --out $(RESULTS)/spec-parallel-lists.jsonl
-	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny --methods $(SPEC_DRAFT) \
-		--limit 20 --out $(RESULTS)/spec-code.jsonl
-	# spec.draft_model again with hf.assisted's settings (20 tokens, confidence stop 0.4): the like-for-like pair
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny --methods spec.draft_model $(MATCHED) \
 		--limit 10 --out $(RESULTS)/spec-parallel-lists.jsonl
+
+results-spec-code: $(VENV)/.installed
+	$(BENCH) --suite code --model zoo:ar-small --methods $(SPEC_FREE) --limit 20 --out $(RESULTS)/spec-code.jsonl
+	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny --methods $(SPEC_DRAFT) \
+		--limit 20 --out $(RESULTS)/spec-code.jsonl
 	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny --methods spec.draft_model $(MATCHED) \
 		--limit 20 --out $(RESULTS)/spec-code.jsonl
 
@@ -80,3 +85,12 @@ results-dlm-other: $(VENV)/.installed
 		--limit 25 --out $(RESULTS)/dlm-puzzles.jsonl
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(DLM_CACHES) \
 		$(THRESHOLD_BLOCKS) $(LONG) --limit 5 --out $(RESULTS)/dlm-cache-long.jsonl
+
+# the caches on canvases between the fitted one and 384 masks, where dlm-small still solves part of the tasks:
+# 15 items per list task; `make -j2 results-dlm-canvas` runs the two lengths side by side (about 12 minutes)
+CANVAS := 64 128
+results-dlm-canvas: $(foreach n,$(CANVAS),results-dlm-canvas-$(n))
+results-dlm-canvas-%: $(VENV)/.installed
+	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(DLM_CACHES) $(THRESHOLD_BLOCKS) \
+		--param dlm.baseline.max_new_tokens=$* --param dlm.threshold.max_new_tokens=$* \
+		--limit 15 --out $(RESULTS)/dlm-cache-$*.jsonl
