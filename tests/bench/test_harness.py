@@ -270,6 +270,22 @@ def test_a_canvas_holds_the_longest_training_answer_and_never_exceeds_the_budget
     assert TASKS["code.complete"].canvas_length(tokenizer) == TASKS["code.complete"].max_new_tokens
 
 
+def test_tokenizers_with_one_name_and_size_get_their_own_canvases():
+    import random as stdlib_random
+    from pathlib import Path
+
+    from fastdecode.train.tokenizer import train_tokenizer
+
+    task = TASKS["lists.copy"]
+    answers = [i.reference for name in ("lists.copy", "lists.sort", "letters.copy") for i in TASKS[name].items(0, 500)]
+    source = Path(stdlib_random.__file__).read_text(encoding="utf-8")[:40000]
+    merged, split = train_tokenizer(answers, vocab_size=500), train_tokenizer([source], vocab_size=500)
+    assert (merged.name_or_path, len(merged)) == (split.name_or_path, len(split))  # nothing tells them apart but the vocab
+    assert task.canvas_length(merged) < task.max_new_tokens  # names are whole tokens: a fitted canvas
+    longest = max(len(split(i.reference, add_special_tokens=False)["input_ids"]) + 1 for i in task.items(0, 200))
+    assert task.canvas_length(split) >= min(task.max_new_tokens, longest)  # names in pieces: not merged's canvas
+
+
 def test_the_zoo_tokenizer_gets_canvases_shorter_than_the_worst_case_budget():
     from transformers import AutoTokenizer
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import weakref
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
@@ -16,7 +17,7 @@ PROMPT_TEMPLATE = "Q: {prompt}\nA: "  # the one prompt format every zoo model is
 FAMILIES = ("lists", "letters", "puzzles", "code")
 CANVAS_ITEMS = 1000  # training items whose answers size a diffusion canvas
 CANVAS_MARGIN = 4  # tokens of slack beyond the longest of them
-_canvas_cache: dict[tuple[str, str, int], int] = {}
+_canvas_cache: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()  # tokenizer -> task -> canvas
 
 
 def format_prompt(prompt: str) -> str:
@@ -113,12 +114,12 @@ class Task(ABC):
         """
         if self.family == "code":
             return self.max_new_tokens
-        key = (self.name, str(getattr(tokenizer, "name_or_path", "")), len(tokenizer))
-        if key not in _canvas_cache:
+        known = _canvas_cache.setdefault(tokenizer, {})  # per tokenizer object: two with one name may differ
+        if self.name not in known:
             answers = [i.reference for i in self.items(TRAIN_SEEDS.start, CANVAS_ITEMS)]
             longest = max(len(ids) for ids in tokenizer(answers, add_special_tokens=False)["input_ids"]) + 1
-            _canvas_cache[key] = min(self.max_new_tokens, 16 * math.ceil((longest + CANVAS_MARGIN) / 16))
-        return _canvas_cache[key]
+            known[self.name] = min(self.max_new_tokens, 16 * math.ceil((longest + CANVAS_MARGIN) / 16))
+        return known[self.name]
 
     def items(self, seed: int, n: int) -> list[Item]:
         """`n` items drawn from one random stream seeded by (task name, seed)."""
