@@ -2,12 +2,14 @@
 
 Every substring of up to `max_depth` tokens of the added sequences is a node whose `count` is the number of
 its occurrences; sequences grow one token at a time and can be removed again (FIFO eviction of a global
-tree). Drafting follows the most frequent child and scores the draft by its path probabilities
-(Oliaro et al. 2024, "SuffixDecoding", §3).
+tree). A draft follows the most frequent child (path mode) or grows a tree best-first by path probability
+(tree mode), and is scored by the sum of its path probabilities (Oliaro et al. 2024, "SuffixDecoding", §3).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -25,6 +27,7 @@ class Node:
 class SuffixDraft:
     tokens: list[int]
     score: float  # sum over drafted tokens of the path probability prod(child.count / parent.count)
+    parents: list[int] | None = None  # tree mode: each token's parent in `tokens`, -1 under the root; None: a chain
 
 
 class SuffixTree:
@@ -101,12 +104,38 @@ def draft_from(node: Node, max_tokens: int, min_token_prob: float) -> SuffixDraf
     return SuffixDraft(tokens, score)
 
 
-def best_draft(nodes: list[Node], max_spec_tokens: int, factor: float, offset: float, min_token_prob: float) -> SuffixDraft:
-    """Best-scoring draft over the matched suffixes; a match of m tokens may draft floor(m * factor + offset)."""
-    best = SuffixDraft([], 0.0)
+def tree_from(node: Node, max_tokens: int, min_token_prob: float) -> SuffixDraft:
+    """Grow a draft tree of at most `max_tokens` nodes best-first: always add the candidate continuation with the
+    highest path probability (>= min_token_prob), then offer its children. Siblings are distinct tokens."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    score = 0.0
+    order = itertools.count()  # ties: the first offered wins, as in path mode
+    heap = [(-child.count / node.count, next(order), token, child, -1) for token, child in node.children.items()]
+    heapq.heapify(heap)
+    while heap and len(tokens) < max_tokens:
+        neg, _, token, child, parent = heapq.heappop(heap)
+        prob = -neg
+        if prob < min_token_prob:
+            break  # every other candidate is less likely still
+        tokens.append(token)
+        parents.append(parent)
+        score += prob
+        here = len(tokens) - 1
+        for t, grandchild in child.children.items():
+            heapq.heappush(heap, (-prob * grandchild.count / child.count, next(order), t, grandchild, here))
+    return SuffixDraft(tokens, score, parents)
+
+
+def best_draft(nodes: list[Node], max_spec_tokens: int, factor: float, offset: float, min_token_prob: float,
+               tree: bool = False) -> SuffixDraft:
+    """Best-scoring draft over the matched suffixes; a match of m tokens may draft floor(m * factor + offset)
+    tokens (a chain of that length, or a tree of that many nodes)."""
+    best = SuffixDraft([], 0.0, [] if tree else None)
+    grow = tree_from if tree else draft_from
     for node in nodes:
         limit = min(max_spec_tokens, int(node.depth * factor + offset))
-        draft = draft_from(node, limit, min_token_prob)
+        draft = grow(node, limit, min_token_prob)
         if draft.score > best.score:
             best = draft
     return best

@@ -50,6 +50,7 @@ CASES = [
     ("spec.draft_model", {"schedule": "heuristic", "num_draft_tokens": 2}, "self"),
     ("spec.suffix", {"max_cached_requests": 0}, None),
     ("spec.suffix", {"max_depth": 8, "max_spec_factor": 2.0, "min_token_prob": 0.0}, None),
+    ("spec.suffix", {"tree": True, "max_spec_factor": 3.0, "min_token_prob": 0.0}, None),
     ("spec.jacobi", {}, None),
     ("spec.jacobi", {"window": 2}, None),
     ("spec.recycling", {}, None),
@@ -151,9 +152,10 @@ def test_eos_inside_a_draft_stops_the_row(causal_dir, baseline):
 @pytest.mark.parametrize("n", [1, 2, 3, 7])
 def test_max_new_tokens_inside_a_draft(causal, baseline, n):
     for method, kw in [("spec.draft_model", {"draft": causal}), ("spec.pld", {"num_tokens": 10}), ("spec.suffix", {}),
-                       ("spec.recycling", {}), ("spec.lookahead", {"ngram": 3})]:
+                       ("spec.suffix", {"tree": True}), ("spec.recycling", {}), ("spec.lookahead", {"ngram": 3})]:
         out = fastdecode.generate(causal, PROMPTS, method, max_new_tokens=n, trace=True, **kw)
-        # a chain drafts at most n - 1 tokens per forward; a tree at most its template's nodes that deep
+        # a chain (or a suffix tree, whose node budget is the room) drafts at most n - 1 tokens per forward;
+        # recycling at most the nodes of its template that deep
         per_forward = max(n - 1, 0) if method != "spec.recycling" else sum(
             d <= n - 1 for d in depths([p for p, _ in tree_template(parse_template(RecyclingConfig().template), 8)]))
         for b, r in enumerate(out):

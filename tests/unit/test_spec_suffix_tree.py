@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fastdecode.spec.drafters.suffix import SuffixConfig, SuffixDrafter
-from fastdecode.spec.suffix_tree import SuffixTree, best_draft, draft_from
+from fastdecode.spec.suffix_tree import SuffixTree, best_draft, draft_from, tree_from
 
 
 def path(tree: SuffixTree, tokens: list[int]):
@@ -53,6 +53,30 @@ def test_draft_follows_the_most_frequent_child_until_the_probability_drops():
     assert d.tokens == [3, 9, 1, 2, 3] and d.score == pytest.approx(0.5 * 4 + 0.25)
     assert draft_from(node, max_tokens=5, min_token_prob=0.6).tokens == []
     assert draft_from(node, max_tokens=1, min_token_prob=0.1).tokens == [3]
+
+
+def test_tree_mode_grows_the_likeliest_continuations_first():
+    tree = SuffixTree(max_depth=8)
+    tree.extend(0, [1, 2, 3, 9, 1, 2, 3, 9, 1, 2, 4, 9, 1, 2])
+    node = path(tree, [1, 2])  # count 4: 3 twice (p 1/2), 4 once (p 1/4), the open end once
+    d = tree_from(node, max_tokens=4, min_token_prob=0.1)
+    # the chain 3 9 1 2 keeps path probability 1/2 (each of its steps is certain), above the 1/4 of 4
+    assert d.tokens == [3, 9, 1, 2] and d.parents == [-1, 0, 1, 2] and d.score == pytest.approx(2.0)
+    d = tree_from(node, max_tokens=6, min_token_prob=0.1)
+    # then three candidates at 1/4: 4 under the root (offered first), then 3 and 4 after [.. 2] (offered next)
+    assert d.tokens == [3, 9, 1, 2, 4, 3] and d.parents == [-1, 0, 1, 2, -1, 3]
+    assert d.score == pytest.approx(2.0 + 0.25 + 0.25)
+    assert tree_from(node, max_tokens=6, min_token_prob=0.3).parents == [-1, 0, 1, 2]  # 1/4 falls below the floor
+    assert tree_from(node, max_tokens=6, min_token_prob=0.6).tokens == []
+    assert best_draft([node], 6, 3.0, 0.0, 0.1, tree=True) == d  # a 2-token match may draft 6 nodes
+
+
+def test_the_drafter_sends_a_branching_tree_and_a_chain_otherwise():
+    d = SuffixDrafter(SuffixConfig(max_cached_requests=0, tree=True, max_spec_factor=4.0), None)
+    draft = d.propose(torch.tensor([5, 1, 7, 5, 1, 8, 5, 1]), 6)  # after [5 1]: 7 or 8, equally likely
+    assert draft.parents is not None and sorted(draft.tokens[[i for i, p in enumerate(draft.parents) if p < 0]].tolist()) == [7, 8]
+    chain = SuffixDrafter(SuffixConfig(max_cached_requests=0, tree=True), None).propose(torch.tensor([5, 6, 7, 5, 6]), 6)
+    assert chain.parents is None and chain.tokens.tolist() == [7, 5]
 
 
 def test_draft_length_grows_with_the_match_length():

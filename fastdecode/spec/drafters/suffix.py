@@ -25,6 +25,7 @@ class SuffixConfig(SpecConfig):
     max_spec_offset: float = 0.0
     min_token_prob: float = 0.1  # stop the draft when its path probability falls below this
     max_cached_requests: int = 256  # outputs kept in the per-model global tree (FIFO); 0 = this request only
+    tree: bool = False  # draft a tree grown best-first by path probability (the paper's tree mode), not a chain
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -60,12 +61,15 @@ class SuffixDrafter(BaseDrafter):
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         self._add(context)
         cfg = self.cfg
-        args = (k, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob)
+        args = (k, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob, cfg.tree)
         draft = best_draft(self.local.suffix_nodes(0), *args)
         if self.shared is not None and len(self.shared):
             other = best_draft(self.shared.match(context[-cfg.max_depth :].tolist()), *args)
             draft = other if other.score > draft.score else draft
-        return Draft(torch.tensor(draft.tokens, dtype=torch.long))
+        parents = draft.parents
+        if parents is not None and parents == list(range(-1, len(parents) - 1)):
+            parents = None  # a tree without branches is a chain, whose cache the loop keeps instead of refeeding
+        return Draft(torch.tensor(draft.tokens, dtype=torch.long), parents=parents)
 
     def finish(self, context: torch.Tensor) -> None:
         self._add(context)
