@@ -24,7 +24,7 @@ test: $(VENV)/.installed
 # One torch thread (--threads 1): each run uses one core, and its timings are comparable with the others.
 RESULTS := docs/results
 # the model-free and self-drafting methods; then those that run zoo:ar-tiny as a draft model
-SPEC_FREE := spec.pld hf.prompt_lookup spec.ngram spec.suffix spec.recycling spec.lookahead spec.jacobi \
+SPEC_FREE := spec.pld hf.prompt_lookup spec.ngram spec.suffix spec.suffix:tree=true spec.recycling spec.lookahead spec.jacobi \
 	spec.layerskip hf.greedy
 SPEC_DRAFT := spec.draft_model hf.assisted spec.rsd spec.dyntree
 DLM_METHODS := dlm.threshold dlm.factor dlm.entropy_bound dlm.localleap dlm.prophet dlm.credit dlm.freedave \

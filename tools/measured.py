@@ -47,7 +47,7 @@ SPAN = re.compile(r"<!--m (?P<key>[^>]+?)-->(?P<body>.*?)<!--/m-->", re.S)
 
 # (suite, model, labels joined with " / " in one row, what the method column says)
 README_ROWS = [
-    ("code", "zoo:ar-small", ["spec.suffix"], "`spec.suffix`"),
+    ("code", "zoo:ar-small", ["spec.suffix (tree=False)", "spec.suffix (tree=True)"], "`spec.suffix` path / tree mode"),
     ("code", "zoo:ar-small", ["spec.ngram"], "`spec.ngram`"),
     ("code", "zoo:ar-small", ["spec.recycling"], "`spec.recycling`"),
     ("code", "zoo:ar-small", ["spec.pld", "hf.prompt_lookup"], "`spec.pld` / `hf.prompt_lookup`"),
