@@ -28,7 +28,7 @@ from ..models.base import ModelAdapter
 from ..models.causal import CausalLM
 from ..models.loading import load
 from ..registry import get_method
-from ..spec.memory import forget
+from ..spec.memory import recall, restore
 from .evaluate import default_budget
 from .suites import BenchError, Suite, get_suite
 from .tasks import Item, Task, format_prompt
@@ -287,7 +287,7 @@ def _check_request(suite: Suite, entries: Sequence[Entry], params: Mapping[str, 
 def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, target: ModelAdapter,
              assistant: ModelAdapter | None, meta: dict[str, Any], summary: BenchSummary, warmup: bool,
              report: Callable[[Progress], None]) -> None:
-    """Skip the jobs already in the file, then run the rest method by method, each after a warm-up."""
+    """Skip the jobs already in the file, warm every configuration up, then run the rest item by item."""
     done_keys = {row_key(r) for r in existing}
     reference = {_item_key(r): r["token_ids"] for r in existing
                  if r.get("is_baseline") and r.get("model") == meta["model"] and r.get("suite") == meta["suite"]}
@@ -299,27 +299,45 @@ def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, targe
         else:
             pending.setdefault(job.entry, []).append(job)
     _preflight(target, assistant, [todo[0] for todo in pending.values()])
-    for todo in pending.values():  # the baseline's jobs come first
-        if warmup:
+    if warmup:
+        for todo in pending.values():
             report(Progress(summary.written + summary.skipped, summary.total, summary.skipped, todo[0], "warmup"))
             _generate(target, assistant, todo[0])
-        _forget_requests(target)
+    memories: dict[str, dict[int, Any]] = {entry: {} for entry in pending}
+    for job in _interleaved(pending):
+        _remember(target, memories[job.entry])
+        row = _row(job, target, assistant, meta, reference)
+        memories[job.entry] = _recall(target)
+        handle.write(json.dumps(row) + "\n")
+        handle.flush()
+        if job.is_baseline:
+            reference[_item_key(row)] = row["token_ids"]
+        summary.written += 1
+        report(Progress(summary.written + summary.skipped, summary.total, summary.skipped, job, "row"))
+
+
+def _interleaved(pending: Mapping[str, list[Job]]) -> list[Job]:
+    """Item by item: every configuration's row of an item (the baseline's first), then the next item's. A slow
+    spell of a shared machine then falls on every configuration alike, not on the one whose turn it is."""
+    rank: dict[tuple[str, int, int], int] = {}
+    for todo in pending.values():  # the baseline's jobs come first, in the plan's item order
         for job in todo:
-            row = _row(job, target, assistant, meta, reference)
-            handle.write(json.dumps(row) + "\n")
-            handle.flush()
-            if job.is_baseline:
-                reference[_item_key(row)] = row["token_ids"]
-            summary.written += 1
-            report(Progress(summary.written + summary.skipped, summary.total, summary.skipped, job, "row"))
+            rank.setdefault((job.task.name, job.index, job.seed), len(rank))
+    entry_rank = {entry: i for i, entry in enumerate(pending)}
+    jobs = [job for todo in pending.values() for job in todo]
+    return sorted(jobs, key=lambda j: (rank[(j.task.name, j.index, j.seed)], entry_rank[j.entry]))
 
 
-def _forget_requests(target: ModelAdapter) -> None:
-    """Measured rows start from no remembered requests: spec.suffix's global tree and spec.recycling's matrix keep
-    state from earlier generations (that is their method), but the pre-flight and warm-up runs must not hand the
-    first row its own answer."""
+def _remember(target: ModelAdapter, memory: dict[int, Any]) -> None:
+    """Each configuration keeps its own memory of earlier requests: spec.suffix's global tree and spec.recycling's
+    matrix (that is their method), empty at its first measured row, so that neither the pre-flight and warm-up
+    runs nor another configuration's rows hand a row its own answer."""
     if isinstance(target, CausalLM):
-        forget(target)
+        restore(target, memory)
+
+
+def _recall(target: ModelAdapter) -> dict[int, Any]:
+    return recall(target) if isinstance(target, CausalLM) else {}
 
 
 def _item_key(row: Mapping[str, Any]) -> tuple[str, int, int]:

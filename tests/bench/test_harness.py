@@ -11,6 +11,7 @@ from fastdecode.bench.harness import Entry, read_rows, row_key, run_bench, split
 from fastdecode.bench.report import build_report
 from fastdecode.bench.suites import SUITES, BenchError, Suite, get_suite
 from fastdecode.bench.tasks import DEFAULT_TEST_SEED, TASKS, format_prompt
+from fastdecode.spec.memory import forget
 from fastdecode.stats import Stats
 
 SUITE = Suite("tiny", "three items", (("lists.sort", 2), ("puzzles.sudoku", 1)))
@@ -170,7 +171,7 @@ def test_harness_is_quiet(target, tmp_path, capsys):
 def test_warm_up_does_not_hand_spec_suffix_the_first_answer(target, tmp_path):
     """Without the reset, the warm-up's output of item 0 sits in spec.suffix's global tree and item 0 drafts it."""
     import fastdecode
-    from fastdecode.spec.memory import forget, remembers
+    from fastdecode.spec.memory import remembers
 
     out = tmp_path / "suffix.jsonl"
     params = {"ar.greedy": {"max_new_tokens": 12}, "spec.suffix": {"max_new_tokens": 12}}
@@ -182,6 +183,27 @@ def test_warm_up_does_not_hand_spec_suffix_the_first_answer(target, tmp_path):
     item = TASKS["lists.sort"].items(DEFAULT_TEST_SEED, 1)[0]
     fresh = fastdecode.generate(target, format_prompt(item.prompt), "spec.suffix", max_new_tokens=12).stats
     assert (first["forwards"], first["accepted"]) == (fresh.forwards, fresh.accepted)
+    forget(target)
+
+
+def test_rows_run_item_by_item_and_each_configuration_keeps_its_own_memory(target, tmp_path):
+    """Configurations are interleaved item by item (the baseline first), and a drafter that remembers earlier
+    requests sees only its own configuration's: each row equals the row of a run of that configuration alone."""
+    params = {"ar.greedy": {"max_new_tokens": 12}, "spec.suffix": {"max_new_tokens": 12}}
+    both = tmp_path / "both.jsonl"
+    run_bench(SUITE, target, ["spec.suffix", "spec.suffix:tree=true"], both, params=params)
+    rows = read_rows(both)
+    items = [(r["task"], r["item"]) for r in rows]
+    assert items == [i for i in dict.fromkeys(items) for _ in range(3)]  # three rows per item, then the next item
+    assert [r["method"] for r in rows[::3]] == ["ar.greedy"] * 3
+    for config in ("spec.suffix", "spec.suffix:tree=true"):
+        alone = tmp_path / f"{config}.jsonl"
+        run_bench(SUITE, target, [config], alone, params=params)
+        tree = config.endswith("true")
+        mine = [r for r in rows if r["method"] == "spec.suffix" and r["params"]["tree"] == tree]
+        ref = [r for r in read_rows(alone) if r["method"] == "spec.suffix"]
+        assert [(r["forwards"], r["accepted"], r["token_ids"]) for r in mine] == [
+            (r["forwards"], r["accepted"], r["token_ids"]) for r in ref]
     forget(target)
 
 
