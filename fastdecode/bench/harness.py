@@ -57,7 +57,7 @@ class Job:
 
 @dataclass(frozen=True)
 class Progress:
-    """Reported after every row (ran or skipped) and before each method's warm-up."""
+    """Reported after every row (ran or skipped) and before each configuration's warm-up (all come first)."""
 
     done: int  # rows finished, skipped ones included
     total: int
