@@ -25,7 +25,6 @@ import transformers
 from ..config import build_config
 from ..engine import generate, resolve
 from ..models.base import ModelAdapter
-from ..models.causal import CausalLM
 from ..models.loading import load
 from ..registry import get_method
 from ..spec.memory import recall, restore
@@ -303,11 +302,14 @@ def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, targe
         for todo in pending.values():
             report(Progress(summary.written + summary.skipped, summary.total, summary.skipped, todo[0], "warmup"))
             _generate(target, assistant, todo[0])
+    # drafters that remember earlier requests (spec.suffix's global tree, spec.recycling's matrix: their method)
+    # keep one memory per configuration, empty at its first measured row, so that neither the pre-flight and
+    # warm-up runs nor another configuration's rows hand a row its own answer
     memories: dict[str, dict[int, Any]] = {entry: {} for entry in pending}
     for job in _interleaved(pending):
-        _remember(target, memories[job.entry])
+        restore(target, memories[job.entry])
         row = _row(job, target, assistant, meta, reference)
-        memories[job.entry] = _recall(target)
+        memories[job.entry] = recall(target)
         handle.write(json.dumps(row) + "\n")
         handle.flush()
         if job.is_baseline:
@@ -326,18 +328,6 @@ def _interleaved(pending: Mapping[str, list[Job]]) -> list[Job]:
     entry_rank = {entry: i for i, entry in enumerate(pending)}
     jobs = [job for todo in pending.values() for job in todo]
     return sorted(jobs, key=lambda j: (rank[(j.task.name, j.index, j.seed)], entry_rank[j.entry]))
-
-
-def _remember(target: ModelAdapter, memory: dict[int, Any]) -> None:
-    """Each configuration keeps its own memory of earlier requests: spec.suffix's global tree and spec.recycling's
-    matrix (that is their method), empty at its first measured row, so that neither the pre-flight and warm-up
-    runs nor another configuration's rows hand a row its own answer."""
-    if isinstance(target, CausalLM):
-        restore(target, memory)
-
-
-def _recall(target: ModelAdapter) -> dict[int, Any]:
-    return recall(target) if isinstance(target, CausalLM) else {}
 
 
 def _item_key(row: Mapping[str, Any]) -> tuple[str, int, int]:

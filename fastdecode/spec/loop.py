@@ -60,6 +60,13 @@ class Draft:
     def empty() -> Draft:
         return Draft(torch.empty(0, dtype=torch.long))
 
+    def as_chain(self) -> Draft:
+        """A deterministic tree without branches is the chain it spells: verified the same way, and its accepted
+        prefix keeps its cache entries instead of being fed again."""
+        if self.parents is None or self.probs is not None or self.side is not None:
+            return self
+        return Draft(self.tokens) if self.parents == list(range(-1, len(self.parents) - 1)) else self
+
     @property
     def depth(self) -> int:
         """The most draft tokens that can be accepted."""
@@ -171,7 +178,7 @@ class _Row:
         context = self.ids[: self.n]
         before = self.drafter.forwards
         t0 = self._clock()
-        draft = self.drafter.propose(context, room) if room > 0 else Draft.empty()
+        draft = self.drafter.propose(context, room).as_chain() if room > 0 else Draft.empty()
         t1 = self._clock()
         k = draft.tokens.numel()
         assert draft.depth <= max(room, 0), f"drafter proposed {draft.depth} tokens deep, more than the {room} asked for"

@@ -106,14 +106,11 @@ def _mdlm_loss_packed(model, ids, mask, answer, mask_id, gen, eps, positions, do
 
 def examples(recipe: Recipe, tokenizer, seed: int, mixture: dict[str, float] | None = None):
     mixture = mixture or {**DEFAULT_MIXTURE, **recipe.mixture}
-    if recipe.objective != "mdlm":
-        for item in item_stream(mixture, seed):
-            yield encode(tokenizer, item)
-        return
     rng = random.Random(f"canvas-{seed}")  # its own stream: the items drawn do not depend on the canvases
     for item in item_stream(mixture, seed):
-        # LLaDA's SFT: answers padded with EOS to a fixed length, the canvas the model will decode on
-        yield encode(tokenizer, item, training_canvas(recipe, TASKS[item.task], tokenizer, rng))
+        # mdlm as LLaDA's SFT: answers padded with EOS to a fixed length, the canvas the model will decode on
+        pad = training_canvas(recipe, TASKS[item.task], tokenizer, rng) if recipe.objective == "mdlm" else None
+        yield encode(tokenizer, item, pad)
 
 
 def training_canvas(recipe: Recipe, task, tokenizer, rng: random.Random) -> int:

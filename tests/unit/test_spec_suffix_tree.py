@@ -76,7 +76,9 @@ def test_the_drafter_sends_a_branching_tree_and_a_chain_otherwise():
     draft = d.propose(torch.tensor([5, 1, 7, 5, 1, 8, 5, 1]), 6)  # after [5 1]: 7 or 8, equally likely
     assert draft.parents is not None and sorted(draft.tokens[[i for i, p in enumerate(draft.parents) if p < 0]].tolist()) == [7, 8]
     chain = SuffixDrafter(SuffixConfig(max_cached_requests=0, tree=True), None).propose(torch.tensor([5, 6, 7, 5, 6]), 6)
-    assert chain.parents is None and chain.tokens.tolist() == [7, 5]
+    assert chain.parents == [-1, 0] and chain.tokens.tolist() == [7, 5]
+    assert chain.as_chain().parents is None and chain.as_chain().tokens.tolist() == [7, 5]  # what the loop verifies
+    assert draft.as_chain() is draft  # a tree with branches stays a tree
 
 
 def test_draft_length_grows_with_the_match_length():

@@ -94,3 +94,15 @@ def test_recycling_template_and_tree_from_the_adjacency_matrix():
     d = drafter.propose(torch.tensor([3, 4]), 5)
     assert d.tokens.tolist() == [6, 7, 8, 9] and d.parents == [-1, -1, 0, 0]
     assert drafter.propose(torch.tensor([3, 4]), 1).tokens.tolist() == [6, 7]  # depth capped by the loop
+
+
+def test_a_branchless_deterministic_tree_is_verified_as_a_chain():
+    import torch
+
+    from fastdecode.spec.loop import Draft
+
+    tokens = torch.tensor([4, 5, 6])
+    assert Draft(tokens, parents=[-1, 0, 1]).as_chain().parents is None
+    assert Draft(tokens, parents=[-1, 0, 0]).as_chain().parents == [-1, 0, 0]  # branches: still a tree
+    sampled = Draft(tokens, probs=torch.full((3, 8), 1 / 8), parents=[-1, 0, 1])  # RSD's draws keep their tree
+    assert sampled.as_chain() is sampled

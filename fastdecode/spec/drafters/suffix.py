@@ -66,10 +66,7 @@ class SuffixDrafter(BaseDrafter):
         if self.shared is not None and len(self.shared):
             other = best_draft(self.shared.match(context[-cfg.max_depth :].tolist()), *args)
             draft = other if other.score > draft.score else draft
-        parents = draft.parents
-        if parents is not None and parents == list(range(-1, len(parents) - 1)):
-            parents = None  # a tree without branches is a chain, whose cache the loop keeps instead of refeeding
-        return Draft(torch.tensor(draft.tokens, dtype=torch.long), parents=parents)
+        return Draft(torch.tensor(draft.tokens, dtype=torch.long), parents=draft.parents)
 
     def finish(self, context: torch.Tensor) -> None:
         self._add(context)
