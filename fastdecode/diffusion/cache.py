@@ -63,11 +63,14 @@ class Forwarder:
         block: torch.Tensor,  # [R] block id of each view
         step: torch.Tensor,  # [R] step number of each entry
     ) -> torch.Tensor:
-        """-> `[R, W, V]` logits of columns lo + j (j < W = max(hi - lo)); zeros where a column was not computed."""
+        """-> `[R, W, V]` logits of columns lo + j (j < W = max(hi - lo)); past a row's view, its last column again.
+
+        The output head runs only on those columns, and a cached forward recomputes each needed column once.
+        """
         W = int((hi - lo).max())
-        cols = (lo[:, None] + torch.arange(W, device=x.device)).clamp(max=x.shape[1] - 1)  # [R, W]
+        cols = torch.minimum(lo[:, None] + torch.arange(W, device=x.device), (hi - 1)[:, None])  # [R, W]
         if self.mode == "none":
-            return _gather(self.model.forward(x, attention), cols)
+            return self.model.forward(x, attention, at=cols)
         refresh = ~self.has_cache[rows]
         if self.mode in ("prefix", "dual", "suffix"):
             refresh |= block != self.ref_block[rows]
@@ -80,20 +83,22 @@ class Forwarder:
             if g.numel() == 0:
                 continue
             if full:
-                logits, kv = self.model.forward_columns(x[g], attention[g], None, None)
+                part, kv = self.model.forward_columns(x[g], attention[g], None, None, at=cols[g])
                 q = None
-                part = _gather(logits, cols[g])
             else:
                 q = self._columns(x[g], attention[g], rows[g], lo[g], hi[g])  # [G, Q]
-                stored = [(k[rows[g]], v[rows[g]]) for k, v in self.kv]
-                logits, kv = self.model.forward_columns(x[g], attention[g], q, stored)
-                part = _from_columns(logits, q, cols[g], x.shape[1])
-            if out is None:
-                out = part.new_zeros((x.shape[0], *part.shape[1:]))
-            out[g] = part
+                r = rows[g]
+                stored = self.kv if _all_rows(r, len(self.has_cache)) else [(k[r], v[r]) for k, v in self.kv]
+                part, kv = self.model.forward_columns(x[g], attention[g], q, stored, at=cols[g])
+            if len(g) == len(rows):  # one group: nothing to merge
+                out = part
+            else:
+                out = part.new_zeros((x.shape[0], *part.shape[1:])) if out is None else out
+                out[g] = part
             self._pending.append((g, kv, q, full))
         return out
 
+    @torch.inference_mode()  # the stored K/V are the model's inference tensors, updated in place here
     def keep(self, entries: torch.Tensor | None = None) -> None:
         """Store the last call's K/V for `entries` (default: all; at most one entry per row)."""
         if self.mode == "none":
@@ -102,19 +107,26 @@ class Forwarder:
         chosen = torch.ones(len(rows), dtype=torch.bool, device=rows.device)
         if entries is not None:
             chosen = torch.zeros_like(chosen).index_fill_(0, entries, True)
+        B = len(self.has_cache)
         for g, kv, q, full in self._pending:
             sel = chosen[g]
             if not sel.any():
                 continue
             e, r = g[sel], rows[g[sel]]
-            if self.kv is None:
-                B = len(self.has_cache)
-                self.kv = [(k.new_zeros((B, *k.shape[1:])), v.new_zeros((B, *v.shape[1:]))) for k, v in kv]
-                self.cached = torch.zeros(B, x.shape[1], dtype=torch.bool, device=x.device)
-            for (K, V), (k, v) in zip(self.kv, kv):
-                K[r], V[r] = k[sel], v[sel]
+            if bool(sel.all()) and _all_rows(r, B):  # every row, in order: the fresh K/V become the cache
+                self.kv = list(kv)  # (the model wrote them into new tensors; nothing else holds them)
+            else:
+                if self.kv is None:
+                    self.kv = [(k.new_zeros((B, *k.shape[1:])), v.new_zeros((B, *v.shape[1:]))) for k, v in kv]
+                for (K, V), (k, v) in zip(self.kv, kv):
+                    K[r], V[r] = k[sel], v[sel]
             if full:
                 self.has_cache[r], self.ref_block[r], self.ref_step[r] = True, block[e], step[e]
+            if self.mode != "delayed":
+                continue
+            if self.cached is None:
+                self.cached = torch.zeros(B, x.shape[1], dtype=torch.bool, device=x.device)
+            if full:
                 self.cached[r] = x[e] != self.mask_id
             else:
                 self.cached[r] |= torch.zeros_like(x[e], dtype=torch.bool).scatter_(1, q[sel], True) & (x[e] != self.mask_id)
@@ -136,14 +148,6 @@ class Forwarder:
         return torch.minimum(start[:, None] + torch.arange(Q, device=x.device), (end - 1)[:, None])
 
 
-def _gather(logits: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """`[R, T, V]`, `[R, W]` -> `[R, W, V]`."""
-    return logits.gather(1, cols[..., None].expand(-1, -1, logits.shape[-1]))
-
-
-def _from_columns(logits: torch.Tensor, q: torch.Tensor, cols: torch.Tensor, T: int) -> torch.Tensor:
-    """Logits computed at columns `q` `[G, Q]` -> at columns `cols` `[G, W]`, zeros where not computed."""
-    where = torch.full((q.shape[0], T), -1, dtype=torch.long, device=q.device)
-    where.scatter_(1, q, torch.arange(q.shape[1], device=q.device).expand_as(q))
-    at = where.gather(1, cols)  # [G, W]
-    return _gather(logits, at.clamp(min=0)) * (at >= 0)[..., None]
+def _all_rows(rows: torch.Tensor, B: int) -> bool:
+    """Whether `rows` is 0..B-1 in order (then the cache can be used and replaced without copies)."""
+    return len(rows) == B and bool((rows == torch.arange(B, device=rows.device)).all())

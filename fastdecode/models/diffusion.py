@@ -34,41 +34,70 @@ class MaskedDiffusionLM(ModelAdapter):
         self,
         canvas: torch.Tensor,  # [B, L]
         attention_mask: torch.Tensor | None = None,  # [B, L], 0 = padding
+        at: torch.Tensor | None = None,  # [B, W] canvas columns whose logits are wanted; None: all
     ) -> torch.Tensor:
-        logits = self.model(input_ids=canvas, attention_mask=attention_mask).logits.float()  # [B, L, V]
-        if self.shifted:
-            # output i-1 predicts token i; position 0 is always prompt, so its row is a placeholder
-            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-        return logits
+        """Aligned logits `[B, L, V]`, or `[B, W, V]` at the columns `at` (the model's output head then runs on
+        those columns only, where it can)."""
+        if at is not None and self.supports_cache:
+            out_pos = self._outputs(at)
+            return self.model(input_ids=canvas, attention_mask=attention_mask, logits_index=out_pos).logits.float()
+        logits = self._align(self.model(input_ids=canvas, attention_mask=attention_mask).logits.float())
+        return logits if at is None else _gather(logits, at)
 
     @torch.inference_mode()
     def forward_columns(
         self,
         canvas: torch.Tensor,  # [B, L]
         attention_mask: torch.Tensor,  # [B, L]
-        columns: torch.Tensor | None,  # [B, Q] columns to compute; None: all (and a fresh cache is returned)
+        columns: torch.Tensor | None,  # [B, Q] columns to recompute; None: all (and a fresh cache is returned)
         kv: KV | None,  # the cache to read the other columns from (required with columns)
+        at: torch.Tensor | None = None,  # [B, W] columns whose logits are wanted; None: `columns` (all if None)
     ) -> tuple[torch.Tensor, KV]:
-        """Aligned logits of `columns` (`[B, Q, V]`, or `[B, L, V]` for all) and the cache, updated with them.
+        """Aligned logits at `at` (`[B, W, V]`; without `at`, of `columns`, or `[B, L, V]` for all) and the cache,
+        updated with the recomputed columns.
 
-        A shifted model scores column c at output c-1, so it also recomputes c-1 (duplicates are harmless:
-        the same column gives the same K/V).
+        A shifted model scores column c at output c-1, so c-1 is recomputed with c: the forward runs once over
+        the union of `columns` and the outputs `at` needs, each column once (duplicates in `columns` are
+        padding). Only the wanted outputs go through the output head.
         """
         if columns is None:
-            out = self.model(input_ids=canvas, attention_mask=attention_mask, use_cache=True)
+            out_pos = None if at is None else self._outputs(at)
+            out = self.model(input_ids=canvas, attention_mask=attention_mask, use_cache=True, logits_index=out_pos)
             logits = out.logits.float()
-            if self.shifted:
-                logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-            return logits, [(layer.k, layer.v) for layer in out.cache]
-        Q = columns.shape[1]
-        query = torch.cat([(columns - 1).clamp(min=0), columns], dim=1) if self.shifted else columns  # [B, Q']
+            return (self._align(logits) if at is None else logits), [(layer.k, layer.v) for layer in out.cache]
+        at = columns if at is None else at
+        B, L = canvas.shape
+        out_pos = self._outputs(at)  # [B, W]
+        need = torch.zeros(B, L, dtype=torch.bool, device=canvas.device)
+        need.scatter_(1, columns, True).scatter_(1, out_pos, True)
+        n = need.sum(-1, keepdim=True)
+        Q = int(n.max())
+        order = need.long().argsort(dim=-1, descending=True, stable=True)[:, :Q]  # needed columns first, in order
+        query = torch.where(torch.arange(Q, device=canvas.device) < n, order, order[:, :1])  # pad with a needed one
+        slot = torch.zeros(B, L, dtype=torch.long, device=canvas.device)
+        slot.scatter_(1, order, torch.arange(Q, device=canvas.device).expand(B, Q))  # column -> its place in query
         past = [LayerKV(k, v) for k, v in kv]
         out = self.model(input_ids=canvas.gather(1, query), attention_mask=attention_mask, cache=past,
-                         query_index=query, use_cache=True)
-        logits = out.logits.float()
-        return (logits[:, :Q] if self.shifted else logits), [(layer.k, layer.v) for layer in out.cache]
+                         query_index=query, use_cache=True, logits_index=slot.gather(1, out_pos))
+        return out.logits.float(), [(layer.k, layer.v) for layer in out.cache]
+
+    def _outputs(self, at: torch.Tensor) -> torch.Tensor:
+        """The model outputs that score canvas columns `at`: the same columns, or one earlier for a shifted model
+        (column 0, always prompt, takes output 0 as a placeholder)."""
+        return (at - 1).clamp(min=0) if self.shifted else at
+
+    def _align(self, logits: torch.Tensor) -> torch.Tensor:
+        """`[B, L, V]` model outputs -> logits[:, i] scoring the token at column i."""
+        if self.shifted:  # output i-1 predicts token i; position 0 is always prompt, so its row is a placeholder
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        return logits
 
     def describe(self) -> dict:
         d = super().describe()
         d.update(mask_token_id=self.mask_token_id, logits="shifted (Dream)" if self.shifted else "same position (LLaDA)")
         return d
+
+
+def _gather(logits: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """`[B, L, V]`, `[B, W]` -> `[B, W, V]`."""
+    return logits.gather(1, cols[..., None].expand(-1, -1, logits.shape[-1]))

@@ -208,6 +208,8 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
         query_index: torch.Tensor | None = None,  # [B, Q] columns to compute; the others come from `cache`
         use_cache: bool = False,  # return every layer's K/V (a new cache when none was passed)
         logits_at: torch.Tensor | None = None,  # [B, L] bool: logits only there, as [N, V] (training's masked tokens)
+        logits_index: torch.Tensor | None = None,  # [B, W] outputs (indices into the computed columns): logits only
+        # there, as [B, W, V] (the columns a decoding step reads)
         past_key_values: list[LayerKV] | None = None,  # the name of `cache` before transformers 5.24
         **_: object,
     ) -> MDLMOutput:
@@ -244,6 +246,8 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
         x = self.model.norm(x)
         if logits_at is not None:
             x = x[logits_at]
+        elif logits_index is not None:
+            x = x.gather(1, logits_index[..., None].expand(-1, -1, x.shape[-1]))
         return MDLMOutput(logits=self.lm_head(x), cache=cache if use_cache else None)
 
 

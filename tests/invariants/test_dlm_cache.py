@@ -43,6 +43,43 @@ def test_partial_forward_with_exact_cached_kv_equals_the_full_forward(diffusion,
         torch.testing.assert_close(k2, k, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shifted", [False, True])
+def test_logits_at_some_columns_equal_those_of_the_full_forward(diffusion, shifted):
+    """`at` runs the output head on the wanted columns only: the same logits, of the full and the cached forward."""
+    model = MaskedDiffusionLM(diffusion.model, mask_token_id=3, shifted=shifted)
+    torch.manual_seed(1)
+    canvas = torch.randint(4, model.vocab_size, (2, 12))
+    attention = torch.ones(2, 12, dtype=torch.long)
+    attention[0, :3] = 0
+    full = model.forward(canvas, attention)
+    at = torch.tensor([[0, 6, 7, 7], [8, 9, 10, 11]])
+    want = full.gather(1, at[..., None].expand(-1, -1, full.shape[-1]))
+    torch.testing.assert_close(model.forward(canvas, attention, at=at), want, rtol=1e-5, atol=1e-5)
+    logits, kv = model.forward_columns(canvas, attention, None, None, at=at)
+    torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
+    part, _ = model.forward_columns(canvas, attention, torch.tensor([[6, 7], [9, 11]]), kv, at=at)
+    torch.testing.assert_close(part, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_shifted_model_recomputes_each_needed_column_once(diffusion, monkeypatch):
+    """Scoring columns 6..9 of a shifted model needs outputs 5..8 and fresh K/V of 6..9: columns 5..9, once each."""
+    model = MaskedDiffusionLM(diffusion.model, mask_token_id=3, shifted=True)
+    canvas = torch.randint(4, model.vocab_size, (1, 12))
+    attention = torch.ones(1, 12, dtype=torch.long)
+    _, kv = model.forward_columns(canvas, attention, None, None)
+    seen = []
+    real = model.model.forward
+
+    def wrapped(*args, **kw):
+        seen.append(kw["query_index"].tolist())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(model.model, "forward", wrapped)
+    cols = torch.tensor([[6, 7, 8, 9]])
+    model.forward_columns(canvas, attention, cols, kv)
+    assert seen == [[[5, 6, 7, 8, 9]]]
+
+
 def test_a_stale_cache_reads_old_kv_for_columns_it_does_not_recompute(diffusion):
     canvas = torch.randint(4, diffusion.vocab_size, (1, 10))
     attention = torch.ones(1, 10, dtype=torch.long)
@@ -83,9 +120,9 @@ def spy(model, monkeypatch) -> list:
     calls = []
     real = model.forward_columns
 
-    def wrapped(canvas, attention, columns, kv):
+    def wrapped(canvas, attention, columns, kv, **kw):
         calls.append(None if columns is None else [sorted(set(row)) for row in columns.tolist()])
-        return real(canvas, attention, columns, kv)
+        return real(canvas, attention, columns, kv, **kw)
 
     monkeypatch.setattr(model, "forward_columns", wrapped)
     return calls

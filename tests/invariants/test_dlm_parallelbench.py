@@ -37,7 +37,7 @@ class Oracle:
         self.answers[tuple(prompt)] = answers
         return prompt
 
-    def forward(self, canvas: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, canvas: torch.Tensor, attention_mask: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
         B, L = canvas.shape
         logits = torch.zeros(B, L, VOCAB)
         for b in range(B):
@@ -48,7 +48,7 @@ class Oracle:
                 if g == MASK and fits:
                     p = torch.bincount(torch.tensor([a[i] for a in fits]), minlength=VOCAB).double() / len(fits)
                     logits[b, L - self.n + i] = p.log().float()
-        return logits
+        return logits if at is None else logits.gather(1, at[..., None].expand(-1, -1, VOCAB))
 
     def accuracy(self, prompts: list[list[int]], results) -> float:
         ok = [tuple(r.token_ids) in self.answers[tuple(p)] for p, r in zip(prompts, results)]
