@@ -39,8 +39,8 @@ DLM_CACHES := $(foreach c,dual suffix delayed,dlm.threshold:cache=$(c)) dlm.base
 LONG := --param dlm.baseline.max_new_tokens=384 --param dlm.threshold.max_new_tokens=384
 MATCHED := --param spec.draft_model.num_draft_tokens=20 --param spec.draft_model.confidence_stop=0.4
 .PHONY: results results-spec results-spec-lists results-spec-code results-dlm results-dlm-lists results-dlm-other \
-	results-dlm-canvas
-results: results-spec results-dlm results-dlm-canvas
+	results-dlm-canvas results-cost
+results: results-spec results-dlm results-dlm-canvas results-cost
 	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out docs/RESULTS.md --plots docs/results
 	$(BIN)/python tools/measured.py
 
@@ -69,6 +69,10 @@ results-spec-code: $(VENV)/.installed
 	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny --methods spec.draft_model $(MATCHED) \
 		--limit 20 --out $(RESULTS)/spec-code.jsonl
 
+# what ar-small's cached forward costs as it verifies more tokens (run it with the machine otherwise idle)
+results-cost: $(VENV)/.installed
+	$(BIN)/python tools/forward_cost.py --model zoo:ar-small --threads 1 --out $(RESULTS)/cost/ar-small.jsonl
+
 # two independent halves: `make -j2 results-dlm` runs them side by side, one thread each (about 25 minutes, most
 # of it the 384-mask runs);
 # 15 items per list task (210 items: one accuracy point is two items), 25 per puzzle task, 5 per task on 384 masks
@@ -87,8 +91,8 @@ results-dlm-other: $(VENV)/.installed
 		$(THRESHOLD_BLOCKS) $(LONG) --limit 5 --out $(RESULTS)/dlm-cache-long.jsonl
 
 # the caches on canvases between the fitted one and 384 masks, where dlm-small still solves part of the tasks:
-# 15 items per list task; `make -j2 results-dlm-canvas` runs the two lengths side by side (about 12 minutes)
-CANVAS := 64 128
+# 15 items per list task; `make -j2 results-dlm-canvas` runs the three lengths two at a time
+CANVAS := 64 128 256
 results-dlm-canvas: $(foreach n,$(CANVAS),results-dlm-canvas-$(n))
 results-dlm-canvas-%: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold $(DLM_CACHES) $(THRESHOLD_BLOCKS) \

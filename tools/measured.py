@@ -23,6 +23,10 @@ Keys:
                   rows may come from several runs), basems (wall ms per baseline forward in LABEL's run), stepcost (a step's
                   wall time over a baseline step's), draftcost (one draft forward's wall time over a baseline
                   step's); tpf@TASK is one task's TPF
+  cost:STEM|WIDTH|FIELD  a causal model's cached forward over WIDTH new tokens, from docs/results/cost/STEM.jsonl
+                  (`tools/forward_cost.py`): ms (median wall ms), ratio (over a one-token forward), matmul (share
+                  of its CPU time in matrix products), bound@TAU (TAU / ratio: the speed-up over greedy that steps
+                  of this width emitting TAU tokens each would reach if drafting cost nothing)
 LABEL is the report's configuration label as in docs/RESULTS.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=384)`, or a
 bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
 """
@@ -67,9 +71,9 @@ README_ROWS = [
     ("parallel-lists", "zoo:dlm-small", ["dlm.baseline (cache=dual, max_new_tokens=128)",
                                          "dlm.baseline (cache=suffix, max_new_tokens=128)"],
      "`dlm.baseline` + dual / suffix cache, 128-mask canvas (speed-up over the uncached baseline there)"),
-    ("parallel-lists", "zoo:dlm-small", ["dlm.baseline (cache=dual, max_new_tokens=384)",
-                                         "dlm.baseline (cache=suffix, max_new_tokens=384)"],
-     "`dlm.baseline` + dual / suffix cache, 384-mask canvas (speed-up over the uncached baseline there)"),
+    ("parallel-lists", "zoo:dlm-small", ["dlm.baseline (cache=dual, max_new_tokens=256)",
+                                         "dlm.baseline (cache=suffix, max_new_tokens=256)"],
+     "`dlm.baseline` + dual / suffix cache, 256-mask canvas (speed-up over the uncached baseline there)"),
     ("parallel-lists", "zoo:dlm-small", ["dlm.prophet"], "`dlm.prophet`"),
 ]
 
@@ -81,6 +85,7 @@ class Table(dict):
     """(suite, model, label) -> Summary, with the rows they summarise in `rows`."""
 
     rows: list[dict]
+    results: Path
 
 
 def load(results: Path) -> Table:
@@ -90,7 +95,7 @@ def load(results: Path) -> Table:
             row["_source"] = str(path)
             rows.append(row)
     table = Table({(s.suite, s.model, s.label): s for s in summarize(rows)})
-    table.rows = rows
+    table.rows, table.results = rows, results
     return table
 
 
@@ -235,6 +240,22 @@ def card_text(spec: str) -> str:
     return values[field]()
 
 
+def cost_text(table: Table, spec: str) -> str:
+    stem, width, field = spec.split("|")
+    path = table.results / "cost" / f"{stem}.jsonl"
+    rows = {r["width"]: r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines())}
+    if int(width) not in rows:
+        raise SystemExit(f"{path} has no forward of width {width}; rerun tools/forward_cost.py with it")
+    row = rows[int(width)]
+    values = {"ms": lambda: f"{row['median_ms']:.1f}", "ratio": lambda: f"{row['over_width_1']:.2f}×",
+              "matmul": lambda: f"{100 * row['matmul_share']:.0f} %"}
+    if field.startswith("bound@"):  # the speed-up a step of this width reaching tau tokens has at most
+        return f"{float(field[6:]) / row['over_width_1']:.2f}×"
+    if field not in values:
+        raise SystemExit(f"bad cost figure {spec!r}: FIELD is one of {sorted(values)} or bound@TAU")
+    return values[field]()
+
+
 def render(key: str, table: dict) -> str:
     kind, _, label = key.partition(":")
     if kind == "dlm":
@@ -253,6 +274,8 @@ def render(key: str, table: dict) -> str:
         return loops_text(table, label)
     if kind == "card":
         return card_text(label)
+    if kind == "cost":
+        return cost_text(table, label)
     raise SystemExit(f"unknown figure key {key!r}")
 
 
