@@ -31,6 +31,18 @@ WIDTHS = [1, 2, 3, 4, 6, 8, 11, 16, 32, 71]  # 11: a spec.pld step (10 drafted);
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul")
 
 
+def primed(model, context: torch.Tensor):
+    """A fresh KV cache holding `context` `[1, n]`."""
+    cache = model.new_cache()
+    model.forward(context, torch.arange(context.shape[1])[None], cache)
+    return cache
+
+
+def new_tokens(model, n: int, width: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """`width` random tokens and their positions after `n` cached ones."""
+    return torch.randint(4, model.vocab_size, (1, width), generator=gen), torch.arange(n, n + width)[None]
+
+
 def timed_forwards(
     model, context: torch.Tensor, widths: list[int], reps: int, gen: torch.Generator
 ) -> dict[int, list[float]]:
@@ -39,16 +51,11 @@ def timed_forwards(
     The widths take turns, one forward each per round, so that a slow spell of a shared machine falls on all of
     them alike (timing one width after another let such spells move single widths by a third).
     """
-    n = context.shape[1]
-    caches = {}
-    for width in widths:
-        caches[width] = model.new_cache()
-        model.forward(context, torch.arange(n)[None], caches[width])
+    caches = {width: primed(model, context) for width in widths}
     times: dict[int, list[float]] = {width: [] for width in widths}
     for _ in range(reps + 3):  # the first rounds warm up allocators and kernels
         for width in widths:
-            ids = torch.randint(4, model.vocab_size, (1, width), generator=gen)
-            pos = torch.arange(n, n + width)[None]
+            ids, pos = new_tokens(model, context.shape[1], width, gen)
             start = time.perf_counter()
             model.forward(ids, pos, caches[width], num_logits=width)
             times[width].append(time.perf_counter() - start)
@@ -60,13 +67,11 @@ def matmul_share(model, context: torch.Tensor, width: int, reps: int, gen: torch
     """Share of the forwards' CPU time spent in matrix products (the weights' reads and the arithmetic)."""
     from torch.profiler import ProfilerActivity, profile
 
-    cache = model.new_cache()
-    n = context.shape[1]
-    model.forward(context, torch.arange(n)[None], cache)
+    cache = primed(model, context)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(reps):
-            ids = torch.randint(4, model.vocab_size, (1, width), generator=gen)
-            model.forward(ids, torch.arange(n, n + width)[None], cache, num_logits=width)
+            ids, pos = new_tokens(model, context.shape[1], width, gen)
+            model.forward(ids, pos, cache, num_logits=width)
             cache.trim(width)
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)

@@ -26,7 +26,8 @@ class MaskedDiffusionLM(ModelAdapter):
 
     @property
     def supports_cache(self) -> bool:
-        """Whether the model can recompute a subset of columns against cached K/V (`forward_columns`)."""
+        """Whether the model can recompute a subset of columns against cached K/V (`forward_columns`) and run its
+        output head on chosen outputs only (`logits_index`): the zoo MDLM's partial-forward protocol."""
         return bool(getattr(self.model, "supports_partial_forward", False))
 
     @torch.inference_mode()

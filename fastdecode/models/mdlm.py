@@ -196,7 +196,8 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    supports_partial_forward = True  # recomputes a subset of columns against cached K/V (query_index)
+    # recomputes chosen columns against cached K/V (query_index) and computes logits at chosen outputs (logits_index)
+    supports_partial_forward = True
 
     def forward(
         self,

@@ -26,13 +26,19 @@ def kw(name: str, **extra) -> dict:
     return {k: v for k, v in dict(max_new_tokens=GEN, block_length=8, **extra).items() if k in params}
 
 
+def padded_canvas(model, seed: int, row: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two random 12-column canvases, `row` left-padded by `pad` columns."""
+    torch.manual_seed(seed)
+    canvas = torch.randint(4, model.vocab_size, (2, 12))
+    attention = torch.ones(2, 12, dtype=torch.long)
+    attention[row, :pad] = 0
+    return canvas, attention
+
+
 @pytest.mark.parametrize("shifted", [False, True])
 def test_partial_forward_with_exact_cached_kv_equals_the_full_forward(diffusion, shifted):
     model = MaskedDiffusionLM(diffusion.model, mask_token_id=3, shifted=shifted)
-    torch.manual_seed(0)
-    canvas = torch.randint(4, model.vocab_size, (2, 12))
-    attention = torch.ones(2, 12, dtype=torch.long)
-    attention[1, :4] = 0  # left padding
+    canvas, attention = padded_canvas(model, seed=0, row=1, pad=4)
     full = model.forward(canvas, attention)
     logits, kv = model.forward_columns(canvas, attention, None, None)
     assert torch.equal(logits, full)  # the caching full forward is the plain one
@@ -47,10 +53,7 @@ def test_partial_forward_with_exact_cached_kv_equals_the_full_forward(diffusion,
 def test_logits_at_some_columns_equal_those_of_the_full_forward(diffusion, shifted):
     """`at` runs the output head on the wanted columns only: the same logits, of the full and the cached forward."""
     model = MaskedDiffusionLM(diffusion.model, mask_token_id=3, shifted=shifted)
-    torch.manual_seed(1)
-    canvas = torch.randint(4, model.vocab_size, (2, 12))
-    attention = torch.ones(2, 12, dtype=torch.long)
-    attention[0, :3] = 0
+    canvas, attention = padded_canvas(model, seed=1, row=0, pad=3)
     full = model.forward(canvas, attention)
     at = torch.tensor([[0, 6, 7, 7], [8, 9, 10, 11]])
     want = full.gather(1, at[..., None].expand(-1, -1, full.shape[-1]))
