@@ -108,3 +108,17 @@ def test_drafter_uses_earlier_requests_through_the_global_tree():
         d.propose(torch.tensor([0]), 1)
         d.finish(torch.tensor([0, 50, 51]))
     assert len(shared) == 2 and 30 not in shared.root.children
+
+
+def test_global_trees_of_different_depths_do_not_replace_each_other():
+    from fastdecode.spec.drafters.suffix import global_tree
+    from fastdecode.spec.memory import forget
+
+    model = torch.nn.Linear(1, 1)  # any weak-referenceable object stands for a target model
+    deep = global_tree(model, 24)
+    deep.extend(0, [1, 2, 3])
+    shallow = global_tree(model, 8)
+    assert shallow is not deep and shallow.max_depth == 8
+    assert global_tree(model, 24) is deep and len(deep) == 1  # a run at depth 8 between two at 24 kept its history
+    forget(model)
+    assert global_tree(model, 24) is not deep

@@ -35,16 +35,17 @@ class SuffixConfig(SpecConfig):
         check(self.max_cached_requests >= 0, "max_cached_requests", self.max_cached_requests, "must be >= 0")
 
 
-# the global tree of each target model: outputs of earlier requests, shared by every run in this process
+# the global trees of each target model, one per max_depth: outputs of earlier requests, shared by every run in this
+# process with that depth (a run with another depth neither reads nor clears them)
 _GLOBAL = store()
 _request_ids = itertools.count()
 
 
 def global_tree(model: CausalLM, max_depth: int) -> SuffixTree:
-    tree = _GLOBAL.get(model)
-    if tree is None or tree.max_depth != max_depth:
-        tree = _GLOBAL[model] = SuffixTree(max_depth)
-    return tree
+    trees = _GLOBAL.setdefault(model, {})
+    if max_depth not in trees:
+        trees[max_depth] = SuffixTree(max_depth)
+    return trees[max_depth]
 
 
 class SuffixDrafter(BaseDrafter):
