@@ -27,6 +27,9 @@ Keys:
                   (`tools/forward_cost.py`): ms (median wall ms), ratio (over a one-token forward), matmul (share
                   of its CPU time in matrix products), bound@TAU (TAU / ratio: the speed-up over greedy that steps
                   of this width emitting TAU tokens each would reach if drafting cost nothing)
+  copybound:SUITE|FIELD  the most a drafter copying from the context could gain on SUITE's ar-small answers on the
+                  cost curve's machine, from docs/results/cost/copy-bound.jsonl (`tools/copy_bound.py`): speedup
+                  (over greedy), tau (of the plan that reaches it)
 LABEL is the report's configuration label as in docs/RESULTS.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=384)`, or a
 bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
 """
@@ -256,6 +259,18 @@ def cost_text(table: Table, spec: str) -> str:
     return values[field]()
 
 
+def copy_bound_text(table: Table, spec: str) -> str:
+    suite, field = spec.split("|")
+    path = table.results / "cost" / "copy-bound.jsonl"
+    rows = [r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if r["suite"] == suite]
+    if len(rows) != 1:
+        raise SystemExit(f"{path} has {len(rows)} rows for {suite}; rerun `make results-bound`")
+    values = {"speedup": lambda: f"{rows[0]['speedup_bound']:.2f}×", "tau": lambda: f"{rows[0]['tau_of_plan']:.2f}"}
+    if field not in values:
+        raise SystemExit(f"bad copy-bound figure {spec!r}: FIELD is one of {sorted(values)}")
+    return values[field]()
+
+
 def render(key: str, table: dict) -> str:
     kind, _, label = key.partition(":")
     if kind == "dlm":
@@ -276,6 +291,8 @@ def render(key: str, table: dict) -> str:
         return card_text(label)
     if kind == "cost":
         return cost_text(table, label)
+    if kind == "copybound":
+        return copy_bound_text(table, label)
     raise SystemExit(f"unknown figure key {key!r}")
 
 
