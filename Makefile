@@ -39,8 +39,9 @@ DLM_CACHES := $(foreach c,dual suffix delayed,dlm.threshold:cache=$(c)) dlm.base
 LONG := --param dlm.baseline.max_new_tokens=384 --param dlm.threshold.max_new_tokens=384
 MATCHED := --param spec.draft_model.num_draft_tokens=20 --param spec.draft_model.confidence_stop=0.4
 .PHONY: results results-spec results-spec-lists results-spec-code results-dlm results-dlm-lists results-dlm-other \
-	results-dlm-canvas results-cost
+	results-dlm-canvas results-cost results-bound
 results: results-spec results-dlm results-dlm-canvas results-cost
+	$(MAKE) results-bound
 	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out docs/RESULTS.md --plots docs/results
 	$(BIN)/python tools/measured.py
 
@@ -49,8 +50,10 @@ results: results-spec results-dlm results-dlm-canvas results-cost
 docs-figures: $(VENV)/.installed
 	$(BIN)/python tools/measured.py
 
-# one target per suite, each running every spec method in turn into its own file, so that `make -j2 results-spec`
-# runs the two side by side, one thread each; the draft-free methods first, then those that run zoo:ar-tiny, then
+# one target per suite, each running every spec method in turn into its own file; the committed files were made with
+# `make results-spec`, one suite after the other: side by side (`make -j2`) the two runs share the memory bus and the
+# cache, and their speed-ups move by up to a fifth from run to run; the draft-free methods first, then those that
+# run zoo:ar-tiny, then
 # spec.draft_model again with hf.assisted's settings (20 tokens, confidence stop 0.4): the like-for-like pair
 results-spec: results-spec-lists results-spec-code
 
@@ -72,6 +75,12 @@ results-spec-code: $(VENV)/.installed
 # what ar-small's cached forward costs as it verifies more tokens (run it with the machine otherwise idle)
 results-cost: $(VENV)/.installed
 	$(BIN)/python tools/forward_cost.py --model zoo:ar-small --threads 1 --out $(RESULTS)/cost/ar-small.jsonl
+
+# the most a drafter copying from the context could gain on the committed greedy answers, on the cost curve above
+# (seconds; after results-spec and results-cost)
+results-bound: $(VENV)/.installed
+	$(BIN)/python tools/copy_bound.py --results $(RESULTS)/spec-parallel-lists.jsonl $(RESULTS)/spec-code.jsonl \
+		--cost $(RESULTS)/cost/ar-small.jsonl --out $(RESULTS)/cost/copy-bound.jsonl
 
 # two independent halves: `make -j2 results-dlm` runs them side by side, one thread each (about 25 minutes, most
 # of it the 384-mask runs);
