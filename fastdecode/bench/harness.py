@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -260,8 +261,9 @@ def run_bench(
         resolve(target, entry.method)  # a method that does not fit the model is refused here
     jobs = plan_jobs(suite, entries, baseline, params, seeds, limit, target)
     summary = BenchSummary(Path(out), len(jobs), methods=order, baseline=baseline)
+    # `run` names this invocation: the report compares a configuration's speed with the baseline rows of its own runs
     meta = {"suite": suite.name, "model": model_id, "draft": draft_id, "baseline": baseline, "schema": SCHEMA,
-            **versions(), "machine": machine(target.device), "command": command}
+            **versions(), "machine": machine(target.device), "command": command, "run": uuid.uuid4().hex[:12]}
     existing, handle = _open_for_append(summary.path)
     with handle:
         _execute(jobs, existing, handle, target, assistant, meta, summary, warmup, on_progress or (lambda p: None))

@@ -2,7 +2,7 @@
 
 Per suite and model, each method configuration gets: accuracy (mean score), TPF (sum new tokens / sum
 forwards), forwards per item, tokens/s (sum tokens / sum wall time), speed-up over the baseline measured
-in the same file, and the share of items whose tokens equal the baseline's.
+in the same bench run (the same file for rows from before runs were named), and the share of items whose tokens equal the baseline's.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Summary:
     draft_share: float | None = None  # of wall time, drafting (speculative methods; None when not timed)
     verify_share: float | None = None  # of wall time, the target's verification forward + accept rule
     sources: tuple[str, ...] = ()  # the result files its rows came from (each bench run measures its own baseline)
+    baseline_other_run: bool = False  # its runs measured no baseline: the speed-up is against other runs' rows
 
 
 @dataclass
@@ -108,9 +109,14 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[Summary]:
         group = []
         for config, rs in configs.items():
             speed = _rate(rs)
-            # speed-ups are against the baseline of the same file(s): each bench run measures its own baseline
+            # speed-ups are against the baseline rows of the same bench runs (interleaved with this configuration's
+            # rows item by item); where a run measured no baseline (a later run added a method to a file whose
+            # baseline rows were there) or the rows predate run ids, against the baseline rows of the same file(s)
             sources = {r.get("_source") for r in rs}
-            base_speed = _rate([r for r in base_rows if r.get("_source") in sources] or base_rows)
+            runs = {r.get("run") for r in rs}
+            in_file = [r for r in base_rows if r.get("_source") in sources] or base_rows
+            same_run = in_file if None in runs else [r for r in in_file if r.get("run") in runs]
+            base_speed = _rate(same_run or in_file)
             equal = [r["equal_to_baseline"] for r in rs if r.get("equal_to_baseline") is not None]
             proposed = sum(r.get("proposed", 0) for r in rs)
             per_task: dict[str, list[float]] = defaultdict(list)
@@ -138,6 +144,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[Summary]:
                 draft_share=sum(r.get("draft_s", 0.0) for r in rs) / wall if timed else None,
                 verify_share=sum(r.get("verify_s", 0.0) for r in rs) / wall if timed else None,
                 sources=tuple(sorted(str(x) for x in sources if x is not None)),
+                baseline_other_run=not same_run,
             ))
         group.sort(key=lambda s: (not s.is_baseline, s.label))
         out.extend(group)
@@ -202,9 +209,13 @@ def method_table(group: Sequence[Summary]) -> list[str]:
         name = f"**{s.label}** (baseline)" if s.is_baseline else s.label
         lines.append(
             f"| {name} | {_pct(s.accuracy)} | {s.tpf:.2f} | {s.forwards_per_item:.1f} | {s.draft_forwards_per_item:.1f} "
-            f"| {s.tokens_per_s:.1f} | {_num(s.speedup, 2, '×')} | {_pct(s.equal_rate)} | {_pct(s.acceptance_rate)} "
-            f"| {s.items} | {s.peak_rss_mb:.0f} |"
+            f"| {s.tokens_per_s:.1f} | {_num(s.speedup, 2, '×')}{' †' if s.baseline_other_run else ''} "
+            f"| {_pct(s.equal_rate)} | {_pct(s.acceptance_rate)} | {s.items} | {s.peak_rss_mb:.0f} |"
         )
+    if any(s.baseline_other_run for s in group):
+        lines += ["", "† its bench runs measured no baseline rows (a later run added it to a file that had them): the "
+                  "speed-up is against the baseline rows of the file's other runs, on a machine whose speed may "
+                  "have moved since."]
     return lines
 
 
@@ -242,7 +253,7 @@ def render(rows: Sequence[dict[str, Any]], summaries: Sequence[Summary], sources
         commands = sorted({r["command"] for r in mine if r.get("command")})
         lines.append(f"- `{src}`: {len(mine)} rows" + ("; made by " + "; ".join(f"`{c}`" for c in commands) if commands else ""))
     lines += ["", "TPF = generated tokens ÷ target forward passes (hardware independent); tokens/s = generated tokens ÷ wall "
-              "time, batch size 1; speed-up = tokens/s ÷ the baseline's tokens/s in the same file (same machine); "
+              "time, batch size 1; speed-up = tokens/s ÷ the baseline's tokens/s in the same bench run (same machine, rows interleaved item by item); "
               "= baseline: share of items whose tokens equal the baseline's exactly; acceptance: accepted ÷ drafted "
               "tokens (diffusion: committed ÷ masked positions offered).", ""]
     for (suite, model), group in _grouped(summaries).items():

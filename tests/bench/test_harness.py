@@ -346,3 +346,34 @@ def test_a_methods_entry_is_parsed_into_method_and_its_own_values():
     assert (entry.method, dict(entry.own)) == ("dlm.baseline", {"cache": "dual", "block_length": "16"})
     with pytest.raises(BenchError, match="method:name=value"):
         Entry.parse("dlm.baseline:dual")
+
+
+def test_speed_ups_use_the_baseline_of_the_same_run_within_a_file():
+    from fastdecode.bench.report import method_table, summarize
+
+    def row(method, run, wall):
+        return {"suite": "s", "model": "m", "method": method, "task": "t", "score": 1.0, "new_tokens": 10,
+                "forwards": 10, "wall_s": wall, "is_baseline": method == "ar.greedy", "_source": "f", "run": run}
+
+    # one file, two runs on a machine whose speed moved between them: 2x within each run; pooling the two
+    # baselines would give spec.ngram 1.5x; a third run added spec.jacobi without measuring the baseline
+    rows = [row("ar.greedy", "r1", 1.0), row("spec.pld", "r1", 0.5), row("ar.greedy", "r2", 2.0),
+            row("spec.ngram", "r2", 1.0), row("spec.jacobi", "r3", 1.5)]
+    summaries = summarize(rows)
+    by = {s.method: s for s in summaries}
+    assert by["spec.pld"].speedup == pytest.approx(2.0) and by["spec.ngram"].speedup == pytest.approx(2.0)
+    assert not by["spec.ngram"].baseline_other_run and by["ar.greedy"].speedup == pytest.approx(1.0)
+    # against both runs' baselines pooled (20 tokens in 3 s), as it ran 10 tokens in 1.5 s
+    assert by["spec.jacobi"].baseline_other_run and by["spec.jacobi"].speedup == pytest.approx(1.0)
+    table = "\n".join(method_table(summaries))
+    assert "1.00× †" in table and table.count("†") == 2  # the flagged cell and its footnote
+
+
+def test_bench_rows_name_their_run(target, tmp_path):
+    out = tmp_path / "r.jsonl"
+    short = {"max_new_tokens": 8}
+    for method in ("spec.pld", "spec.ngram"):
+        run_bench(SUITE, target, [method], out, params={"ar.greedy": short, method: short}, limit=1, warmup=False)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    runs = {r["method"]: r["run"] for r in rows}
+    assert len(set(runs.values())) == 2 and runs["ar.greedy"] == runs["spec.pld"] != runs["spec.ngram"]
