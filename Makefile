@@ -78,8 +78,9 @@ results-bound: $(VENV)/.installed
 	$(BIN)/python tools/copy_bound.py --results $(RESULTS)/spec-parallel-lists.jsonl $(RESULTS)/spec-code.jsonl \
 		--cost $(RESULTS)/cost/ar-small.jsonl --out $(RESULTS)/cost/copy-bound.jsonl
 
-# two independent halves: `make -j2 results-dlm` runs them side by side, one thread each (about 25 minutes, most
-# of it the 384-mask runs);
+# two independent halves; the committed files were made one after the other with the machine otherwise idle (`make
+# results-dlm results-dlm-canvas`, about an hour): `make -j2` halves the time, but side by side the runs share the
+# memory bus and the cache and their wall-clock ratios move by up to a fifth;
 # 15 items per list task (210 items: one accuracy point is two items), 25 per puzzle task, 5 per task on 384 masks
 results-dlm: results-dlm-lists results-dlm-other
 
@@ -96,7 +97,7 @@ results-dlm-other: $(VENV)/.installed
 		$(THRESHOLD_BLOCKS) $(LONG) --limit 5 --out $(RESULTS)/dlm-cache-long.jsonl
 
 # the caches on canvases between the fitted one and 384 masks, where dlm-small still solves part of the tasks:
-# 15 items per list task; `make -j2 results-dlm-canvas` runs the three lengths two at a time
+# 15 items per list task
 CANVAS := 64 128 256
 results-dlm-canvas: $(foreach n,$(CANVAS),results-dlm-canvas-$(n))
 results-dlm-canvas-%: $(VENV)/.installed

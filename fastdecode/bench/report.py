@@ -144,7 +144,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[Summary]:
                 draft_share=sum(r.get("draft_s", 0.0) for r in rs) / wall if timed else None,
                 verify_share=sum(r.get("verify_s", 0.0) for r in rs) / wall if timed else None,
                 sources=tuple(sorted(str(x) for x in sources if x is not None)),
-                baseline_other_run=not same_run,
+                baseline_other_run=bool(in_file) and not same_run,
             ))
         group.sort(key=lambda s: (not s.is_baseline, s.label))
         out.extend(group)
