@@ -53,7 +53,7 @@ docs-figures: $(VENV)/.installed
 
 # one target per suite, each running every spec method in turn into its own file; the committed files were made with
 # `make results-spec`, one suite after the other: side by side (`make -j2`) the two runs share the memory bus and the
-# cache, and their speed-ups move by up to a fifth from run to run; the draft-free methods first, then those that
+# cache, which adds noise of its own; the draft-free methods first, then those that
 # run zoo:ar-tiny (each invocation measures its own baseline rows, which the report compares it with)
 results-spec: results-spec-lists results-spec-code
 
@@ -80,7 +80,7 @@ results-bound: $(VENV)/.installed
 
 # two independent halves; the committed files were made one after the other with the machine otherwise idle (`make
 # results-dlm results-dlm-canvas`, about an hour): `make -j2` halves the time, but side by side the runs share the
-# memory bus and the cache and their wall-clock ratios move by up to a fifth;
+# memory bus and the cache, which adds noise of its own;
 # 15 items per list task (210 items: one accuracy point is two items), 25 per puzzle task, 5 per task on 384 masks
 results-dlm: results-dlm-lists results-dlm-other
 

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{path} has no baseline rows with token ids")
         for (suite, model_name), rows in groups.items():
             model = fastdecode.load(model_name)
-            if not hasattr(model, "new_cache"):
+            if model.kind != "causal":
                 continue  # a diffusion baseline: nothing to draft for
             out.append({"suite": suite, "model": model_name, "results": str(path), "cost": args.cost,
                         **bound(list(rows.values()), cost, model.encode)})

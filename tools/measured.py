@@ -37,6 +37,7 @@ bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -243,10 +244,16 @@ def card_text(spec: str) -> str:
     return values[field]()
 
 
+@functools.cache
+def cost_rows(path: Path) -> list[dict]:
+    """The rows of a file under docs/results/cost (forward-cost curves, copy bounds), read once per run."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
 def cost_text(table: Table, spec: str) -> str:
     stem, width, field = spec.split("|")
     path = table.results / "cost" / f"{stem}.jsonl"
-    rows = {r["width"]: r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines())}
+    rows = {r["width"]: r for r in cost_rows(path)}
     if int(width) not in rows:
         raise SystemExit(f"{path} has no forward of width {width}; rerun tools/forward_cost.py with it")
     row = rows[int(width)]
@@ -262,7 +269,7 @@ def cost_text(table: Table, spec: str) -> str:
 def copy_bound_text(table: Table, spec: str) -> str:
     suite, field = spec.split("|")
     path = table.results / "cost" / "copy-bound.jsonl"
-    rows = [r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if r["suite"] == suite]
+    rows = [r for r in cost_rows(path) if r["suite"] == suite]
     if len(rows) != 1:
         raise SystemExit(f"{path} has {len(rows)} rows for {suite}; rerun `make results-bound`")
     values = {"speedup": lambda: f"{rows[0]['speedup_bound']:.2f}×", "tau": lambda: f"{rows[0]['tau_of_plan']:.2f}"}
