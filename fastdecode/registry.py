@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import pkgutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,8 +16,10 @@ from .types import ModelKind, PromptBatch, StepEvent
 # A driver runs one method: it owns every model call and yields one event per step.
 Driver = Callable[[Any, PromptBatch, MethodConfig, "RunContext"], Iterator[StepEvent]]
 
-# Packages whose modules register built-in methods on import.
-_BUILTIN_PACKAGES = ("fastdecode.ar", "fastdecode.diffusion", "fastdecode.hf", "fastdecode.spec")
+# The method families: every module under these packages is imported (discovered, not listed), so a new method file
+# registers itself by existing.
+_FAMILY_PACKAGES = ("fastdecode.ar", "fastdecode.diffusion", "fastdecode.hf", "fastdecode.speculative")
+_loaded = False
 _METHODS: dict[str, Method] = {}
 
 
@@ -61,8 +64,14 @@ def register(
 
 
 def _load_builtins() -> None:
-    for package in _BUILTIN_PACKAGES:
-        importlib.import_module(package)
+    global _loaded
+    if _loaded:
+        return
+    for name in _FAMILY_PACKAGES:
+        package = importlib.import_module(name)
+        for module in pkgutil.walk_packages(package.__path__, prefix=name + "."):
+            importlib.import_module(module.name)
+    _loaded = True
 
 
 def get_method(name: str) -> Method:

@@ -1,3 +1,1 @@
-"""Autoregressive baselines: one target forward per token. Importing registers `ar.*`."""
-
-from . import greedy, sample  # noqa: F401
+"""Autoregressive baselines: one target forward per token. The registry imports every module here (`ar.*`)."""

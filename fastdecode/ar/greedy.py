@@ -9,7 +9,7 @@ from ..models.causal import CausalLM
 from ..registry import RunContext, register
 from ..sampling import greedy as argmax
 from ..types import PromptBatch, StepEvent
-from .loop import autoregressive
+from .driver import autoregressive
 
 
 @register("ar.greedy", kind="causal", config=MethodConfig, lossless=True)

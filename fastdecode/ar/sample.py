@@ -14,7 +14,7 @@ from ..registry import RunContext, register
 from ..sampling.config import SamplingConfig
 from ..sampling.samplers import make_generator
 from ..types import PromptBatch, StepEvent
-from .loop import autoregressive
+from .driver import autoregressive
 
 
 @dataclass(frozen=True)

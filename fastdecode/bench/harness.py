@@ -28,7 +28,7 @@ from ..engine import generate, resolve
 from ..models.base import ModelAdapter
 from ..models.loading import load
 from ..registry import get_method
-from ..spec.memory import recall, restore
+from ..speculative.memory import recall, restore
 from .evaluate import default_budget
 from .suites import BenchError, Suite, get_suite
 from .tasks import Item, Task, format_prompt

@@ -1,3 +1,1 @@
-"""Masked-diffusion decoding (LLaDA-style canvases). Importing registers `dlm.*`."""
-
-from . import policies  # noqa: F401
+"""Masked-diffusion decoding (LLaDA-style canvases). The registry imports every module here (`dlm.*`)."""

@@ -1,4 +1,2 @@
 """Reference methods from transformers' own `generate()`, so ours are compared with what users would
-otherwise pick, on the same prompts and in the same run. Importing registers `hf.*`."""
-
-from . import assisted, greedy, prompt_lookup  # noqa: F401
+otherwise pick, on the same prompts and in the same run. The registry imports every module here (`hf.*`)."""

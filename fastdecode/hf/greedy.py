@@ -8,7 +8,7 @@ from ..config import MethodConfig
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
 from ..types import PromptBatch, StepEvent
-from .run import hf_driver
+from .driver import hf_driver
 
 
 @register("hf.greedy", kind="causal", config=MethodConfig, lossless=True)

@@ -9,7 +9,7 @@ from ..config import MethodConfig, check
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
 from ..types import PromptBatch, StepEvent
-from .run import hf_driver
+from .driver import hf_driver
 
 
 @dataclass(frozen=True)

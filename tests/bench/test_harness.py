@@ -11,7 +11,7 @@ from fastdecode.bench.harness import Entry, read_rows, row_key, run_bench, split
 from fastdecode.bench.report import build_report
 from fastdecode.bench.suites import SUITES, BenchError, Suite, get_suite
 from fastdecode.bench.tasks import DEFAULT_TEST_SEED, TASKS, format_prompt
-from fastdecode.spec.memory import forget
+from fastdecode.speculative.memory import forget
 from fastdecode.stats import Stats
 
 SUITE = Suite("tiny", "three items", (("lists.sort", 2), ("puzzles.sudoku", 1)))
@@ -171,7 +171,7 @@ def test_harness_is_quiet(target, tmp_path, capsys):
 def test_warm_up_does_not_hand_spec_suffix_the_first_answer(target, tmp_path):
     """Without the reset, the warm-up's output of item 0 sits in spec.suffix's global tree and item 0 drafts it."""
     import fastdecode
-    from fastdecode.spec.memory import remembers
+    from fastdecode.speculative.memory import remembers
 
     out = tmp_path / "suffix.jsonl"
     params = {"ar.greedy": {"max_new_tokens": 12}, "spec.suffix": {"max_new_tokens": 12}}

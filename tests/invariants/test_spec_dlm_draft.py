@@ -26,7 +26,7 @@ from fastdecode.errors import IncompatibleMethodError, ParameterError
 from fastdecode.models.diffusion import MaskedDiffusionLM
 from fastdecode.models.mdlm import MDLMConfig, MDLMForMaskedDiffusion
 from fastdecode.registry import RunContext
-from fastdecode.spec.drafters.dlm_draft import DiffusionDrafter, DlmDraftConfig, context_window, in_order_prefix
+from fastdecode.speculative.drafters.dlm_draft import DiffusionDrafter, DlmDraftConfig, context_window, in_order_prefix
 from fastdecode.train.tokenizer import train_tokenizer
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]

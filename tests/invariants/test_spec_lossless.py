@@ -11,12 +11,12 @@ import fastdecode
 from fastdecode.engine import encode_batch
 from fastdecode.errors import IncompatibleMethodError, ParameterError
 from fastdecode.registry import RunContext
-from fastdecode.spec.drafters.draft_model import DraftModelConfig, ModelDrafter
-from fastdecode.spec.drafters.ngram import NgramConfig
-from fastdecode.spec.drafters.recycling import RecyclingConfig, parse_template, tree_template
-from fastdecode.spec.loop import BaseDrafter, Draft, SpecConfig, speculative
-from fastdecode.spec.memory import forget
-from fastdecode.spec.tree import depths
+from fastdecode.speculative.drafters.draft_model import DraftModelConfig, ModelDrafter
+from fastdecode.speculative.drafters.ngram import NgramConfig
+from fastdecode.speculative.drafters.recycling import RecyclingConfig, parse_template, tree_template
+from fastdecode.speculative.driver import BaseDrafter, Draft, SpecConfig, speculative
+from fastdecode.speculative.memory import forget
+from fastdecode.speculative.tree import depths
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
 LONG = PROMPTS[2]  # runs 40 tokens without EOS on the tiny model

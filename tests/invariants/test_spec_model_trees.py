@@ -13,10 +13,10 @@ import torch
 import fastdecode
 from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
-from fastdecode.spec.drafters.dyntree import DynTreeConfig, DynTreeDrafter
-from fastdecode.spec.drafters.rsd import RSDConfig, RSDDrafter
-from fastdecode.spec.loop import Draft, speculative
-from fastdecode.spec.tree import check_tree, children, depths
+from fastdecode.speculative.drafters.dyntree import DynTreeConfig, DynTreeDrafter
+from fastdecode.speculative.drafters.rsd import RSDConfig, RSDDrafter
+from fastdecode.speculative.driver import Draft, speculative
+from fastdecode.speculative.tree import check_tree, children, depths
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
 LONG = PROMPTS[2]  # runs 40 tokens without EOS on the tiny model

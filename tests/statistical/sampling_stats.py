@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fastdecode.spec.verify import target_distribution
+from fastdecode.speculative.verify import target_distribution
 
 N = 800  # draws per test: identical prompts in one batch, rows draw one after another from one generator
 PROCESSORS = dict(temperature=1.0, top_k=16)

@@ -21,7 +21,7 @@ from torch import nn
 
 import fastdecode
 from fastdecode.models.diffusion import MaskedDiffusionLM
-from fastdecode.spec.drafters import dlm_draft
+from fastdecode.speculative.drafters import dlm_draft
 
 MASK = 3
 ROWS = 1600  # draws per test (sampling_stats.N = 800 leave the bias test short of power)

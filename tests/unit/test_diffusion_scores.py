@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from fastdecode.diffusion.loop import finished
+from fastdecode.diffusion.driver import finished
 from fastdecode.diffusion.rules import select_topk
 from fastdecode.diffusion.scores import confidence, num_transfer_tokens, predict
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fastdecode.spec.drafters.lookahead import LookaheadConfig, LookaheadDrafter, candidate_tree, window_layout
+from fastdecode.speculative.drafters.lookahead import LookaheadConfig, LookaheadDrafter, candidate_tree, window_layout
 
 
 def test_window_columns_are_jacobi_trajectories():

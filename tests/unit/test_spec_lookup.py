@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from fastdecode.spec.drafters.ngram import NgramConfig, NgramLookup
-from fastdecode.spec.drafters.pld import PromptLookup, PromptLookupConfig
-from fastdecode.spec.lookup import continuation, longest_match
+from fastdecode.speculative.drafters.ngram import NgramConfig, NgramLookup
+from fastdecode.speculative.drafters.pld import PromptLookup, PromptLookupConfig
+from fastdecode.speculative.lookup import continuation, longest_match
 
 
 def t(*ids: int) -> torch.Tensor:

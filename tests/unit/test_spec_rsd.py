@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from fastdecode.errors import ParameterError
-from fastdecode.spec.drafters.dyntree import DynTreeConfig
-from fastdecode.spec.drafters.rsd import RSDConfig, gumbel_top_k, parse_branches
-from fastdecode.spec.tree import verify_tree_rsd
+from fastdecode.speculative.drafters.dyntree import DynTreeConfig
+from fastdecode.speculative.drafters.rsd import RSDConfig, gumbel_top_k, parse_branches
+from fastdecode.speculative.tree import verify_tree_rsd
 
 V = 6
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastdecode.spec.drafters.suffix import SuffixConfig, SuffixDrafter
-from fastdecode.spec.suffix_tree import SuffixTree, best_draft, draft_from, tree_from
+from fastdecode.speculative.drafters.suffix import SuffixConfig, SuffixDrafter
+from fastdecode.speculative.suffix_tree import SuffixTree, best_draft, draft_from, tree_from
 
 
 def path(tree: SuffixTree, tokens: list[int]):
@@ -111,8 +111,8 @@ def test_drafter_uses_earlier_requests_through_the_global_tree():
 
 
 def test_global_trees_of_different_depths_do_not_replace_each_other():
-    from fastdecode.spec.drafters.suffix import global_tree
-    from fastdecode.spec.memory import forget
+    from fastdecode.speculative.drafters.suffix import global_tree
+    from fastdecode.speculative.memory import forget
 
     model = torch.nn.Linear(1, 1)  # any weak-referenceable object stands for a target model
     deep = global_tree(model, 24)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastdecode.spec.drafters.recycling import RecyclingConfig, RecyclingDrafter, new_matrix, tree_template
-from fastdecode.spec.tree import ancestor_mask, check_tree, children, depths, verify_tree_greedy, verify_tree_sampling
+from fastdecode.speculative.drafters.recycling import RecyclingConfig, RecyclingDrafter, new_matrix, tree_template
+from fastdecode.speculative.tree import ancestor_mask, check_tree, children, depths, verify_tree_greedy, verify_tree_sampling
 
 #        root
 #       /    \
@@ -99,7 +99,7 @@ def test_recycling_template_and_tree_from_the_adjacency_matrix():
 def test_a_branchless_deterministic_tree_is_verified_as_a_chain():
     import torch
 
-    from fastdecode.spec.loop import Draft
+    from fastdecode.speculative.driver import Draft
 
     tokens = torch.tensor([4, 5, 6])
     assert Draft(tokens, parents=[-1, 0, 1]).as_chain().parents is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastdecode.spec.verify import target_distribution, verify_greedy, verify_sampling
+from fastdecode.speculative.verify import target_distribution, verify_greedy, verify_sampling
 
 V = 6
 

@@ -17,7 +17,7 @@ from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..loop import denoise
+from ..driver import denoise
 from ..policy import BlockConfig, Step, View, first_mask, in_block
 from ..rules import threshold
 

@@ -13,7 +13,7 @@ from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..loop import denoise
+from ..driver import denoise
 from ..policy import StepsConfig, Step, View, block_view
 from ..rules import select_topk
 from ..scores import num_transfer_tokens, random_score

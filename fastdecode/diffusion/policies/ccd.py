@@ -20,7 +20,7 @@ from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..loop import denoise
+from ..driver import denoise
 from ..policy import StepsConfig, Step, columns
 from ..rules import consistent, select_topk
 from ..scores import neg_entropy

@@ -16,7 +16,7 @@ from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..loop import denoise, propose
+from ..driver import denoise, propose
 from ..policy import BlockConfig, BlockPolicy, Step
 from ..rules import credit_fuse, credit_update, threshold
 

@@ -20,7 +20,7 @@ from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..loop import denoise
+from ..driver import denoise
 from ..policy import DiffusionConfig, Step, View, first_mask
 from ..rules import threshold
 

@@ -12,7 +12,7 @@ from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..loop import denoise
+from ..driver import denoise
 from ..policy import BlockConfig, BlockPolicy, Step
 from ..rules import entropy_bound
 from ..scores import neg_entropy

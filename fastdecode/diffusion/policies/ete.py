@@ -25,7 +25,7 @@ from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..loop import denoise
+from ..driver import denoise
 from ..policy import BlockConfig, Step, View, block_view, in_block
 from ..rules import top1
 from ..scores import neg_entropy

@@ -27,7 +27,7 @@ from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
 from ..cache import Forwarder
-from ..loop import Canvas, event, finished, make_step
+from ..driver import Canvas, event, finished, make_step
 from ..policy import BlockConfig, block_view
 from ..rules import top1
 

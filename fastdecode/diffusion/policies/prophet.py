@@ -18,7 +18,7 @@ from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..loop import denoise
+from ..driver import denoise
 from ..policy import StepsConfig, Step, View, in_block, to_end
 from ..rules import prophet_exit, select_topk
 from ..scores import logit_gap

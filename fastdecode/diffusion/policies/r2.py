@@ -21,7 +21,7 @@ from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..loop import denoise
+from ..driver import denoise
 from ..policy import BlockConfig, BlockPolicy, Step, columns
 from ..rules import cluster_one, streaks, threshold, window_average
 

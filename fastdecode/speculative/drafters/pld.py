@@ -12,7 +12,7 @@ from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
 from ..lookup import longest_match
-from ..loop import BaseDrafter, Draft, SpecConfig, speculative
+from ..driver import BaseDrafter, Draft, SpecConfig, speculative
 
 
 @dataclass(frozen=True)

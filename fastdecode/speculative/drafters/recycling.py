@@ -22,7 +22,7 @@ from ...errors import ParameterError
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..loop import BaseDrafter, Draft, SpecConfig, speculative
+from ..driver import BaseDrafter, Draft, SpecConfig, speculative
 from ..memory import store
 
 

@@ -32,7 +32,7 @@ from ...errors import IncompatibleMethodError, ParameterError
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..loop import BaseDrafter, Draft, SpecConfig, speculative
+from ..driver import BaseDrafter, Draft, SpecConfig, speculative
 from .draft_model import pick_token
 
 # where transformers keeps the decoder layers: Llama/Mistral/Qwen/Gemma/Phi, OPT, GPT-2/GPT-J, GPT-NeoX

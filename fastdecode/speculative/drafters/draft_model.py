@@ -13,7 +13,7 @@ from ...config import check
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..loop import BaseDrafter, Draft, SpecConfig, check_rollback, speculative
+from ..driver import BaseDrafter, Draft, SpecConfig, check_rollback, speculative
 from ..verify import target_distribution
 
 

@@ -29,7 +29,7 @@ from ...models.causal import CausalLM
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..loop import BaseDrafter, Draft, SpecConfig, speculative
+from ..driver import BaseDrafter, Draft, SpecConfig, speculative
 from ..verify import target_distribution
 
 

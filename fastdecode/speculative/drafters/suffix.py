@@ -13,7 +13,7 @@ from ...config import check
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..loop import BaseDrafter, Draft, SpecConfig, speculative
+from ..driver import BaseDrafter, Draft, SpecConfig, speculative
 from ..memory import store
 from ..suffix_tree import SuffixTree, best_draft
 
