@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from ..cache import KVCache
 from ..config import MethodConfig
 from ..models.causal import CausalLM
 from ..types import PromptBatch, StepEvent
@@ -28,7 +29,8 @@ def autoregressive(model: CausalLM, batch: PromptBatch, cfg: MethodConfig, pick:
     seen = torch.zeros(B, model.vocab_size, dtype=torch.bool, device=device)
     seen.scatter_(1, ids, mask.bool())  # padding does not count as seen
 
-    cache = model.new_cache()
+    cache = model.new_cache(batch=B, capacity=ids.shape[1] + cfg.max_new_tokens)
+    growing = not isinstance(cache, KVCache)  # transformers' own cache needs the whole 2-D padding mask every step
     positions = positions_from_mask(mask)
     logits = model.forward(ids, positions, cache, mask, num_logits=1)[:, -1]  # [B, V]
     next_pos = positions[:, -1:] + 1  # [B, 1]
@@ -47,6 +49,7 @@ def autoregressive(model: CausalLM, batch: PromptBatch, cfg: MethodConfig, pick:
         if last or bool(done.all()):
             return
         seen[torch.arange(B, device=device), token] = True
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        logits = model.forward(token[:, None], next_pos, cache, mask)[:, -1]
+        if growing:
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        logits = model.forward(token[:, None], next_pos, cache, mask if growing else None)[:, -1]
         next_pos = next_pos + 1

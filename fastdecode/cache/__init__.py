@@ -1,3 +1,3 @@
-from .kv import KVCache
+from .kv import DynamicKVCache, KVCache
 
-__all__ = ["KVCache"]
+__all__ = ["DynamicKVCache", "KVCache"]

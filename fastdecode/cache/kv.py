@@ -1,19 +1,199 @@
-"""The KV cache of a causal LM: grows as the model runs, can be trimmed (rolled back) and reports its length."""
+"""KV caches of a causal LM.
+
+`KVCache` is fastdecode's own: storage allocated once per generation (grown in chunks only if a run outgrows it),
+one `[B, H, capacity, D]` tensor pair per layer, and per row a stored length apart from the logical positions of the
+stored entries. A forward writes each row's new keys at that row's length (rows may hold different lengths: batched
+speculative rows accept different counts); rolling back is moving a row's length back, no copies. The attention
+plan (`fastdecode.attention.Plan`) built here says which stored column each query may see and at which position it
+sits, so left padding, trees and sliding windows need no other mask.
+
+`DynamicKVCache` wraps a `transformers` cache for the models the preallocated cache cannot serve (attention that
+bypasses transformers' attention interface, recurrent or convolution state layers); it rolls back only plain
+key/value layers and says so through `can_rollback()`.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from ..attention import Plan
 from ..errors import IncompatibleMethodError
 
 
-class KVCache:
-    """Wraps a `transformers` cache object; the model appends to it on every forward.
+class _Layer(CacheLayerMixin):
+    """One attention layer's keys and values; the owning `KVCache` decides where a forward writes."""
 
-    `trim(n)` drops the last n positions of every layer, which is what speculative decoding needs to
-    roll back rejected draft tokens. Only caches whose layers hold plain `[B, H, T, D]` key/value
-    tensors can roll back; `can_trim` declares it so that methods can refuse others when they are built.
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, owner: KVCache, sliding: bool) -> None:
+        super().__init__()
+        self.owner = owner
+        self.is_sliding = sliding  # informational: the window itself is applied by the attention plan
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        B, H, _, D = key_states.shape
+        cap = self.owner.capacity
+        self.keys = key_states.new_zeros(B, H, cap, D)
+        self.values = value_states.new_zeros(B, value_states.shape[1], cap, value_states.shape[-1])
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def _grow(self, capacity: int) -> None:
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros(*old.shape[:2], capacity, old.shape[-1])
+            new[:, :, : old.shape[2]] = old
+            setattr(self, name, new)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        elif self.keys.shape[2] < self.owner.capacity:
+            self._grow(self.owner.capacity)
+        o = self.owner
+        T = key_states.shape[2]
+        if o._start is not None:  # every row writes at the same column: a slice
+            self.keys[:, :, o._start : o._start + T] = key_states
+            self.values[:, :, o._start : o._start + T] = value_states
+        else:  # ragged rows: each row's new keys go after its own stored entries
+            idx = o._write[:, None, :, None]  # [B, 1, T, 1]
+            self.keys.scatter_(2, idx.expand_as(key_states), key_states)
+            self.values.scatter_(2, idx.expand_as(value_states), value_states)
+        return self.keys[:, :, : o._width], self.values[:, :, : o._width]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner._seen + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner._seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Rows are rolled back by the owner (`KVCache.crop_rows`), which every layer reads its lengths from."""
+
+    def reset(self) -> None:
+        self.owner.crop(0)
+
+
+class KVCache(Cache):
+    """Preallocated key/value storage for `batch` rows, with per-row lengths; see the module docstring.
+
+    `lengths[b]` is how many columns row b holds; `positions[b, j]` the logical position of column j (the model's
+    position id of that token) and `valid[b, j]` whether it is a real token (left padding is not).
     """
+
+    def __init__(self, layer_types: list[str], batch: int = 1, capacity: int = 0, chunk: int = 256,
+                 device: torch.device | str = "cpu") -> None:
+        layers = [_Layer(self, sliding=t == "sliding_attention") for t in layer_types]
+        super().__init__(layers=layers)
+        self.batch = batch
+        self.chunk = chunk
+        self.capacity = max(capacity, 0)
+        self.lengths = [0] * batch
+        self.positions = torch.zeros(batch, self.capacity, dtype=torch.long, device=device)  # [B, cap]
+        self.valid = torch.zeros(batch, self.capacity, dtype=torch.bool, device=device)  # [B, cap]
+        self._seen = 0  # what transformers' get_seq_length reports: the longest row before the current forward
+        self._start: int | None = None
+        self._write: torch.Tensor | None = None
+        self._width = 0
+
+    # -- capabilities ------------------------------------------------------------------------------------------------
+    def can_rollback(self) -> bool:
+        """Every layer holds plain keys and values, so dropping the last entries of a row restores it exactly."""
+        return True
+
+    @property
+    def can_trim(self) -> bool:  # the name drafters used before can_rollback()
+        return True
+
+    # -- lengths -----------------------------------------------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        """Stored columns of the longest row (the one length of a batch-1 or unragged cache)."""
+        return max(self.lengths)
+
+    def trim(self, n: int) -> None:
+        """Drop the last `n` entries of every row."""
+        if not 0 <= n <= min(self.lengths):
+            raise ValueError(f"cannot trim {n} positions from a cache whose rows hold {self.lengths}")
+        self.crop_rows([length - n for length in self.lengths])
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` columns of every row."""
+        self.crop_rows([min(length, n) for n in self.lengths])
+
+    def crop_rows(self, lengths: list[int]) -> None:
+        """Row b keeps its first `lengths[b]` columns: the rollback of speculative decoding, no copies."""
+        if len(lengths) != self.batch or any(not 0 <= new <= old for new, old in zip(lengths, self.lengths)):
+            raise ValueError(f"cannot crop rows holding {self.lengths} to {lengths}")
+        self.lengths = list(lengths)
+        self._seen = self.length
+
+    def next_positions(self) -> list[int]:
+        """Each row's next logical position: one past its last real stored token (0 for an empty row)."""
+        out = []
+        for b, n in enumerate(self.lengths):
+            real = self.positions[b, :n][self.valid[b, :n]]
+            out.append(int(real[-1]) + 1 if real.numel() else 0)
+        return out
+
+    def _reserve(self, width: int) -> None:
+        if width <= self.capacity:
+            return
+        capacity = -(-width // self.chunk) * self.chunk
+        grow = capacity - self.capacity
+        self.positions = torch.cat([self.positions, self.positions.new_zeros(self.batch, grow)], dim=1)
+        self.valid = torch.cat([self.valid, self.valid.new_zeros(self.batch, grow)], dim=1)
+        self.capacity = capacity  # layers grow on their next update
+
+    # -- one forward -------------------------------------------------------------------------------------------------
+    def begin(
+        self,
+        positions: torch.Tensor,  # [B, T] logical positions of the new tokens
+        visible: torch.Tensor,  # [B, T, T] bool: new token i may see new token j
+        real: torch.Tensor,  # [B, T] bool: False for padding tokens (seen by nobody but themselves)
+    ) -> Plan:
+        """Place the next forward's `T` tokens after each row's entries and return the attention plan.
+
+        Each row's lengths advance by T; roll back what the caller does not keep with `crop_rows`.
+        """
+        B, T = positions.shape
+        if B != self.batch:
+            raise ValueError(f"a cache built for {self.batch} rows got a forward over {B}")
+        base = self.lengths
+        width = max(base) + T
+        self._reserve(width)
+        device = self.positions.device
+        starts = torch.tensor(base, dtype=torch.long, device=device)
+        cols = starts[:, None] + torch.arange(T, device=device)  # [B, T]
+        self.positions.scatter_(1, cols, positions.to(device))
+        self.valid.scatter_(1, cols, real.to(device))
+        self._start = base[0] if all(n == base[0] for n in base) else None
+        self._write, self._width, self._seen = cols, width, max(base)
+
+        k = torch.arange(width, device=device)
+        past = self.valid[:, :width] & (k[None] < starts[:, None])  # [B, K] stored real tokens
+        eye = torch.eye(T, dtype=torch.bool, device=device)
+        new = (visible.to(device) & real.to(device)[:, None, :]) | eye  # [B, T, T]
+        allow = past[:, None, :].expand(B, T, width).clone()  # [B, T, K]
+        allow.scatter_(2, cols[:, None, :].expand(B, T, T), new)
+        self.lengths = [n + T for n in base]
+        return Plan(allow=allow, q_pos=positions.to(device), k_pos=self.positions[:, :width])
+
+    def end(self) -> None:
+        """The forward is over: transformers' length queries see the new entries."""
+        self._seen = self.length
+        self._start, self._write = None, None
+
+
+class DynamicKVCache:
+    """A `transformers` cache for models the preallocated cache cannot serve; grows by concatenation."""
 
     def __init__(self, hf_cache: Any) -> None:
         self.hf = hf_cache
@@ -22,12 +202,15 @@ class KVCache:
     def length(self) -> int:
         return int(self.hf.get_seq_length())
 
-    @property
-    def can_trim(self) -> bool:
+    def can_rollback(self) -> bool:
         layers = getattr(self.hf, "layers", None)
         if layers is None:
             return False
         return all(not getattr(layer, "is_sliding", False) and hasattr(layer, "keys") for layer in layers)
+
+    @property
+    def can_trim(self) -> bool:
+        return self.can_rollback()
 
     def trim(self, n: int) -> None:
         """Remove the last `n` cached positions (0 <= n <= length)."""
@@ -35,9 +218,9 @@ class KVCache:
             raise ValueError(f"cannot trim {n} positions from a cache of length {self.length}")
         if n == 0:
             return
-        if not self.can_trim:
+        if not self.can_rollback():
             raise IncompatibleMethodError(
-                f"This model's cache ({type(self.hf).__name__}) cannot roll back; use a method that does not need trimming."
+                f"This model's cache ({type(self.hf).__name__}) cannot roll back; use a method that does not need it."
             )
         for layer in self.hf.layers:
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:

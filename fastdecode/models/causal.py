@@ -1,14 +1,30 @@
-"""Adapter around any `transformers` causal LM: explicit positions and a trimmable KV cache."""
+"""Adapter around any `transformers` causal LM: explicit positions, a preallocated KV cache, one attention path."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 
 import torch
 from transformers import DynamicCache
 
-from ..cache import KVCache
+from .. import attention
+from ..cache import DynamicKVCache, KVCache
 from .base import ModelAdapter
+
+# layer types the preallocated cache serves (a sliding window is applied by the attention plan, keys are kept)
+_ATTENTION_LAYERS = {"full_attention", "sliding_attention"}
+
+
+def layer_types(config) -> list[str] | None:
+    """The per-layer attention kinds transformers derives from a config (None where it cannot tell)."""
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        return list(get_layer_types_and_kwargs(config)[0])
+    except Exception:  # configs without per-layer information (state-space models, remote code)
+        return None
 
 
 class CausalLM(ModelAdapter):
@@ -20,31 +36,118 @@ class CausalLM(ModelAdapter):
         self._has_logits_to_keep = "logits_to_keep" in params
         # transformers 5.24 renamed the forward argument `past_key_values` to `cache` (the old name warns)
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        types = layer_types(self.config)
+        # fastdecode's attention function and preallocated cache serve models whose attention goes through
+        # transformers' attention interface and whose layers all hold keys and values; others keep transformers'
+        # own cache and 2-D / 4-D masks (`DynamicKVCache`)
+        self.layer_types = types
+        self.preallocated = bool(
+            getattr(type(self.model), "_supports_attention_backend", False)
+            and types
+            and set(types) <= _ATTENTION_LAYERS
+        )
 
-    def new_cache(self) -> KVCache:
-        return KVCache(DynamicCache(config=self.config))
+    def new_cache(self, batch: int = 1, capacity: int = 0) -> KVCache | DynamicKVCache:
+        """A cache for `batch` rows; `capacity` columns are allocated at once (more are added in chunks)."""
+        if self.preallocated:
+            return KVCache(self.layer_types or [], batch=batch, capacity=capacity, device=self.device)
+        return DynamicKVCache(DynamicCache(config=self.config))
+
+    @contextlib.contextmanager
+    def _attention(self) -> Iterator[None]:
+        """Route this model's attention through fastdecode's function for one forward, then restore it (so that
+        transformers' own `generate()` on the same module keeps its own masks)."""
+        name = attention.register()
+        before = self.config._attn_implementation
+        self.config._attn_implementation = name
+        try:
+            yield
+        finally:
+            self.config._attn_implementation = before
 
     @torch.inference_mode()
     def forward(
         self,
         input_ids: torch.Tensor,  # [B, T]
         positions: torch.Tensor,  # [B, T]
-        cache: KVCache | None = None,
-        attention_mask: torch.Tensor | None = None,  # [B, cache.length + T], 0 = padding
+        cache: KVCache | DynamicKVCache | None = None,
+        attention_mask: torch.Tensor | None = None,  # [B, cache.length + T] 0 = padding, or a 4-D mask (see below)
         num_logits: int | None = None,  # keep logits of only the last num_logits positions
+        visible: torch.Tensor | None = None,  # [T, T] or [B, T, T] bool: new token i may see new token j
     ) -> torch.Tensor:
-        """Run the model over `input_ids` appended after `cache`; returns float32 logits `[B, T', V]`."""
-        kwargs = {self._cache_arg: cache.hf if cache is not None else None}
+        """Run the model over `input_ids` appended after `cache`; returns float32 logits `[B, T', V]`.
+
+        The new tokens see every real token stored before them, and each other as `visible` says (default: causal).
+        A 4-D `attention_mask` `[B|1, 1, T, C + T]` (additive or bool) is read for its last T columns as `visible`.
+        """
+        kwargs = {}
         if num_logits is not None and self._has_logits_to_keep:
             kwargs["logits_to_keep"] = num_logits
+        if self.preallocated:
+            logits = self._planned(input_ids, positions, cache, attention_mask, visible, kwargs)
+        else:
+            logits = self._legacy(input_ids, positions, cache, attention_mask, visible, kwargs)
+        if num_logits is not None:
+            logits = logits[:, -num_logits:]
+        return logits.float()
+
+    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs) -> torch.Tensor:
+        B, T = input_ids.shape
+        real, vis = _new_block(attention_mask, visible, B, T, input_ids.device)
+        if cache is None:
+            eye = torch.eye(T, dtype=torch.bool, device=input_ids.device)
+            plan = attention.Plan(allow=(vis & real[:, None, :]) | eye, q_pos=positions, k_pos=positions)
+        else:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"{self.name!r} runs on fastdecode's KVCache (model.new_cache()), got {type(cache)}")
+            before = list(cache.lengths)
+            plan = cache.begin(positions, vis, real)
+        try:
+            with self._attention(), attention.planned(plan):
+                out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=None,
+                                 use_cache=cache is not None, **{self._cache_arg: cache}, **kwargs)
+        except BaseException:
+            if cache is not None:  # nothing half-written stays in the cache
+                cache.crop_rows(before)
+                cache.end()
+            raise
+        if cache is not None:
+            cache.end()
+        return out.logits
+
+    def _legacy(self, input_ids, positions, cache, attention_mask, visible, kwargs) -> torch.Tensor:
+        if visible is not None:  # express it as the 4-D additive mask transformers takes
+            attention_mask = _additive(visible, input_ids.shape[0], cache.length if cache is not None else 0,
+                                       self.dtype, input_ids.device)
         out = self.model(
             input_ids=input_ids,
             position_ids=positions,
             attention_mask=attention_mask,
             use_cache=cache is not None,
+            **{self._cache_arg: cache.hf if cache is not None else None},
             **kwargs,
         )
-        logits = out.logits
-        if num_logits is not None:
-            logits = logits[:, -num_logits:]
-        return logits.float()
+        return out.logits
+
+
+def _new_block(mask: torch.Tensor | None, visible: torch.Tensor | None, B: int, T: int, device: torch.device):
+    """(real `[B, T]`, visible `[B, T, T]`) of the new tokens from the adapter's mask arguments."""
+    real = torch.ones(B, T, dtype=torch.bool, device=device)
+    if mask is not None and mask.dim() == 2:
+        real = mask[:, -T:].to(device=device, dtype=torch.bool)
+    if visible is None and mask is not None and mask.dim() == 4:
+        block = mask[:, 0, :, -T:]
+        visible = block if block.dtype == torch.bool else block == 0
+    if visible is None:
+        visible = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    visible = visible.to(device=device, dtype=torch.bool)
+    return real, (visible if visible.dim() == 3 else visible[None]).expand(B, T, T)
+
+
+def _additive(visible: torch.Tensor, B: int, C: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`[B, 1, T, C + T]` additive mask: every cached position visible, the new block as `visible` says."""
+    visible = visible if visible.dim() == 3 else visible[None].expand(B, -1, -1)
+    T = visible.shape[-1]
+    allow = torch.ones(visible.shape[0], T, C + T, dtype=torch.bool, device=device)
+    allow[:, :, C:] = visible.to(device)
+    return torch.zeros(allow.shape, dtype=dtype, device=device).masked_fill(~allow, torch.finfo(dtype).min)[:, None]

@@ -114,37 +114,52 @@ DrafterFactory = Callable[[torch.Generator | None], Drafter]
 def check_rollback(model: CausalLM) -> None:
     """Refuse a model whose KV cache cannot drop rejected draft positions."""
     cache = model.new_cache()
-    if not cache.can_trim:
+    if not cache.can_rollback():
         raise IncompatibleMethodError(
             f"Speculative methods roll the KV cache back after each verification, but {model.name!r} uses a cache "
-            f"({type(cache.hf).__name__}, e.g. sliding-window layers) that cannot roll back. "
-            "Use ar.greedy / ar.sample with this model, or a model with full attention."
+            f"({type(getattr(cache, 'hf', cache)).__name__}) that cannot roll back. "
+            "Use ar.greedy / ar.sample with this model."
         )
 
 
 def speculative(model: CausalLM, batch: PromptBatch, cfg: SpecConfig, ctx: RunContext, new_drafter: DrafterFactory) -> Iterator[StepEvent]:
-    """Check the model, then return the generator of step events (errors surface before the first step)."""
+    """Check the model, then return the generator of step events (errors surface before the first step).
+
+    On the preallocated cache every row of the batch is verified in one target forward per step (rows with their
+    own lengths, drafts and acceptance; shorter rows padded); a model on transformers' own cache verifies row by row.
+    """
     check_rollback(model)
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     rows = [_Row(model, batch.row(b), cfg, new_drafter(generator), generator) for b in range(batch.size)]
-    return _steps(rows)
+    room = max(len(r.prompt) for r in rows) + cfg.max_new_tokens + 64
+    if model.preallocated:
+        groups = [_Group(model, rows, model.new_cache(batch=len(rows), capacity=room))]
+    else:
+        groups = [_Group(model, [r], model.new_cache()) for r in rows]
+    return _steps(rows, groups)
 
 
-def _steps(rows: list[_Row]) -> Iterator[StepEvent]:
+def _steps(rows: list[_Row], groups: list[_Group]) -> Iterator[StepEvent]:
     index = 0
     while not all(r.done for r in rows):
-        outs = [r.step() if not r.done else _Out() for r in rows]
+        outs: dict[int, _Out] = {}
+        forwards = 0
+        for group in groups:
+            if not all(r.done for r in group.rows):
+                outs.update(group.step())
+                forwards = max(forwards, 1)
+        per_row = [outs.get(id(r), _Out()) for r in rows]
         yield StepEvent(
             index=index,
-            tokens=tuple(o.tokens for o in outs),
-            forwards=1,
+            tokens=tuple(o.tokens for o in per_row),
+            forwards=forwards,
             # a batched drafter would run until its longest row is drafted
-            draft_forwards=max(o.draft_forwards for o in outs),
-            proposed=tuple(o.proposed for o in outs),
-            accepted=tuple(o.accepted for o in outs),
+            draft_forwards=max(o.draft_forwards for o in per_row),
+            proposed=tuple(o.proposed for o in per_row),
+            accepted=tuple(o.accepted for o in per_row),
             finished=tuple(r.done for r in rows),
-            draft_s=tuple(o.draft_s for o in outs),
-            verify_s=tuple(o.verify_s for o in outs),
+            draft_s=tuple(o.draft_s for o in per_row),
+            verify_s=tuple(o.verify_s for o in per_row),
         )
         index += 1
 
@@ -159,36 +174,130 @@ class _Out:
     verify_s: float = 0.0
 
 
+def _clock(model: CausalLM) -> float:
+    """Wall time after the device has finished the work queued so far (GPU kernels run asynchronously)."""
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    return time.perf_counter()
+
+
+@dataclass
+class _Block:
+    """One row's part of a verification forward: the unseen context, the draft and its side tokens."""
+
+    tokens: torch.Tensor  # [T_b] long
+    positions: torch.Tensor  # [T_b] long
+    visible: torch.Tensor  # [T_b, T_b] bool
+    pending: int  # P: context tokens the cache has not seen (the first P of `tokens`)
+
+
+class _Group:
+    """Rows verified together in one target forward over one cache (one row each on transformers' caches)."""
+
+    def __init__(self, model: CausalLM, rows: list[_Row], cache) -> None:
+        self.model, self.rows, self.cache = model, rows, cache
+
+    def _lengths(self) -> list[int]:
+        return list(self.cache.lengths) if isinstance(self.cache, KVCache) else [self.cache.length]
+
+    def _crop(self, lengths: list[int]) -> None:
+        if isinstance(self.cache, KVCache):
+            self.cache.crop_rows(lengths)
+        else:
+            self.cache.crop(lengths[0])
+
+    def step(self) -> dict[int, _Out]:
+        model = self.model
+        base = self._lengths()
+        # 1. every active row drafts
+        drafts: list[Draft | None] = []
+        blocks: list[_Block | None] = []
+        draft_s: list[float] = []
+        before = [r.drafter.forwards for r in self.rows]
+        for row, cached in zip(self.rows, base):
+            if row.done:
+                drafts.append(None), blocks.append(None), draft_s.append(0.0)
+                continue
+            t0 = _clock(model)
+            draft = row.propose()
+            draft_s.append(_clock(model) - t0)
+            drafts.append(draft)
+            blocks.append(row.block(draft, cached))
+
+        # 2. one forward over every row's block, padded to the longest (padding sees only itself)
+        t1 = _clock(model)
+        T = max(b.tokens.numel() for b in blocks if b is not None)
+        B = len(self.rows)
+        inp = torch.full((B, T), model.pad_token_id, dtype=torch.long)
+        pos = torch.zeros(B, T, dtype=torch.long)
+        vis = torch.zeros(B, T, T, dtype=torch.bool)
+        real = torch.zeros(B, T, dtype=torch.long)
+        for b, blk in enumerate(blocks):
+            if blk is None:
+                continue
+            n = blk.tokens.numel()
+            inp[b, :n], pos[b, :n], vis[b, :n, :n], real[b, :n] = blk.tokens, blk.positions, blk.visible, 1
+            pos[b, n:] = blk.positions[-1]
+        first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
+        device = model.device
+        logits = model.forward(inp.to(device), pos.to(device), self.cache, real.to(device), num_logits=T - first,
+                               visible=vis.to(device))  # [B, T - first, V]
+        shared = _clock(model) - t1
+
+        # 3. each row verifies its slice, keeps its tokens and rolls its part of the cache back
+        outs: dict[int, _Out] = {}
+        keep = list(base)
+        for b, (row, draft, blk) in enumerate(zip(self.rows, drafts, blocks)):
+            if draft is None or blk is None:
+                continue
+            t2 = _clock(model)
+            lo = blk.pending - 1 - first
+            out, kept = row.settle(draft, logits[b, lo : lo + 1 + blk.tokens.numel() - blk.pending], base[b], blk.pending)
+            keep[b] = kept
+            out.draft_s, out.verify_s = draft_s[b], shared + _clock(model) - t2
+            out.draft_forwards = row.drafter.forwards - before[b]
+            outs[id(row)] = out
+        self._crop(keep)
+        return outs
+
+
 class _Row:
-    """One sequence: its context, its target KV cache and its drafter."""
+    """One sequence: its context and its drafter (its cache entries live in its group's cache)."""
 
     def __init__(self, model: CausalLM, prompt: list[int], cfg: SpecConfig, drafter: Drafter, generator: torch.Generator | None) -> None:
         self.model, self.cfg, self.drafter, self.generator = model, cfg, drafter, generator
         self.eos = model.eos_token_ids
+        self.prompt = prompt
         self.prompt_len = len(prompt)
         self.ids = torch.tensor(prompt + [0] * cfg.max_new_tokens, dtype=torch.long)  # [L + max_new] context buffer
         self.n = len(prompt)  # tokens in the context
-        self.pending = len(prompt)  # context tokens the target cache has not seen yet
-        self.cache: KVCache = model.new_cache()
         self.done = False
 
-    def step(self) -> _Out:
+    def propose(self) -> Draft:
         made = self.n - self.prompt_len
         room = self.cfg.max_new_tokens - made - 1  # drafts beyond this could never be emitted
-        context = self.ids[: self.n]
-        before = self.drafter.forwards
-        t0 = self._clock()
-        draft = self.drafter.propose(context, room).as_chain() if room > 0 else Draft.empty()
-        t1 = self._clock()
-        k = draft.tokens.numel()
+        draft = self.drafter.propose(self.ids[: self.n], room).as_chain() if room > 0 else Draft.empty()
         assert draft.depth <= max(room, 0), f"drafter proposed {draft.depth} tokens deep, more than the {room} asked for"
+        return draft
 
-        # 1. one target forward over the unseen context, the draft (and side tokens) gives p for the root and each node
-        logits = self._forward(context, draft)  # [1 + k + S, V]
+    def block(self, draft: Draft, cached: int) -> _Block:
+        """The tokens this row feeds: context after its `cached` entries, the draft, its side tokens."""
+        n, k = self.n, draft.tokens.numel()
+        P = n - cached
+        side = draft.side
+        tokens = torch.cat([self.ids[n - P : n], draft.tokens.cpu()] + ([side.tokens.cpu()] if side else []))
+        if draft.parents is None and side is None:  # a chain: plain causal attention
+            return _Block(tokens, torch.arange(n - P, n + k), torch.ones(P + k, P + k, dtype=torch.bool).tril(), P)
+        offsets = torch.tensor(depths(draft.parents), dtype=torch.long) if draft.parents is not None else torch.arange(1, k + 1)
+        pos = torch.cat([torch.arange(n - P, n), n - 1 + offsets] + ([self._side_positions(side)] if side else []))
+        return _Block(tokens, pos, self._visible(P, draft), P)
+
+    def settle(self, draft: Draft, logits: torch.Tensor, cached: int, P: int) -> tuple[_Out, int]:
+        """Verify with `[1 + k + S, V]` logits, keep accepted tokens up to the first EOS; returns the step's counts
+        and how many cache entries of this row stay valid."""
+        made = self.n - self.prompt_len
+        k = draft.tokens.numel()
         verdict = self._verify(draft, logits[: k + 1])
-        t2 = self._clock()
-
-        # 2. keep accepted tokens up to the first EOS
         tokens = verdict.tokens[: self.cfg.max_new_tokens - made]
         cut = next((i + 1 for i, t in enumerate(tokens) if t in self.eos), len(tokens))
         tokens = tokens[:cut]
@@ -196,44 +305,17 @@ class _Row:
         self.ids[start : start + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         self.n += len(tokens)
         self.done = tokens[-1] in self.eos or self.n - self.prompt_len >= self.cfg.max_new_tokens
-
-        # 3. roll the cache back: a chain keeps its accepted prefix; a tree's (or side tokens') cache entries are
-        #    all dropped and the accepted path is fed again with the next step
+        # a chain keeps its accepted prefix in the cache; a tree's (or side tokens') entries are all dropped and the
+        # accepted path is fed again with the next step
+        plain = draft.parents is None and draft.side is None
+        kept = cached + P + (verdict.accepted if plain else 0)
         if self.done:
             self.drafter.finish(self.ids[: self.n])
         else:
-            plain = draft.parents is None and draft.side is None
-            self.cache.crop(start + (verdict.accepted if plain else 0))
-            self.pending = self.n - self.cache.length
             self.drafter.observe(verdict.accepted, logits)
-        return _Out(
-            tokens=tuple((made + i, t) for i, t in enumerate(tokens)),
-            proposed=k,
-            accepted=min(verdict.accepted, len(tokens)),
-            draft_forwards=self.drafter.forwards - before,
-            draft_s=t1 - t0,
-            verify_s=t2 - t1,
-        )
-
-    def _clock(self) -> float:
-        """Wall time after the device has finished the work queued so far (GPU kernels run asynchronously)."""
-        if self.model.device.type == "cuda":
-            torch.cuda.synchronize(self.model.device)
-        return time.perf_counter()
-
-    def _forward(self, context: torch.Tensor, draft: Draft) -> torch.Tensor:
-        P, k, n = self.pending, draft.tokens.numel(), self.n
-        side = draft.side
-        parts = [context[n - P :], draft.tokens.cpu()] + ([side.tokens.cpu()] if side else [])
-        inp = torch.cat(parts)[None].to(self.model.device)  # [1, P + k + S]
-        if draft.parents is None and side is None:  # a chain: plain causal attention
-            pos, mask = torch.arange(n - P, n + k), None
-        else:
-            offsets = torch.tensor(depths(draft.parents), dtype=torch.long) if draft.parents is not None else torch.arange(1, k + 1)
-            pos = torch.cat([torch.arange(n - P, n), n - 1 + offsets] + ([self._side_positions(side)] if side else []))
-            mask = self._mask(P, draft)
-        pos = pos[None].to(self.model.device)
-        return self.model.forward(inp, pos, self.cache, mask, num_logits=1 + inp.shape[1] - P)[0]
+        out = _Out(tokens=tuple((made + i, t) for i, t in enumerate(tokens)), proposed=k,
+                   accepted=min(verdict.accepted, len(tokens)))
+        return out, min(kept, start + len(tokens))
 
     def _side_positions(self, side: Side) -> torch.Tensor:
         """Side tokens are guesses far ahead; near the model's last position they share it (only guesses suffer)."""
@@ -241,20 +323,20 @@ class _Row:
         limit = self.model.max_positions
         return pos.clamp(max=limit - 1) if limit is not None else pos
 
-    def _mask(self, P: int, draft: Draft) -> torch.Tensor:
-        """`[1, 1, Q, C + Q]` additive mask: pending tokens causal, tree nodes see their ancestors, side tokens theirs."""
+    def _visible(self, P: int, draft: Draft) -> torch.Tensor:
+        """`[Q, Q]` bool over the new tokens: pending tokens causal, tree nodes see their ancestors, side tokens
+        theirs (and the whole context); the draft never sees side tokens."""
         k = draft.tokens.numel()
         S = draft.side.tokens.numel() if draft.side else 0
-        C, Q = self.cache.length, P + k + S
-        allow = torch.zeros(Q, C + Q, dtype=torch.bool)
-        allow[:, : C + P] = True
-        allow[:P, C : C + P] = torch.ones(P, P, dtype=torch.bool).tril()
+        Q = P + k + S
+        allow = torch.zeros(Q, Q, dtype=torch.bool)
+        allow[P:, :P] = True  # draft and side tokens see all the unseen context
+        allow[:P, :P] = torch.ones(P, P, dtype=torch.bool).tril()
         tree = ancestor_mask(draft.parents) if draft.parents is not None else torch.ones(k, k, dtype=torch.bool).tril()
-        allow[P : P + k, C + P : C + P + k] = tree
+        allow[P : P + k, P : P + k] = tree
         if S:
-            allow[P + k :, C + P + k :] = draft.side.mask
-        blocked = torch.finfo(self.model.dtype).min
-        return torch.zeros(Q, C + Q, dtype=self.model.dtype).masked_fill(~allow, blocked)[None, None].to(self.model.device)
+            allow[P + k :, P + k :] = draft.side.mask
+        return allow
 
     def _verify(self, draft: Draft, logits: torch.Tensor) -> Verdict:
         tree = draft.parents

@@ -50,3 +50,69 @@ def test_trim_out_of_range_is_refused(causal):
         assert "cannot trim 3" in str(e)
     else:
         raise AssertionError("trim beyond the cache length must fail")
+
+
+def test_cache_is_allocated_once_and_grows_in_chunks(causal):
+    """Storage is preallocated; a run longer than the capacity grows it once per chunk and keeps every entry."""
+    ids = torch.tensor([causal.encode("the quick brown fox jumps")])
+    L = ids.shape[1]
+    small = causal.new_cache(capacity=L + 2)
+    small.chunk = 4
+    big = causal.new_cache(capacity=256)
+    first = causal.forward(ids, torch.arange(L)[None], small)[:, -1].argmax(-1)
+    causal.forward(ids, torch.arange(L)[None], big)
+    storage = big.layers[0].keys
+    tokens_small, logits_small = greedy_steps(causal, small, first, L, 9)
+    tokens_big, logits_big = greedy_steps(causal, big, first, L, 9)
+    assert big.layers[0].keys is storage  # never reallocated
+    assert small.capacity >= L + 9 and small.capacity % 4 == 0
+    assert tokens_small == tokens_big
+    torch.testing.assert_close(logits_small, logits_big, rtol=0, atol=0)
+
+
+def test_rows_roll_back_independently(causal):
+    """Two rows in one cache, each rolled back by its own count (ragged acceptance), then fed the same next tokens,
+    give the logits each would give alone."""
+    prompts = [causal.encode("the quick brown"), causal.encode("def add(a, b):")]
+    alone = []
+    for p in prompts:
+        cache = causal.new_cache()
+        causal.forward(torch.tensor([p]), torch.arange(len(p))[None], cache)
+        alone.append(causal.forward(torch.tensor([[7, 8]]), torch.tensor([[len(p), len(p) + 1]]), cache)[0])
+    cache = causal.new_cache(batch=2)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[2] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    causal.forward(ids, pos, cache, mask)
+    # a draft of 3 junk tokens per row, then row 0 keeps 1 of them and row 1 none
+    starts = torch.tensor(cache.next_positions())[:, None]
+    causal.forward(torch.tensor([[9, 10, 11], [12, 13, 14]]), starts + torch.arange(3), cache)
+    cache.crop_rows([width + 1, width])
+    assert cache.lengths == [width + 1, width]
+    # row 0 then has one junk token (9) at its next position; feed row 0 [7, 8] after it, row 1 [7, 8] directly
+    out = causal.forward(torch.tensor([[7, 8], [7, 8]]), torch.tensor(cache.next_positions())[:, None] + torch.arange(2),
+                         cache)
+    torch.testing.assert_close(out[1], alone[1], rtol=1e-5, atol=1e-5)
+    ref = causal.new_cache()
+    p = prompts[0]
+    causal.forward(torch.tensor([p + [9]]), torch.arange(len(p) + 1)[None], ref)
+    torch.testing.assert_close(out[0], causal.forward(torch.tensor([[7, 8]]), torch.tensor([[len(p) + 1, len(p) + 2]]),
+                                                     ref)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_batched_speculative_rows_share_one_forward_per_step(causal):
+    """Every step verifies all rows of the batch in one target forward, whatever each row accepted."""
+    import fastdecode
+
+    prompts = ["the quick brown fox", "def add(a, b):", "Sort this"]
+    calls = []
+    hook = causal.model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        events = list(fastdecode.stream(causal, prompts, "spec.pld", max_new_tokens=20))
+    finally:
+        hook.remove()
+    steps = [e for e in events if isinstance(e, fastdecode.StepEvent)]
+    assert len(calls) == len(steps) and all(e.forwards == 1 for e in steps)
+    alone = [fastdecode.generate(causal, p, "spec.pld", max_new_tokens=20).token_ids for p in prompts]
+    assert [r.token_ids for r in events[-1].results] == alone

@@ -186,15 +186,21 @@ def test_missing_or_mismatched_draft_is_refused(causal, tokenizer):
         fastdecode.generate(causal, "the", "spec.draft_model", draft=causal, schedule="sometimes")
 
 
-def test_cache_that_cannot_roll_back_is_refused():
-    cfg = MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, sliding_window=8, max_position_embeddings=256)
-    model = fastdecode.CausalLM(MistralForCausalLM(cfg))
-    with pytest.raises(IncompatibleMethodError, match="cannot roll back"):
-        fastdecode.generate(model, [3, 4, 5], "spec.pld", max_new_tokens=4)
-    batch = encode_batch(model, [3, 4], 4)
-    with pytest.raises(IncompatibleMethodError, match="cannot roll back"):  # at construction, before any step
-        fastdecode.get_method("spec.ngram").driver(model, batch, NgramConfig(), RunContext())
+@pytest.mark.parametrize("method", ["spec.pld", "spec.ngram", "spec.recycling", "spec.lookahead"])
+def test_sliding_window_model_runs_speculative_methods(method):
+    """A window shorter than prompt and output: the attention plan applies it to drafted and tree tokens alike, and
+    the rolled-back cache keeps every key, so the output is ar.greedy's and transformers' own."""
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, initializer_range=0.3,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=6, max_position_embeddings=256)
+    module = MistralForCausalLM(cfg).eval()
+    model = fastdecode.CausalLM(module)
+    prompt = [3, 4, 5, 6, 3, 4, 5, 6, 7, 3, 4]
+    base = fastdecode.generate(model, prompt, "ar.greedy", max_new_tokens=24).token_ids
+    hf = module.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=24, min_new_tokens=24,
+                         pad_token_id=0)[0, len(prompt):].tolist()
+    assert base == hf[: len(base)]
+    assert fastdecode.generate(model, prompt, method, max_new_tokens=24).token_ids == base
 
 
 def test_draft_cache_rolls_back_to_the_accepted_prefix(other_draft):

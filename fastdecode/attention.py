@@ -1,0 +1,144 @@
+"""The one attention function every causal forward of fastdecode passes through.
+
+It is registered with transformers' attention interface (and, with an empty mask builder, its mask interface: a
+name missing there would get no mask at all) under the name `fastdecode`. Instead of the mask transformers builds
+from the cache length, it reads the current forward's `Plan`: which stored key each query may see (padding,
+causality, token trees, side tokens), the logical position of every query and key, and applies each layer's
+sliding window from those positions. So tree masks, sliding windows (per layer type, as Gemma mixes them) and,
+later, sparse selection are one mechanism, and the cache may store keys at columns other than their positions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+NAME = "fastdecode"
+
+_PLAN: ContextVar[Plan | None] = ContextVar("fastdecode_attention_plan", default=None)
+
+
+@dataclass
+class Plan:
+    """What the queries of one forward may attend to.
+
+    `allow[b, i, j]`: query i of row b may see key column j (before any sliding window); `q_pos` / `k_pos` are the
+    logical positions of the queries and of the key columns the cache returns. A query always sees itself, so padding
+    queries attend to something and never produce NaNs that the cache would keep.
+    """
+
+    allow: torch.Tensor  # [B, Q, K] bool
+    q_pos: torch.Tensor  # [B, Q] long
+    k_pos: torch.Tensor  # [B, K] long
+    _masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """`[B, 1, Q, K]` bool mask of a layer with this sliding window (None: full attention); built once."""
+        key = window if window and window > 0 else None
+        if key not in self._masks:
+            allow = self.allow
+            if key is not None:
+                # transformers' rule: key j is inside the window of query i when pos_i - pos_j < window
+                allow = allow & ((self.q_pos[:, :, None] - self.k_pos[:, None, :]) < key)
+            self._masks[key] = allow[:, None]
+        return self._masks[key]
+
+    def additive(self, dtype: torch.dtype) -> torch.Tensor:
+        """`[B, 1, Q, K]` additive mask without windows, for models whose attention bypasses the interface."""
+        return torch.zeros(self.allow.shape, dtype=dtype, device=self.allow.device).masked_fill(
+            ~self.allow, torch.finfo(dtype).min
+        )[:, None]
+
+
+@contextlib.contextmanager
+def planned(plan: Plan) -> Iterator[None]:
+    """Make `plan` the mask of every attention call inside the block (one model forward)."""
+    token = _PLAN.set(plan)
+    try:
+        yield
+    finally:
+        _PLAN.reset(token)
+
+
+def current_plan() -> Plan | None:
+    return _PLAN.get()
+
+
+def attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, K, D]
+    value: torch.Tensor,  # [B, Hkv, K, Dv]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature; returns `[B, Q, Hq, Dv]` and no weights."""
+    plan = _PLAN.get()
+    if plan is None:
+        # a forward outside fastdecode's adapter (e.g. transformers' own generate on the same module): plain causal
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      sliding_window=sliding_window, **kwargs)
+    mask = plan.mask(sliding_window)  # [B, 1, Q, K]
+    if mask.shape[-1] != key.shape[-2] or mask.shape[-2] != query.shape[-2]:
+        raise RuntimeError(
+            f"attention plan covers {tuple(mask.shape[-2:])} (queries, keys) but the layer has "
+            f"({query.shape[-2]}, {key.shape[-2]}): the cache and the plan disagree"
+        )
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    if softcap is None and s_aux is None:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+    else:
+        out = _eager(query, key, value, mask, scale, softcap, s_aux)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _eager(q, k, v, mask, scale, softcap, s_aux) -> torch.Tensor:
+    """Scores in full for what SDPA cannot do: logit soft-capping (Gemma 2) and attention sinks (GPT-OSS)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, H, Q, K]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    if s_aux is not None:  # one learnt sink logit per head, in the softmax but with no value
+        sink = s_aux.reshape(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1).to(scores.dtype)
+        probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
+    else:
+        probs = scores.softmax(-1)
+    return torch.matmul(probs.to(v.dtype), v)
+
+
+def _no_mask(*args: object, **kwargs: object) -> None:
+    """The mask builder transformers calls for `fastdecode`: nothing, the plan is the mask."""
+    return None
+
+
+_registered = False
+
+
+def register() -> str:
+    """Register the attention function and its (empty) mask builder with transformers once; returns the name."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        AttentionInterface.register(NAME, attention)
+        AttentionMaskInterface.register(NAME, _no_mask)
+        _registered = True
+    return NAME
