@@ -158,6 +158,7 @@ class KVCache(Cache):
         positions: torch.Tensor,  # [B, T] logical positions of the new tokens
         visible: torch.Tensor,  # [B, T, T] bool: new token i may see new token j
         real: torch.Tensor,  # [B, T] bool: False for padding tokens (seen by nobody but themselves)
+        past: torch.Tensor | None = None,  # [B, T, C] bool: which stored columns each new token may see (default all)
     ) -> Plan:
         """Place the next forward's `T` tokens after each row's entries and return the attention plan.
 
@@ -178,10 +179,13 @@ class KVCache(Cache):
         self._write, self._width, self._seen = cols, width, max(base)
 
         k = torch.arange(width, device=device)
-        past = self.valid[:, :width] & (k[None] < starts[:, None])  # [B, K] stored real tokens
+        stored = self.valid[:, :width] & (k[None] < starts[:, None])  # [B, K] stored real tokens
         eye = torch.eye(T, dtype=torch.bool, device=device)
         new = (visible.to(device) & real.to(device)[:, None, :]) | eye  # [B, T, T]
-        allow = past[:, None, :].expand(B, T, width).clone()  # [B, T, K]
+        allow = stored[:, None, :].expand(B, T, width).clone()  # [B, T, K]
+        if past is not None:  # e.g. a draft tree whose earlier levels are stored: a node sees only its ancestors
+            C = past.shape[-1]
+            allow[:, :, :C] &= past.to(device)
         allow.scatter_(2, cols[:, None, :].expand(B, T, T), new)
         self.lengths = [n + T for n in base]
         return Plan(allow=allow, q_pos=positions.to(device), k_pos=self.positions[:, :width])

@@ -93,7 +93,7 @@ class CausalLM(ModelAdapter):
 
     def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs) -> torch.Tensor:
         B, T = input_ids.shape
-        real, vis = _new_block(attention_mask, visible, B, T, input_ids.device)
+        real, vis, past = _new_block(attention_mask, visible, B, T, input_ids.device)
         if cache is None:
             eye = torch.eye(T, dtype=torch.bool, device=input_ids.device)
             plan = attention.Plan(allow=(vis & real[:, None, :]) | eye, q_pos=positions, k_pos=positions)
@@ -101,7 +101,7 @@ class CausalLM(ModelAdapter):
             if not isinstance(cache, KVCache):
                 raise TypeError(f"{self.name!r} runs on fastdecode's KVCache (model.new_cache()), got {type(cache)}")
             before = list(cache.lengths)
-            plan = cache.begin(positions, vis, real)
+            plan = cache.begin(positions, vis, real, past)
         try:
             with self._attention(), attention.planned(plan):
                 out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=None,
@@ -131,17 +131,19 @@ class CausalLM(ModelAdapter):
 
 
 def _new_block(mask: torch.Tensor | None, visible: torch.Tensor | None, B: int, T: int, device: torch.device):
-    """(real `[B, T]`, visible `[B, T, T]`) of the new tokens from the adapter's mask arguments."""
+    """(real `[B, T]`, visible `[B, T, T]`, past `[B, T, C]` or None) of the new tokens from the adapter's mask
+    arguments; a 4-D mask gives both which new tokens and which stored columns each new token sees."""
     real = torch.ones(B, T, dtype=torch.bool, device=device)
+    past = None
     if mask is not None and mask.dim() == 2:
         real = mask[:, -T:].to(device=device, dtype=torch.bool)
     if visible is None and mask is not None and mask.dim() == 4:
-        block = mask[:, 0, :, -T:]
-        visible = block if block.dtype == torch.bool else block == 0
+        allow = (mask if mask.dtype == torch.bool else mask == 0)[:, 0].to(device).expand(B, T, mask.shape[-1])
+        visible, past = allow[:, :, -T:], allow[:, :, :-T]
     if visible is None:
         visible = torch.ones(T, T, dtype=torch.bool, device=device).tril()
     visible = visible.to(device=device, dtype=torch.bool)
-    return real, (visible if visible.dim() == 3 else visible[None]).expand(B, T, T)
+    return real, (visible if visible.dim() == 3 else visible[None]).expand(B, T, T), past
 
 
 def _additive(visible: torch.Tensor, B: int, C: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
