@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 from transformers import DynamicCache
 
 from ..cache import KVCache
 from .base import ModelAdapter
+
+
+@dataclass(frozen=True)
+class CausalOutput:
+    """What `CausalLM.forward(..., hidden=True)` returns: the logits and the features the LM head read.
+
+    `hidden` is transformers' `hidden_states[-1]`, which for language models is tied to `last_hidden_state`: the
+    last decoder layer's output *after* the model's final norm (Llama's `model.norm`, GPT-2's `ln_f`), so that
+    `lm_head(hidden)` gives the logits (before any logit scaling or soft-capping the architecture applies). It
+    covers every input position, also where `num_logits` kept fewer logits, in the model's dtype.
+    """
+
+    logits: torch.Tensor  # [B, T', V] float32, T' = num_logits or T
+    hidden: torch.Tensor  # [B, T, H] in the model's dtype
 
 
 class CausalLM(ModelAdapter):
@@ -24,6 +40,16 @@ class CausalLM(ModelAdapter):
     def new_cache(self) -> KVCache:
         return KVCache(DynamicCache(config=self.config))
 
+    @overload
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
+                attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
+                hidden: Literal[False] = False) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
+                attention_mask: torch.Tensor | None = None, num_logits: int | None = None, *,
+                hidden: Literal[True]) -> CausalOutput: ...
+
     @torch.inference_mode()
     def forward(
         self,
@@ -32,11 +58,15 @@ class CausalLM(ModelAdapter):
         cache: KVCache | None = None,
         attention_mask: torch.Tensor | None = None,  # [B, cache.length + T], 0 = padding
         num_logits: int | None = None,  # keep logits of only the last num_logits positions
-    ) -> torch.Tensor:
-        """Run the model over `input_ids` appended after `cache`; returns float32 logits `[B, T', V]`."""
+        hidden: bool = False,  # also return the last hidden states (costs nothing when False)
+    ) -> torch.Tensor | CausalOutput:
+        """Run the model over `input_ids` appended after `cache`; returns float32 logits `[B, T', V]`, or with
+        `hidden=True` a `CausalOutput` holding them and the last hidden states `[B, T, H]`."""
         kwargs = {self._cache_arg: cache.hf if cache is not None else None}
         if num_logits is not None and self._has_logits_to_keep:
             kwargs["logits_to_keep"] = num_logits
+        if hidden:
+            kwargs["output_hidden_states"] = True
         out = self.model(
             input_ids=input_ids,
             position_ids=positions,
@@ -47,4 +77,6 @@ class CausalLM(ModelAdapter):
         logits = out.logits
         if num_logits is not None:
             logits = logits[:, -num_logits:]
+        if hidden:
+            return CausalOutput(logits.float(), out.hidden_states[-1])
         return logits.float()
