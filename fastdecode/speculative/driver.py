@@ -22,6 +22,7 @@ from ..models.causal import CausalLM
 from ..registry import RunContext
 from ..types import PromptBatch, StepEvent
 from .tree import ancestor_mask, depths, verify_tree_greedy, verify_tree_rsd, verify_tree_sampling
+from .verification import Verification
 from .verify import Verdict, target_distribution, verify_greedy, verify_sampling
 
 
@@ -74,20 +75,19 @@ class Draft:
 
 
 class Drafter(Protocol):
-    """Proposes tokens for one row. Drafters that run a model count their forwards in `forwards`."""
+    """Proposes tokens for one row. Drafters that run a model count their forwards in `forwards`; a drafter that
+    reads the target's hidden states sets `needs_hidden = True` and finds them in `Verification.hidden`."""
 
     forwards: int
+    needs_hidden: bool
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         """Draft a chain of at most k tokens, or a tree at most k deep, to follow `context` (`[N]` long, on the CPU)."""
         ...
 
-    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
-        """The first `accepted` tokens of the last draft were accepted, then the target emitted one more.
-
-        `logits` are the target's logits of that step, for drafters that learn from the target: `[1 + k + S, V]`
-        for the root (last context token), the k draft tokens and the S side tokens.
-        """
+    def observe(self, verification: Verification) -> None:
+        """The last draft was verified and the row goes on: `verification.accepted` draft tokens were accepted,
+        then the target emitted one more; it also holds the target's logits (and hidden states) of that step."""
         ...
 
     def finish(self, context: torch.Tensor) -> None:
@@ -99,8 +99,9 @@ class BaseDrafter:
     """Defaults for the Drafter protocol: no model forwards, nothing learnt from verification."""
 
     forwards = 0
+    needs_hidden = False
 
-    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
+    def observe(self, verification: Verification) -> None:
         pass
 
     def finish(self, context: torch.Tensor) -> None:
@@ -184,7 +185,7 @@ class _Row:
         assert draft.depth <= max(room, 0), f"drafter proposed {draft.depth} tokens deep, more than the {room} asked for"
 
         # 1. one target forward over the unseen context, the draft (and side tokens) gives p for the root and each node
-        logits = self._forward(context, draft)  # [1 + k + S, V]
+        logits, hidden = self._forward(context, draft, getattr(self.drafter, "needs_hidden", False))  # [1 + k + S, V]
         verdict = self._verify(draft, logits[: k + 1])
         t2 = self._clock()
 
@@ -205,7 +206,7 @@ class _Row:
             plain = draft.parents is None and draft.side is None
             self.cache.crop(start + (verdict.accepted if plain else 0))
             self.pending = self.n - self.cache.length
-            self.drafter.observe(verdict.accepted, logits)
+            self.drafter.observe(Verification(verdict.accepted, tuple(tokens), logits, k, hidden))
         return _Out(
             tokens=tuple((made + i, t) for i, t in enumerate(tokens)),
             proposed=k,
@@ -221,7 +222,8 @@ class _Row:
             torch.cuda.synchronize(self.model.device)
         return time.perf_counter()
 
-    def _forward(self, context: torch.Tensor, draft: Draft) -> torch.Tensor:
+    def _forward(self, context: torch.Tensor, draft: Draft, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The target's logits `[1 + k + S, V]` from the root on, and with `hidden` the hidden states `[P + k + S, H]`."""
         P, k, n = self.pending, draft.tokens.numel(), self.n
         side = draft.side
         parts = [context[n - P :], draft.tokens.cpu()] + ([side.tokens.cpu()] if side else [])
@@ -233,7 +235,8 @@ class _Row:
             pos = torch.cat([torch.arange(n - P, n), n - 1 + offsets] + ([self._side_positions(side)] if side else []))
             mask = self._mask(P, draft)
         pos = pos[None].to(self.model.device)
-        return self.model.forward(inp, pos, self.cache, mask, num_logits=1 + inp.shape[1] - P)[0]
+        out = self.model.forward(inp, pos, self.cache, mask, num_logits=1 + inp.shape[1] - P, hidden=hidden)
+        return (out.logits[0], out.hidden[0]) if hidden else (out[0], None)
 
     def _side_positions(self, side: Side) -> torch.Tensor:
         """Side tokens are guesses far ahead; near the model's last position they share it (only guesses suffer)."""

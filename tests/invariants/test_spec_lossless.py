@@ -17,6 +17,7 @@ from fastdecode.speculative.drafters.recycling import RecyclingConfig, parse_tem
 from fastdecode.speculative.driver import BaseDrafter, Draft, SpecConfig, speculative
 from fastdecode.speculative.memory import forget
 from fastdecode.speculative.tree import depths
+from fastdecode.speculative.verification import Verification
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
 LONG = PROMPTS[2]  # runs 40 tokens without EOS on the tiny model
@@ -197,6 +198,13 @@ def test_cache_that_cannot_roll_back_is_refused():
         fastdecode.get_method("spec.ngram").driver(model, batch, NgramConfig(), RunContext())
 
 
+def verified(draft: torch.Tensor, context: torch.Tensor, accepted: int) -> Verification:
+    """What the driver tells a chain drafter after verifying `draft`: `accepted` of it, then the target's token
+    (the last of `context`); model drafters read only the counts."""
+    k = draft.numel()
+    return Verification(accepted, tuple(context[-accepted - 1 :].tolist()), torch.zeros(1 + k, 1), k)
+
+
 def test_draft_cache_rolls_back_to_the_accepted_prefix(other_draft):
     greedy = DraftModelConfig(num_draft_tokens=4)
     drafter = ModelDrafter(other_draft, greedy, None)
@@ -205,7 +213,7 @@ def test_draft_cache_rolls_back_to_the_accepted_prefix(other_draft):
     assert first.numel() == 4 and drafter.forwards == 4
     # the target accepts two drafts, then corrects the third
     context = torch.cat([context, first[:2], torch.tensor([(int(first[2]) + 1) % other_draft.vocab_size])])
-    drafter.observe(2)
+    drafter.observe(verified(first, context, 2))
     assert drafter.cache.length == context.numel() - 1
     fresh = ModelDrafter(other_draft, greedy, None)
     assert drafter.propose(context, 10).tokens.tolist() == fresh.propose(context, 10).tokens.tolist()
@@ -219,7 +227,7 @@ def test_heuristic_schedule_grows_and_shrinks(other_draft):
         d = drafter.propose(context, 100).tokens
         accepted = d.numel() if accepted_all else 0
         context = torch.cat([context, d[:accepted], torch.tensor([5])])
-        drafter.observe(accepted)
+        drafter.observe(verified(d, context, accepted))
         lengths.append(drafter.length)
     assert lengths == [5, 7, 6, 5, 4, 3]
 

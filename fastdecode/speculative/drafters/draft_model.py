@@ -14,6 +14,7 @@ from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
 from ..driver import BaseDrafter, Draft, SpecConfig, check_rollback, speculative
+from ..verification import Verification
 from ..verify import target_distribution
 
 
@@ -77,7 +78,8 @@ class ModelDrafter(BaseDrafter):
     def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         return pick_token(logits, self.cfg, self.generator)
 
-    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
+    def observe(self, verification: Verification) -> None:
+        accepted = verification.accepted
         if self._drafted == 0:
             return
         # the cache holds context + x_1..x_{m-1}; keep the context and the accepted drafts among them

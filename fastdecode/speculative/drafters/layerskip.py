@@ -33,6 +33,7 @@ from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
 from ..driver import BaseDrafter, Draft, SpecConfig, speculative
+from ..verification import Verification
 from .draft_model import pick_token
 
 # where transformers keeps the decoder layers: Llama/Mistral/Qwen/Gemma/Phi, OPT, GPT-2/GPT-J, GPT-NeoX
@@ -219,9 +220,9 @@ class LayerSkipDrafter(BaseDrafter):
     def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         return pick_token(logits, self.cfg, self.generator)
 
-    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
+    def observe(self, verification: Verification) -> None:
         # the cache holds context + x_1..x_{m-1}; keep the context and the accepted drafts among them
-        self.cache.crop(self._base + min(accepted, self._drafted - 1))
+        self.cache.crop(self._base + min(verification.accepted, self._drafted - 1))
 
 
 @register("spec.layerskip", kind="causal", config=LayerSkipConfig, lossless=True)

@@ -24,6 +24,7 @@ from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
 from ..driver import BaseDrafter, Draft, SpecConfig, speculative
 from ..memory import store
+from ..verification import Verification
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,8 @@ class RecyclingDrafter(BaseDrafter):
         self._inputs = [root] + tokens
         return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
 
-    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
-        top = logits[: len(self._inputs)].topk(self.k, dim=-1).indices.cpu()  # [1 + T, k]
+    def observe(self, verification: Verification) -> None:
+        top = verification.node_logits.topk(self.k, dim=-1).indices.cpu()  # [1 + T, k], one row per input token
         self.adjacency[torch.tensor(self._inputs)] = top
 
 
