@@ -9,8 +9,8 @@ import torch
 import fastdecode
 from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
-from fastdecode.speculative.driver import BaseDrafter, Draft, SpecConfig, speculative
 from fastdecode.speculative.drafters.lookahead import LookaheadConfig, LookaheadDrafter
+from fastdecode.speculative.driver import BaseDrafter, Draft, SpecConfig, speculative
 from fastdecode.speculative.verification import Verification
 
 LONG = "Sort this"  # runs 40 tokens without EOS on the tiny model
@@ -42,7 +42,8 @@ class HalfRight(BaseDrafter):
         self.seen.append((self._n, verification))
 
 
-def run(causal, drafter, prompt, cfg=SpecConfig(max_new_tokens=24)):
+def run(causal, drafter, prompt, cfg=None):
+    cfg = cfg or SpecConfig(max_new_tokens=24)
     batch = encode_batch(causal, [prompt], cfg.max_new_tokens)
     return list(speculative(causal, batch, cfg, RunContext(), lambda g: drafter))
 
