@@ -15,7 +15,7 @@ from fastdecode.speculative.drafters.draft_model import DraftModelConfig, ModelD
 from fastdecode.speculative.drafters.ngram import NgramConfig
 from fastdecode.speculative.drafters.recycling import RecyclingConfig, parse_template, tree_template
 from fastdecode.speculative.driver import BaseDrafter, Draft, SpecConfig, speculative
-from fastdecode.speculative.memory import forget
+from fastdecode.speculative.memory import DrafterMemory, forget, memory_of
 from fastdecode.speculative.tree import depths
 from fastdecode.speculative.verification import Verification
 
@@ -88,6 +88,25 @@ def test_drafters_learn_from_earlier_requests_and_stay_lossless(causal, baseline
     forget(causal)
     fresh = fastdecode.generate(causal, PROMPTS, method, max_new_tokens=40)
     assert [r.stats.forwards for r in fresh] == [r.stats.forwards for r in first]
+    forget(causal)
+
+
+@pytest.mark.parametrize("method", ["spec.suffix", "spec.recycling"])
+def test_a_memory_passed_to_generate_is_what_the_run_learns_from(causal, baseline, method):
+    """generate(..., memory=m): the run reads and extends m only; the model's own memory stays as it was."""
+    def run(**kw):
+        out = fastdecode.generate(causal, PROMPTS, method, max_new_tokens=40, **kw)
+        assert [r.token_ids for r in out] == baseline
+        return [r.stats.forwards for r in out]
+
+    forget(causal)
+    mine = DrafterMemory()
+    first = run(memory=mine)
+    assert len(mine) == 1 and len(memory_of(causal)) == 0
+    assert sum(run(memory=mine)) < sum(first)  # learnt from the first run
+    assert run(memory=DrafterMemory()) == first == run()  # a fresh memory, or the model's own (empty) one
+    mine.clear()
+    assert run(memory=mine) == first
     forget(causal)
 
 
