@@ -39,24 +39,19 @@ def baseline(causal):
     return [r.token_ids for r in fastdecode.generate(causal, PROMPTS, "ar.greedy", max_new_tokens=40)]
 
 
-# (method, params, which draft: None / "self" / "other")
+# (method, params, which draft: None / "self" / "other"); every lossless method with its defaults (and a
+# different random draft model) is in test_lossless_registry.py
 CASES = [
-    ("spec.pld", {}, None),
     ("spec.pld", {"max_ngram": 1, "num_tokens": 3}, None),
-    ("spec.ngram", {}, None),
     ("spec.ngram", {"min_n": 2, "max_n": 4, "num_tokens": 8}, None),
-    ("spec.draft_model", {}, "other"),
     ("spec.draft_model", {"num_draft_tokens": 3}, "self"),
     ("spec.draft_model", {"schedule": "heuristic", "confidence_stop": 0.4}, "other"),
     ("spec.draft_model", {"schedule": "heuristic", "num_draft_tokens": 2}, "self"),
     ("spec.suffix", {"max_cached_requests": 0}, None),
     ("spec.suffix", {"max_depth": 8, "max_spec_factor": 2.0, "min_token_prob": 0.0}, None),
     ("spec.suffix", {"tree": True, "max_spec_factor": 3.0, "min_token_prob": 0.0}, None),
-    ("spec.jacobi", {}, None),
     ("spec.jacobi", {"window": 2}, None),
-    ("spec.recycling", {}, None),
     ("spec.recycling", {"top_k_candidates": 2, "template": "1,1,1"}, None),
-    ("spec.lookahead", {}, None),
     ("spec.lookahead", {"ngram": 3, "window": 4, "guesses": 2}, None),
 ]
 
