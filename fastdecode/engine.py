@@ -12,6 +12,7 @@ from .config import build_config
 from .errors import IncompatibleMethodError, PromptError
 from .models.base import ModelAdapter
 from .registry import Method, RunContext, get_method, list_methods
+from .speculative.memory import DrafterMemory
 from .stats import Stats, peak_rss_mb
 from .types import Event, Finished, PromptBatch, Result, StepEvent
 
@@ -25,18 +26,21 @@ def stream(
     *,
     generator: torch.Generator | None = None,
     draft: ModelAdapter | None = None,
+    memory: DrafterMemory | None = None,
     trace: bool = False,
     **params: Any,
 ) -> Iterator[Event]:
     """Yield one `StepEvent` per driver step, then a `Finished` event holding one `Result` per prompt.
 
     Validation (method, parameters, prompts) happens before the first event, so errors surface at once.
+    `memory` is what drafters that learn across requests (spec.suffix, spec.recycling) read and extend; by default
+    the model's own, shared by every call on it (`fastdecode.speculative.memory`).
     """
     spec = resolve(model, method)
     check_draft(spec, model, draft)
     cfg = build_config(spec.config, params, method)
     batch = encode_batch(model, prompts, cfg.max_new_tokens)
-    ctx = RunContext(generator=generator, draft=draft)
+    ctx = RunContext(generator=generator, draft=draft, memory=memory)
     return _run(model, spec, cfg, batch, ctx, trace)
 
 
@@ -49,7 +53,7 @@ def generate(
     """Run `method` on one prompt (returns a Result) or a list of prompts (returns a list of Results).
 
     Prompts are text or token-id lists; keyword arguments are the method's parameters (see
-    `fastdecode methods`) plus `generator=`, `draft=` and `trace=`.
+    `fastdecode methods`) plus `generator=`, `draft=`, `memory=` and `trace=`.
     """
     results: list[Result] = []
     for event in stream(model, prompts, method, **kwargs):

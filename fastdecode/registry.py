@@ -29,6 +29,8 @@ class RunContext:
 
     generator: Any = None  # torch.Generator for sampling methods, or None
     draft: Any = None  # drafter model adapter for methods that take one
+    # DrafterMemory (speculative/memory.py) of drafters that learn across requests; None: the target model's own
+    memory: Any = None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from ..engine import generate, resolve
 from ..models.base import ModelAdapter
 from ..models.loading import load
 from ..registry import get_method
-from ..speculative.memory import recall, restore
+from ..speculative.memory import DrafterMemory
 from .evaluate import default_budget
 from .suites import BenchError, Suite, get_suite
 from .tasks import Item, Task, format_prompt
@@ -306,12 +306,10 @@ def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, targe
             _generate(target, assistant, todo[0])
     # drafters that remember earlier requests (spec.suffix's global tree, spec.recycling's matrix: their method)
     # keep one memory per configuration, empty at its first measured row, so that neither the pre-flight and
-    # warm-up runs nor another configuration's rows hand a row its own answer
-    memories: dict[str, dict[int, Any]] = {entry: {} for entry in pending}
+    # warm-up runs (each with a memory of its own) nor another configuration's rows hand a row its own answer
+    memories = {entry: DrafterMemory() for entry in pending}
     for job in _interleaved(pending):
-        restore(target, memories[job.entry])
-        row = _row(job, target, assistant, meta, reference)
-        memories[job.entry] = recall(target)
+        row = _row(job, target, assistant, meta, reference, memories[job.entry])
         handle.write(json.dumps(row) + "\n")
         handle.flush()
         if job.is_baseline:
@@ -341,8 +339,13 @@ def _job_row_key(job: Job, meta: Mapping[str, Any]) -> str:
                     "method": job.method, "params": job.params, "model": meta["model"], "draft": meta["draft"]})
 
 
-def _generate(target: ModelAdapter, assistant: ModelAdapter | None, job: Job, **override: Any):
-    return generate(target, format_prompt(job.item.prompt), job.method, draft=assistant, **{**job.params, **override})
+def _generate(target: ModelAdapter, assistant: ModelAdapter | None, job: Job, memory: DrafterMemory | None = None,
+              **override: Any):
+    """One generation of `job`; drafters that learn across requests use `memory`, else one that starts empty and
+    is dropped (never the target's own, so a benchmark leaves what the library remembers alone)."""
+    memory = memory if memory is not None else DrafterMemory()
+    return generate(target, format_prompt(job.item.prompt), job.method, draft=assistant, memory=memory,
+                    **{**job.params, **override})
 
 
 def _preflight(target: ModelAdapter, assistant: ModelAdapter | None, jobs: list[Job]) -> None:
@@ -357,8 +360,9 @@ def _preflight(target: ModelAdapter, assistant: ModelAdapter | None, jobs: list[
 
 
 def _row(job: Job, target: ModelAdapter, assistant: ModelAdapter | None,
-         meta: Mapping[str, Any], reference: Mapping[tuple[str, int, int], list[int]]) -> dict[str, Any]:
-    result = _generate(target, assistant, job)
+         meta: Mapping[str, Any], reference: Mapping[tuple[str, int, int], list[int]],
+         memory: DrafterMemory) -> dict[str, Any]:
+    result = _generate(target, assistant, job, memory)
     extra = EXTRA_SCORES.get(job.task.name, {})
     base = reference.get((job.task.name, job.index, job.seed))
     return {
@@ -404,8 +408,9 @@ def measure_overhead(model: str | ModelAdapter, suite: str = "quick", method: st
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeats):
             start = time.perf_counter()
+            memory = DrafterMemory()  # one per repeat, as the harness keeps one per configuration and run
             for job in jobs:
-                _generate(target, None, job)
+                _generate(target, None, job, memory)
             direct.append(time.perf_counter() - start)
             start = time.perf_counter()
             run_bench(suite, target, [method], Path(tmp) / f"{r}.jsonl", limit=limit, warmup=False)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 from transformers import DynamicCache
@@ -25,6 +27,20 @@ def layer_types(config) -> list[str] | None:
         return list(get_layer_types_and_kwargs(config)[0])
     except Exception:  # configs without per-layer information (state-space models, remote code)
         return None
+
+
+@dataclass(frozen=True)
+class CausalOutput:
+    """What `CausalLM.forward(..., hidden=True)` returns: the logits and the features the LM head read.
+
+    `hidden` is transformers' `hidden_states[-1]`, which for language models is tied to `last_hidden_state`: the
+    last decoder layer's output *after* the model's final norm (Llama's `model.norm`, GPT-2's `ln_f`), so that
+    `lm_head(hidden)` gives the logits (before any logit scaling or soft-capping the architecture applies). It
+    covers every input position, also where `num_logits` kept fewer logits, in the model's dtype.
+    """
+
+    logits: torch.Tensor  # [B, T', V] float32, T' = num_logits or T
+    hidden: torch.Tensor  # [B, T, H] in the model's dtype
 
 
 class CausalLM(ModelAdapter):
@@ -65,6 +81,16 @@ class CausalLM(ModelAdapter):
         finally:
             self.config._attn_implementation = before
 
+    @overload
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
+                attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
+                visible: torch.Tensor | None = None, hidden: Literal[False] = False) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
+                attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
+                visible: torch.Tensor | None = None, *, hidden: Literal[True]) -> CausalOutput: ...
+
     @torch.inference_mode()
     def forward(
         self,
@@ -74,8 +100,10 @@ class CausalLM(ModelAdapter):
         attention_mask: torch.Tensor | None = None,  # [B, cache.length + T] 0 = padding, or a 4-D mask (see below)
         num_logits: int | None = None,  # keep logits of only the last num_logits positions
         visible: torch.Tensor | None = None,  # [T, T] or [B, T, T] bool: new token i may see new token j
-    ) -> torch.Tensor:
-        """Run the model over `input_ids` appended after `cache`; returns float32 logits `[B, T', V]`.
+        hidden: bool = False,  # also return the last hidden states (costs nothing when False)
+    ) -> torch.Tensor | CausalOutput:
+        """Run the model over `input_ids` appended after `cache`; returns float32 logits `[B, T', V]`, or with
+        `hidden=True` a `CausalOutput` holding them and the last hidden states `[B, T, H]`.
 
         The new tokens see every real token stored before them, and each other as `visible` says (default: causal).
         A 4-D `attention_mask` `[B|1, 1, T, C + T]` (additive or bool) is read for its last T columns as `visible`.
@@ -83,15 +111,20 @@ class CausalLM(ModelAdapter):
         kwargs = {}
         if num_logits is not None and self._has_logits_to_keep:
             kwargs["logits_to_keep"] = num_logits
+        if hidden:
+            kwargs["output_hidden_states"] = True
         if self.preallocated:
-            logits = self._planned(input_ids, positions, cache, attention_mask, visible, kwargs)
+            out = self._planned(input_ids, positions, cache, attention_mask, visible, kwargs)
         else:
-            logits = self._legacy(input_ids, positions, cache, attention_mask, visible, kwargs)
+            out = self._legacy(input_ids, positions, cache, attention_mask, visible, kwargs)
+        logits = out.logits
         if num_logits is not None:
             logits = logits[:, -num_logits:]
+        if hidden:
+            return CausalOutput(logits.float(), out.hidden_states[-1])
         return logits.float()
 
-    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs) -> torch.Tensor:
+    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs):
         B, T = input_ids.shape
         real, vis, past = _new_block(attention_mask, visible, B, T, input_ids.device)
         if cache is None:
@@ -113,9 +146,9 @@ class CausalLM(ModelAdapter):
             raise
         if cache is not None:
             cache.end()
-        return out.logits
+        return out
 
-    def _legacy(self, input_ids, positions, cache, attention_mask, visible, kwargs) -> torch.Tensor:
+    def _legacy(self, input_ids, positions, cache, attention_mask, visible, kwargs):
         if visible is not None:  # express it as the 4-D additive mask transformers takes
             attention_mask = _additive(visible, input_ids.shape[0], cache.length if cache is not None else 0,
                                        self.dtype, input_ids.device)
@@ -127,7 +160,7 @@ class CausalLM(ModelAdapter):
             **{self._cache_arg: cache.hf if cache is not None else None},
             **kwargs,
         )
-        return out.logits
+        return out
 
 
 def _new_block(mask: torch.Tensor | None, visible: torch.Tensor | None, B: int, T: int, device: torch.device):

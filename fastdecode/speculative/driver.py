@@ -22,6 +22,7 @@ from ..models.causal import CausalLM
 from ..registry import RunContext
 from ..types import PromptBatch, StepEvent
 from .tree import ancestor_mask, depths, verify_tree_greedy, verify_tree_rsd, verify_tree_sampling
+from .verification import Verification
 from .verify import Verdict, target_distribution, verify_greedy, verify_sampling
 
 
@@ -74,20 +75,19 @@ class Draft:
 
 
 class Drafter(Protocol):
-    """Proposes tokens for one row. Drafters that run a model count their forwards in `forwards`."""
+    """Proposes tokens for one row. Drafters that run a model count their forwards in `forwards`; a drafter that
+    reads the target's hidden states sets `needs_hidden = True` and finds them in `Verification.hidden`."""
 
     forwards: int
+    needs_hidden: bool
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         """Draft a chain of at most k tokens, or a tree at most k deep, to follow `context` (`[N]` long, on the CPU)."""
         ...
 
-    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
-        """The first `accepted` tokens of the last draft were accepted, then the target emitted one more.
-
-        `logits` are the target's logits of that step, for drafters that learn from the target: `[1 + k + S, V]`
-        for the root (last context token), the k draft tokens and the S side tokens.
-        """
+    def observe(self, verification: Verification) -> None:
+        """The last draft was verified and the row goes on: `verification.accepted` draft tokens were accepted,
+        then the target emitted one more; it also holds the target's logits (and hidden states) of that step."""
         ...
 
     def finish(self, context: torch.Tensor) -> None:
@@ -99,8 +99,9 @@ class BaseDrafter:
     """Defaults for the Drafter protocol: no model forwards, nothing learnt from verification."""
 
     forwards = 0
+    needs_hidden = False
 
-    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
+    def observe(self, verification: Verification) -> None:
         pass
 
     def finish(self, context: torch.Tensor) -> None:
@@ -240,8 +241,10 @@ class _Group:
             pos[b, n:] = blk.positions[-1]
         first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
         device = model.device
-        logits = model.forward(inp.to(device), pos.to(device), self.cache, real.to(device), num_logits=T - first,
-                               visible=vis.to(device))  # [B, T - first, V]
+        needs = any(getattr(r.drafter, "needs_hidden", False) for r, blk in zip(self.rows, blocks) if blk is not None)
+        fwd = model.forward(inp.to(device), pos.to(device), self.cache, real.to(device), num_logits=T - first,
+                            visible=vis.to(device), hidden=needs)
+        logits, hidden = (fwd.logits, fwd.hidden) if needs else (fwd, None)  # [B, T - first, V], [B, T, H]
         shared = _clock(model) - t1
 
         # 3. each row verifies its slice, keeps its tokens and rolls its part of the cache back
@@ -252,7 +255,9 @@ class _Group:
                 continue
             t2 = _clock(model)
             lo = blk.pending - 1 - first
-            out, kept = row.settle(draft, logits[b, lo : lo + 1 + blk.tokens.numel() - blk.pending], base[b], blk.pending)
+            n = blk.tokens.numel()
+            out, kept = row.settle(draft, logits[b, lo : lo + 1 + n - blk.pending], base[b], blk.pending,
+                                   hidden[b, :n] if hidden is not None else None)
             keep[b] = kept
             out.draft_s, out.verify_s = draft_s[b], shared + _clock(model) - t2
             out.draft_forwards = row.drafter.forwards - before[b]
@@ -292,9 +297,11 @@ class _Row:
         pos = torch.cat([torch.arange(n - P, n), n - 1 + offsets] + ([self._side_positions(side)] if side else []))
         return _Block(tokens, pos, self._visible(P, draft), P)
 
-    def settle(self, draft: Draft, logits: torch.Tensor, cached: int, P: int) -> tuple[_Out, int]:
-        """Verify with `[1 + k + S, V]` logits, keep accepted tokens up to the first EOS; returns the step's counts
-        and how many cache entries of this row stay valid."""
+    def settle(self, draft: Draft, logits: torch.Tensor, cached: int, P: int,
+               hidden: torch.Tensor | None = None) -> tuple[_Out, int]:
+        """Verify with `[1 + k + S, V]` logits (and the row's `[P + k + S, H]` hidden states for drafters that read
+        them), keep accepted tokens up to the first EOS; returns the step's counts and how many cache entries of this
+        row stay valid."""
         made = self.n - self.prompt_len
         k = draft.tokens.numel()
         verdict = self._verify(draft, logits[: k + 1])
@@ -312,7 +319,7 @@ class _Row:
         if self.done:
             self.drafter.finish(self.ids[: self.n])
         else:
-            self.drafter.observe(verdict.accepted, logits)
+            self.drafter.observe(Verification(verdict.accepted, tuple(tokens), logits, k, hidden))
         out = _Out(tokens=tuple((made + i, t) for i, t in enumerate(tokens)), proposed=k,
                    accepted=min(verdict.accepted, len(tokens)))
         return out, min(kept, start + len(tokens))

@@ -1,44 +1,72 @@
-"""Drafter state that outlives a request: one store per drafter kind, keyed weakly by the target model.
+"""Drafter state that outlives a request: a `DrafterMemory` object carried in the run context.
 
 spec.suffix keeps a global tree of earlier outputs and spec.recycling its adjacency matrix across requests, as
-their authors' code does. `forget(model)` empties every store for a model, e.g. so that a benchmark's warm-up
-run does not hand the first measured request its own answer. `recall` and `restore` hand a model's memories out
-and back, so that a benchmark can keep one memory per method configuration while it interleaves their requests.
+their authors' code does. They keep them in the run's memory, `generate(..., memory=...)`; without one, a run
+uses its target model's own memory (`memory_of(model)`), so successive calls to `generate` on one model share
+what they learnt, as before. `memory.clear()` (or `forget(model)` for a model's own) empties it, e.g. so that a
+warm-up run does not hand the first measured request its own answer; a benchmark keeps one memory per method
+configuration and passes it to that configuration's runs.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-_STORES: list[weakref.WeakKeyDictionary] = []
+if TYPE_CHECKING:
+    from ..registry import RunContext
 
-
-def store() -> weakref.WeakKeyDictionary:
-    """A new per-model store that `forget` empties."""
-    new: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-    _STORES.append(new)
-    return new
+T = TypeVar("T")
 
 
-def remembers(model: Any) -> bool:
-    """Whether any drafter keeps state from earlier requests on `model`."""
-    return any(model in s for s in _STORES)
+class DrafterMemory:
+    """What drafters keep across requests: one object per key (e.g. `("spec.suffix", max_depth)`), made on first use.
+
+    A memory belongs to one target model: the state in it (token trees, a `[V, k]` matrix) is about that model's
+    outputs. Not thread-safe: runs that share a memory must not run at the same time.
+    """
+
+    def __init__(self) -> None:
+        self._items: dict[Hashable, Any] = {}
+
+    def get(self, key: Hashable, make: Callable[[], T]) -> T:
+        """The object kept under `key`; `make()` makes it the first time."""
+        if key not in self._items:
+            self._items[key] = make()
+        return self._items[key]
+
+    def clear(self) -> None:
+        """Forget everything drafters learnt from earlier requests."""
+        self._items.clear()
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"DrafterMemory({sorted(map(repr, self._items))})"
+
+
+# each model's own memory, used by runs that pass none; dropped with the model
+_OWN: weakref.WeakKeyDictionary[Any, DrafterMemory] = weakref.WeakKeyDictionary()
+
+
+def memory_of(model: Any) -> DrafterMemory:
+    """The memory runs on `model` use when they are given none."""
+    memory = _OWN.get(model)
+    if memory is None:
+        memory = _OWN[model] = DrafterMemory()
+    return memory
+
+
+def run_memory(ctx: RunContext, model: Any) -> DrafterMemory:
+    """The memory of a run: the run context's (`generate(..., memory=...)`), else the target model's own."""
+    return ctx.memory if ctx.memory is not None else memory_of(model)
 
 
 def forget(model: Any) -> None:
-    """Drop everything drafters remember from earlier requests on `model`."""
-    for s in _STORES:
-        s.pop(model, None)
-
-
-def recall(model: Any) -> dict[int, Any]:
-    """Everything drafters remember about `model`, for `restore`."""
-    return {i: s[model] for i, s in enumerate(_STORES) if model in s}
-
-
-def restore(model: Any, memory: dict[int, Any]) -> None:
-    """Make `memory` (from `recall`; {} for nothing) what drafters remember about `model`."""
-    forget(model)
-    for i, value in memory.items():
-        _STORES[i][model] = value
+    """Drop everything drafters remember from earlier requests on `model` (its own memory: `memory_of(model)`)."""
+    memory_of(model).clear()

@@ -169,21 +169,26 @@ def test_harness_is_quiet(target, tmp_path, capsys):
 
 
 def test_warm_up_does_not_hand_spec_suffix_the_first_answer(target, tmp_path):
-    """Without the reset, the warm-up's output of item 0 sits in spec.suffix's global tree and item 0 drafts it."""
+    """The pre-flight and warm-up runs keep their outputs in memories of their own, so the first measured row does
+    not draft its own answer; later rows draft from their configuration's earlier rows (SuffixDecoding's
+    cross-request memory); the model's own memory is left alone."""
     import fastdecode
-    from fastdecode.speculative.memory import remembers
+    from fastdecode.speculative.memory import DrafterMemory, memory_of
 
+    forget(target)
     out = tmp_path / "suffix.jsonl"
     params = {"ar.greedy": {"max_new_tokens": 12}, "spec.suffix": {"max_new_tokens": 12}}
     run_bench(SUITE, target, ["spec.suffix"], out, params=params, limit=1)
-    first = next(r for r in read_rows(out) if r["method"] == "spec.suffix")  # the first measured row
-    assert first["task"] == "lists.sort" and first["equal_to_baseline"] is True
-    assert remembers(target)  # measured rows do feed the global tree (SuffixDecoding's cross-request memory)
-    forget(target)
-    item = TASKS["lists.sort"].items(DEFAULT_TEST_SEED, 1)[0]
-    fresh = fastdecode.generate(target, format_prompt(item.prompt), "spec.suffix", max_new_tokens=12).stats
-    assert (first["forwards"], first["accepted"]) == (fresh.forwards, fresh.accepted)
-    forget(target)
+    rows = [r for r in read_rows(out) if r["method"] == "spec.suffix"]
+    assert rows[0]["task"] == "lists.sort" and all(r["equal_to_baseline"] is True for r in rows)
+    assert len(memory_of(target)) == 0
+    memory = DrafterMemory()  # the measured requests, in order, with one memory that starts empty
+    for r in rows:
+        item = TASKS[r["task"]].items(r["seed"], r["item"] + 1)[r["item"]]
+        s = fastdecode.generate(target, format_prompt(item.prompt), "spec.suffix", max_new_tokens=12, memory=memory)
+        assert (r["forwards"], r["accepted"]) == (s.stats.forwards, s.stats.accepted)
+    assert len(memory) == 1  # the rows fed one global tree
+    assert len(memory_of(target)) == 0
 
 
 def test_rows_run_item_by_item_and_each_configuration_keeps_its_own_memory(target, tmp_path):

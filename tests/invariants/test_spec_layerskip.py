@@ -11,6 +11,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForC
 import fastdecode
 from fastdecode.errors import IncompatibleMethodError, ParameterError
 from fastdecode.speculative.drafters.layerskip import LayerSkipConfig, LayerSkipDrafter, SkipSearch, decoder_layers, skipping
+from fastdecode.speculative.verification import Verification
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
 
@@ -57,6 +58,13 @@ def test_fixed_set_draft_forwards_equal_proposed_tokens(causal):
     assert r.stats.draft_forwards == r.stats.proposed > 0  # one skipped-model forward per draft token, no search
 
 
+def verified(draft: torch.Tensor, context: torch.Tensor, accepted: int) -> Verification:
+    """What the driver tells a chain drafter after verifying `draft`: `accepted` of it, then the target's token
+    (the last of `context`); model drafters read only the counts."""
+    k = draft.numel()
+    return Verification(accepted, tuple(context[-accepted - 1 :].tolist()), torch.zeros(1 + k, 1), k)
+
+
 def test_search_runs_one_scoring_forward_per_step_then_settles(deep):
     cfg = LayerSkipConfig(context_window=4, search_steps=5, confidence_stop=0.0, max_draft_tokens=2)
     drafter = LayerSkipDrafter(deep, 6, cfg, None)
@@ -70,7 +78,7 @@ def test_search_runs_one_scoring_forward_per_step_then_settles(deep):
         assert drafter.forwards - before == draft.numel() + searched
         # the target "accepts" nothing and emits one token of its own
         context = torch.cat([context, torch.tensor([(int(draft[0]) + 1) % deep.vocab_size])])
-        drafter.observe(0)
+        drafter.observe(verified(draft, context, 0))
         assert drafter.cache.length == context.numel() - 1
         steps += 1
     assert len(drafter.search.tried) == 5 and steps == 4 + 5
@@ -100,12 +108,12 @@ def test_drafter_cache_rolls_back_and_skipped_layers_stay_empty(deep):
     context = torch.tensor(deep.encode("the quick brown"))
     first = drafter.propose(context, 10).tokens
     assert first.numel() == 4 and drafter.forwards == 4
-    layers = drafter.cache.hf.layers
-    assert all(layers[i].get_seq_length() == 0 for i in (2, 3))
-    assert all(layers[i].get_seq_length() == context.numel() + 3 for i in (0, 1, 4, 5))
+    layers = drafter.cache.layers
+    assert all(not layers[i].is_initialized for i in (2, 3))  # skipped layers never store anything
+    assert all(layers[i].is_initialized for i in (0, 1, 4, 5)) and drafter.cache.length == context.numel() + 3
     # the target accepts two drafts, then corrects the third
     context = torch.cat([context, first[:2], torch.tensor([(int(first[2]) + 1) % deep.vocab_size])])
-    drafter.observe(2)
+    drafter.observe(verified(first, context, 2))
     assert drafter.cache.length == context.numel() - 1
     fresh = LayerSkipDrafter(deep, 6, cfg, None)
     assert drafter.propose(context, 10).tokens.tolist() == fresh.propose(context, 10).tokens.tolist()

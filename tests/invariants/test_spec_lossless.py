@@ -15,8 +15,9 @@ from fastdecode.speculative.drafters.draft_model import DraftModelConfig, ModelD
 from fastdecode.speculative.drafters.ngram import NgramConfig
 from fastdecode.speculative.drafters.recycling import RecyclingConfig, parse_template, tree_template
 from fastdecode.speculative.driver import BaseDrafter, Draft, SpecConfig, speculative
-from fastdecode.speculative.memory import forget
+from fastdecode.speculative.memory import DrafterMemory, forget, memory_of
 from fastdecode.speculative.tree import depths
+from fastdecode.speculative.verification import Verification
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
 LONG = PROMPTS[2]  # runs 40 tokens without EOS on the tiny model
@@ -38,24 +39,19 @@ def baseline(causal):
     return [r.token_ids for r in fastdecode.generate(causal, PROMPTS, "ar.greedy", max_new_tokens=40)]
 
 
-# (method, params, which draft: None / "self" / "other")
+# (method, params, which draft: None / "self" / "other"); every lossless method with its defaults (and a
+# different random draft model) is in test_lossless_registry.py
 CASES = [
-    ("spec.pld", {}, None),
     ("spec.pld", {"max_ngram": 1, "num_tokens": 3}, None),
-    ("spec.ngram", {}, None),
     ("spec.ngram", {"min_n": 2, "max_n": 4, "num_tokens": 8}, None),
-    ("spec.draft_model", {}, "other"),
     ("spec.draft_model", {"num_draft_tokens": 3}, "self"),
     ("spec.draft_model", {"schedule": "heuristic", "confidence_stop": 0.4}, "other"),
     ("spec.draft_model", {"schedule": "heuristic", "num_draft_tokens": 2}, "self"),
     ("spec.suffix", {"max_cached_requests": 0}, None),
     ("spec.suffix", {"max_depth": 8, "max_spec_factor": 2.0, "min_token_prob": 0.0}, None),
     ("spec.suffix", {"tree": True, "max_spec_factor": 3.0, "min_token_prob": 0.0}, None),
-    ("spec.jacobi", {}, None),
     ("spec.jacobi", {"window": 2}, None),
-    ("spec.recycling", {}, None),
     ("spec.recycling", {"top_k_candidates": 2, "template": "1,1,1"}, None),
-    ("spec.lookahead", {}, None),
     ("spec.lookahead", {"ngram": 3, "window": 4, "guesses": 2}, None),
 ]
 
@@ -87,6 +83,25 @@ def test_drafters_learn_from_earlier_requests_and_stay_lossless(causal, baseline
     forget(causal)
     fresh = fastdecode.generate(causal, PROMPTS, method, max_new_tokens=40)
     assert [r.stats.forwards for r in fresh] == [r.stats.forwards for r in first]
+    forget(causal)
+
+
+@pytest.mark.parametrize("method", ["spec.suffix", "spec.recycling"])
+def test_a_memory_passed_to_generate_is_what_the_run_learns_from(causal, baseline, method):
+    """generate(..., memory=m): the run reads and extends m only; the model's own memory stays as it was."""
+    def run(**kw):
+        out = fastdecode.generate(causal, PROMPTS, method, max_new_tokens=40, **kw)
+        assert [r.token_ids for r in out] == baseline
+        return [r.stats.forwards for r in out]
+
+    forget(causal)
+    mine = DrafterMemory()
+    first = run(memory=mine)
+    assert len(mine) == 1 and len(memory_of(causal)) == 0
+    assert sum(run(memory=mine)) < sum(first)  # learnt from the first run
+    assert run(memory=DrafterMemory()) == first == run()  # a fresh memory, or the model's own (empty) one
+    mine.clear()
+    assert run(memory=mine) == first
     forget(causal)
 
 
@@ -203,6 +218,13 @@ def test_sliding_window_model_runs_speculative_methods(method):
     assert fastdecode.generate(model, prompt, method, max_new_tokens=24).token_ids == base
 
 
+def verified(draft: torch.Tensor, context: torch.Tensor, accepted: int) -> Verification:
+    """What the driver tells a chain drafter after verifying `draft`: `accepted` of it, then the target's token
+    (the last of `context`); model drafters read only the counts."""
+    k = draft.numel()
+    return Verification(accepted, tuple(context[-accepted - 1 :].tolist()), torch.zeros(1 + k, 1), k)
+
+
 def test_draft_cache_rolls_back_to_the_accepted_prefix(other_draft):
     greedy = DraftModelConfig(num_draft_tokens=4)
     drafter = ModelDrafter(other_draft, greedy, None)
@@ -211,7 +233,7 @@ def test_draft_cache_rolls_back_to_the_accepted_prefix(other_draft):
     assert first.numel() == 4 and drafter.forwards == 4
     # the target accepts two drafts, then corrects the third
     context = torch.cat([context, first[:2], torch.tensor([(int(first[2]) + 1) % other_draft.vocab_size])])
-    drafter.observe(2)
+    drafter.observe(verified(first, context, 2))
     assert drafter.cache.length == context.numel() - 1
     fresh = ModelDrafter(other_draft, greedy, None)
     assert drafter.propose(context, 10).tokens.tolist() == fresh.propose(context, 10).tokens.tolist()
@@ -225,7 +247,7 @@ def test_heuristic_schedule_grows_and_shrinks(other_draft):
         d = drafter.propose(context, 100).tokens
         accepted = d.numel() if accepted_all else 0
         context = torch.cat([context, d[:accepted], torch.tensor([5])])
-        drafter.observe(accepted)
+        drafter.observe(verified(d, context, accepted))
         lengths.append(drafter.length)
     assert lengths == [5, 7, 6, 5, 4, 3]
 

@@ -17,6 +17,7 @@ from fastdecode.speculative.drafters.dyntree import DynTreeConfig, DynTreeDrafte
 from fastdecode.speculative.drafters.rsd import RSDConfig, RSDDrafter
 from fastdecode.speculative.driver import Draft, speculative
 from fastdecode.speculative.tree import check_tree, children, depths
+from fastdecode.speculative.verification import Verification
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
 LONG = PROMPTS[2]  # runs 40 tokens without EOS on the tiny model
@@ -80,8 +81,8 @@ class Recording:
         self.drafts.append(self.inner.propose(context, k))
         return self.drafts[-1]
 
-    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
-        self.inner.observe(accepted, logits)
+    def observe(self, verification: Verification) -> None:
+        self.inner.observe(verification)
 
     def finish(self, context: torch.Tensor) -> None:
         self.inner.finish(context)

@@ -76,3 +76,37 @@ def test_mdlm_initialised_from_llama_with_causal_mask_matches_llama(causal):
 
 def _with_mask(fn, mask):
     return lambda x, cos, sin, _mask: fn(x, cos, sin, mask)
+
+
+def test_causal_forward_returns_the_last_hidden_states_only_when_asked(causal):
+    """`hidden=True` gives transformers' hidden_states[-1]: after the final norm, what the LM head reads."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from fastdecode.models.causal import CausalOutput
+
+    ids = torch.tensor([causal.encode("the quick brown fox")])
+    pos = torch.arange(ids.shape[1])[None]
+    plain = causal.forward(ids, pos, num_logits=2)
+    assert isinstance(plain, torch.Tensor) and plain.shape[:2] == (1, 2)
+    out = causal.forward(ids, pos, num_logits=2, hidden=True)
+    assert isinstance(out, CausalOutput) and torch.equal(out.logits, plain)
+    with torch.no_grad():
+        ref = causal.model(input_ids=ids, output_hidden_states=True)
+        base = causal.model.model(input_ids=ids).last_hidden_state
+    assert out.hidden.shape == (1, ids.shape[1], causal.config.hidden_size)  # every position, not only num_logits
+    assert torch.equal(out.hidden, ref.hidden_states[-1]) and torch.allclose(out.hidden, base)
+    with torch.inference_mode():
+        assert torch.allclose(causal.model.lm_head(out.hidden[:, -2:]), plain, atol=1e-5)  # after model.norm
+    # with a cache: the hidden states of the new positions only, as the logits
+    cache = causal.new_cache()
+    causal.forward(ids[:, :3], pos[:, :3], cache)
+    rest = causal.forward(ids[:, 3:], pos[:, 3:], cache, hidden=True)
+    assert torch.allclose(rest.hidden, ref.hidden_states[-1][:, 3:], atol=1e-5)
+    # GPT-2 applies its final norm (ln_f) outside the layers too: hidden_states[-1] is after it
+    torch.manual_seed(0)
+    gpt2 = fastdecode.CausalLM(GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=2, n_positions=64)))
+    x = torch.tensor([[3, 4, 5, 6]])
+    g = gpt2.forward(x, torch.arange(4)[None], hidden=True)
+    with torch.inference_mode():
+        assert torch.allclose(gpt2.model.lm_head(g.hidden), g.logits, atol=1e-5)
+        assert torch.equal(g.hidden, gpt2.model(input_ids=x, output_hidden_states=True).hidden_states[-1])

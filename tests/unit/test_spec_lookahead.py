@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from fastdecode.speculative.drafters.lookahead import LookaheadConfig, LookaheadDrafter, candidate_tree, window_layout
+from fastdecode.speculative.verification import Verification
 
 
 def test_window_columns_are_jacobi_trajectories():
@@ -32,7 +33,7 @@ def test_pool_keeps_the_latest_ngrams_per_first_token():
         logits = torch.zeros(1 + d._tree_size + len(d.levels) * 2, 20)
         rows = 1 + d._tree_size + (len(d.levels) - 1) * 2
         logits[torch.arange(rows, rows + 2), torch.tensor(top_tokens)] = 1.0
-        d.observe(0, logits)
+        d.observe(Verification(0, (0,), logits, d._tree_size))
 
     d.levels = [[1, 2]]
     step([3, 4])  # second level: no n-gram yet (N - 1 = 2 levels needed first)

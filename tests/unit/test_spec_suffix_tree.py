@@ -112,13 +112,19 @@ def test_drafter_uses_earlier_requests_through_the_global_tree():
 
 def test_global_trees_of_different_depths_do_not_replace_each_other():
     from fastdecode.speculative.drafters.suffix import global_tree
-    from fastdecode.speculative.memory import forget
+    from fastdecode.speculative.memory import DrafterMemory, forget, memory_of
 
-    model = torch.nn.Linear(1, 1)  # any weak-referenceable object stands for a target model
-    deep = global_tree(model, 24)
+    memory = DrafterMemory()
+    deep = global_tree(memory, 24)
     deep.extend(0, [1, 2, 3])
-    shallow = global_tree(model, 8)
+    shallow = global_tree(memory, 8)
     assert shallow is not deep and shallow.max_depth == 8
-    assert global_tree(model, 24) is deep and len(deep) == 1  # a run at depth 8 between two at 24 kept its history
+    assert global_tree(memory, 24) is deep and len(deep) == 1  # a run at depth 8 between two at 24 kept its history
+    assert len(memory) == 2
+    memory.clear()
+    assert global_tree(memory, 24) is not deep and len(memory) == 1
+    model = torch.nn.Linear(1, 1)  # any weak-referenceable object stands for a target model
+    own = global_tree(memory_of(model), 24)
+    assert memory_of(model) is memory_of(model) and global_tree(memory_of(model), 24) is own
     forget(model)
-    assert global_tree(model, 24) is not deep
+    assert len(memory_of(model)) == 0

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fastdecode.speculative.drafters.recycling import RecyclingConfig, RecyclingDrafter, new_matrix, tree_template
+from fastdecode.speculative.verification import Verification
 from fastdecode.speculative.tree import ancestor_mask, check_tree, children, depths, verify_tree_greedy, verify_tree_sampling
 
 #        root
@@ -87,7 +88,7 @@ def test_recycling_template_and_tree_from_the_adjacency_matrix():
     assert drafter.propose(torch.tensor([3, 4]), 5).tokens.numel() == 0  # nothing seen yet
     logits = torch.zeros(1, V)
     logits[0, [6, 7]] = torch.tensor([2.0, 1.0])
-    drafter.observe(0, logits)  # the target ranked 6, 7 after token 4
+    drafter.observe(Verification(0, (6,), logits, 0))  # the target ranked 6, 7 after token 4
     d = drafter.propose(torch.tensor([3, 4]), 5)
     assert d.tokens.tolist() == [6, 7] and d.parents == [-1, -1]
     drafter.adjacency[6] = torch.tensor([8, 9])

@@ -18,6 +18,7 @@ from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
 from ..driver import BaseDrafter, Draft, SpecConfig, speculative
+from ..verification import Verification
 
 
 @dataclass(frozen=True)
@@ -33,19 +34,17 @@ class JacobiDrafter(BaseDrafter):
     def __init__(self, cfg: JacobiConfig) -> None:
         self.window = cfg.window
         self.guess: list[int] = []
-        self._drafted = 0
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         m = min(k, self.window)
         fill = self.guess[-1] if self.guess else int(context[-1])  # new positions start as a copy
         self.guess = (self.guess + [fill] * m)[:m]
-        self._drafted = m
         return Draft(torch.tensor(self.guess, dtype=torch.long))
 
-    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
+    def observe(self, verification: Verification) -> None:
         # row i predicts the token after guess i; rows after the emitted one are the Jacobi updates
-        update = logits[: self._drafted + 1].argmax(-1).tolist()  # [m + 1]
-        self.guess = update[accepted + 1 :]
+        update = verification.node_logits.argmax(-1).tolist()  # [m + 1]
+        self.guess = update[verification.accepted + 1 :]
 
 
 @register("spec.jacobi", kind="causal", config=JacobiConfig, lossless=True)

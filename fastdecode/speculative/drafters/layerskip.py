@@ -26,14 +26,13 @@ from itertools import combinations
 import torch
 from torch import nn
 
-from ...cache import KVCache
 from ...config import check
 from ...errors import IncompatibleMethodError, ParameterError
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..driver import BaseDrafter, Draft, SpecConfig, speculative
-from .draft_model import pick_token
+from ..driver import Draft, SpecConfig, speculative
+from .model_draft import ModelChainDrafter
 
 # where transformers keeps the decoder layers: Llama/Mistral/Qwen/Gemma/Phi, OPT, GPT-2/GPT-J, GPT-NeoX
 _LAYER_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers")
@@ -155,11 +154,11 @@ class SkipSearch:
         return False
 
 
-class LayerSkipDrafter(BaseDrafter):
+class LayerSkipDrafter(ModelChainDrafter):
     """Drafts with the target minus a skip set, keeping its own KV cache for that set in step with the context."""
 
     def __init__(self, model: CausalLM, num_layers: int, cfg: LayerSkipConfig, generator: torch.Generator | None) -> None:
-        self.model, self.cfg, self.generator = model, cfg, generator
+        super().__init__(model, cfg, generator, cfg.confidence_stop)
         fixed = parse_layers(cfg.skip_layers)
         if fixed:
             self.search = None
@@ -170,11 +169,7 @@ class LayerSkipDrafter(BaseDrafter):
             n = min(len(candidates), max(1, int(cfg.skip_ratio * len(candidates) + 0.5)))
             self.search = SkipSearch(candidates, n, cfg.search_steps, cfg.target_score)
             self.skip = self.search.best
-        self.cache: KVCache = model.new_cache()
-        self.forwards = 0
         self._prompt_len: int | None = None
-        self._base = 0  # context length at the last proposal
-        self._drafted = 0
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         n = context.numel()
@@ -182,26 +177,8 @@ class LayerSkipDrafter(BaseDrafter):
             self._prompt_len = n
         if self.search is not None and self.search.active and n - self._prompt_len >= self.cfg.context_window:
             self._search_step(context)
-        k = min(k, self.cfg.max_draft_tokens)
-        device = self.model.device
-        feed = context[self.cache.length :].to(device)  # context this cache has not seen (>= 1 token)
-        pos = torch.arange(self.cache.length, n, device=device)
-        tokens, probs = [], []
         with skipping(self.model, self.skip):
-            for _ in range(k):
-                logits = self.model.forward(feed[None], pos[None], self.cache, num_logits=1)[0, -1]  # [V]
-                self.forwards += 1
-                x, q = self._pick(logits)
-                tokens.append(x)
-                probs.append(q)
-                if int(x) in self.model.eos_token_ids:  # nothing after an end of text can be emitted
-                    break
-                if self.cfg.confidence_stop and float(logits.softmax(-1).max()) < self.cfg.confidence_stop:
-                    break
-                feed, pos = x.view(1), pos[-1:] + 1
-        self._base, self._drafted = n, len(tokens)
-        q = torch.stack(probs) if probs[0] is not None else None  # [k, V]
-        return Draft(torch.stack(tokens).cpu(), q)
+            return self.draft_chain(context, min(k, self.cfg.max_draft_tokens))
 
     def _search_step(self, context: torch.Tensor) -> None:
         """Score one candidate set on the first `context_window` generated tokens; adopt it if it is the best."""
@@ -215,13 +192,6 @@ class LayerSkipDrafter(BaseDrafter):
         score = float((logits.argmax(-1).cpu() == context[P : P + W]).float().mean())
         if self.search.record(s, score):
             self.skip, self.cache = s, cache
-
-    def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return pick_token(logits, self.cfg, self.generator)
-
-    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
-        # the cache holds context + x_1..x_{m-1}; keep the context and the accepted drafts among them
-        self.cache.crop(self._base + min(accepted, self._drafted - 1))
 
 
 @register("spec.layerskip", kind="causal", config=LayerSkipConfig, lossless=True)

@@ -21,6 +21,7 @@ from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
 from ..driver import BaseDrafter, Draft, Side, SpecConfig, speculative
+from ..verification import Verification
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,10 @@ class LookaheadDrafter(BaseDrafter):
         side = Side(torch.tensor(sum(self.levels, []), dtype=torch.long), offsets, mask)
         return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents, side=side)
 
-    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
+    def observe(self, verification: Verification) -> None:
         cfg = self.cfg
-        top = 1 + self._tree_size + (len(self.levels) - 1) * cfg.window  # first row of the top level
-        new = logits[top : top + cfg.window].argmax(-1).tolist()  # [W]
+        top = (len(self.levels) - 1) * cfg.window  # first side token of the top level
+        new = verification.side_logits[top : top + cfg.window].argmax(-1).tolist()  # [W]
         if len(self.levels) == cfg.ngram - 1:
             for i in range(cfg.window):
                 self._remember([level[i] for level in self.levels] + [new[i]])

@@ -5,8 +5,9 @@ A[v] holds the target's top-k next tokens the last time v was an input. Each ste
 breadth first from the last context token (a node of rank r under a parent with token v gets token A[v, r]),
 verified in one forward with a tree mask, and A is overwritten for every input token of that forward with the
 top-k of its logits, so candidates from rejected branches are reused. As in the authors' evaluation code, which
-allocates A once and passes it to every question, A outlives the request: one matrix per target model and k,
-shared by every run in this process (`shared_matrix=False` gives each request an empty one).
+allocates A once and passes it to every question, A outlives the request: one matrix per k in the run's drafter
+memory (by default its target model's), shared by every run with that memory (`shared_matrix=False` gives each
+request an empty one).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
 from ..driver import BaseDrafter, Draft, SpecConfig, speculative
-from ..memory import store
+from ..memory import DrafterMemory, run_memory
+from ..verification import Verification
 
 
 @dataclass(frozen=True)
@@ -63,19 +65,13 @@ def tree_template(budgets: list[int], width: int) -> list[tuple[int, int]]:
     return nodes
 
 
-# the adjacency matrix of each target model and k, kept across requests like the authors' evaluation loop does
-_SHARED = store()  # model -> {k: [V, k] matrix}
-
-
 def new_matrix(vocab_size: int, k: int) -> torch.Tensor:
     return torch.full((vocab_size, k), -1, dtype=torch.long)  # [V, k] A, -1 = not seen yet
 
 
-def shared_matrix(model: CausalLM, k: int) -> torch.Tensor:
-    per_k = _SHARED.setdefault(model, {})
-    if k not in per_k:
-        per_k[k] = new_matrix(model.vocab_size, k)
-    return per_k[k]
+def shared_matrix(memory: DrafterMemory, vocab_size: int, k: int) -> torch.Tensor:
+    """The matrix kept across requests in `memory`, like the authors' evaluation loop keeps it."""
+    return memory.get(("spec.recycling", vocab_size, k), lambda: new_matrix(vocab_size, k))
 
 
 class RecyclingDrafter(BaseDrafter):
@@ -106,17 +102,17 @@ class RecyclingDrafter(BaseDrafter):
         self._inputs = [root] + tokens
         return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
 
-    def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
-        top = logits[: len(self._inputs)].topk(self.k, dim=-1).indices.cpu()  # [1 + T, k]
+    def observe(self, verification: Verification) -> None:
+        top = verification.node_logits.topk(self.k, dim=-1).indices.cpu()  # [1 + T, k], one row per input token
         self.adjacency[torch.tensor(self._inputs)] = top
 
 
 @register("spec.recycling", kind="causal", config=RecyclingConfig, lossless=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: RecyclingConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Token Recycling: a draft tree from an adjacency matrix of the target's recent top-k candidates."""
-    k = cfg.top_k_candidates
+    k, memory = cfg.top_k_candidates, run_memory(ctx, model)
 
     def drafter(generator) -> RecyclingDrafter:
-        return RecyclingDrafter(cfg, shared_matrix(model, k) if cfg.shared_matrix else new_matrix(model.vocab_size, k))
+        return RecyclingDrafter(cfg, shared_matrix(memory, model.vocab_size, k) if cfg.shared_matrix else new_matrix(model.vocab_size, k))
 
     return speculative(model, batch, cfg, ctx, drafter)

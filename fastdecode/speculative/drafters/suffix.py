@@ -14,7 +14,7 @@ from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
 from ..driver import BaseDrafter, Draft, SpecConfig, speculative
-from ..memory import store
+from ..memory import DrafterMemory, run_memory
 from ..suffix_tree import SuffixTree, best_draft
 
 
@@ -35,17 +35,13 @@ class SuffixConfig(SpecConfig):
         check(self.max_cached_requests >= 0, "max_cached_requests", self.max_cached_requests, "must be >= 0")
 
 
-# the global trees of each target model, one per max_depth: outputs of earlier requests, shared by every run in this
-# process with that depth (a run with another depth neither reads nor clears them)
-_GLOBAL = store()
 _request_ids = itertools.count()
 
 
-def global_tree(model: CausalLM, max_depth: int) -> SuffixTree:
-    trees = _GLOBAL.setdefault(model, {})
-    if max_depth not in trees:
-        trees[max_depth] = SuffixTree(max_depth)
-    return trees[max_depth]
+def global_tree(memory: DrafterMemory, max_depth: int) -> SuffixTree:
+    """The global tree of a run's memory (by default its target model's), one per max_depth: outputs of earlier
+    requests, shared by every run with that memory and depth (a run with another depth neither reads nor clears it)."""
+    return memory.get(("spec.suffix", max_depth), lambda: SuffixTree(max_depth))
 
 
 class SuffixDrafter(BaseDrafter):
@@ -88,5 +84,5 @@ class SuffixDrafter(BaseDrafter):
 @register("spec.suffix", kind="causal", config=SuffixConfig, lossless=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: SuffixConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """SuffixDecoding: frequency-scored drafts from suffix trees over the prompt, the output and earlier outputs."""
-    shared = global_tree(model, cfg.max_depth) if cfg.max_cached_requests else None
+    shared = global_tree(run_memory(ctx, model), cfg.max_depth) if cfg.max_cached_requests else None
     return speculative(model, batch, cfg, ctx, lambda generator: SuffixDrafter(cfg, shared))
