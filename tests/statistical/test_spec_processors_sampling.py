@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 from sampling_stats import N, chi_square_p_value, first_two
-from test_spec_sampling import TopTwoTree
 
 import fastdecode
 from fastdecode import sampling
@@ -132,9 +131,23 @@ def test_deterministic_drafter_matches_the_marginals(target, prompt, exact):
     assert chi_square_p_value(second, exact[1]) > 1e-3
 
 
+class FixedTree(BaseDrafter):
+    """Always proposes the same tree."""
+
+    def __init__(self, tokens: list[int], parents: list[int]) -> None:
+        self.tokens, self.parents = tokens, parents
+
+    def propose(self, context: torch.Tensor, k: int) -> Draft:
+        return Draft(torch.tensor(self.tokens, dtype=torch.long), parents=self.parents)
+
+
 def test_tree_drafter_matches_the_marginals(target, prompt, exact):
+    """The two likeliest first tokens a, b, each followed by itself and by the other: a node's history is its
+    path, so the repeat is penalised and the cross child is not."""
+    a, b = exact[0].topk(2).indices.tolist()
+    tree = FixedTree([a, b, a, b, b, a], parents=[-1, -1, 0, 0, 1, 1])
     cfg = SpecConfig(max_new_tokens=3, seed=13, **PROCESSORS)
-    accepted, (first, second) = run_driver(target, prompt, cfg, lambda generator: TopTwoTree(target))
+    accepted, (first, second) = run_driver(target, prompt, cfg, lambda generator: tree)
     assert accepted > 0.1 * N
     assert chi_square_p_value(first, exact[0]) > 1e-3
     assert chi_square_p_value(second, exact[1]) > 1e-3
