@@ -18,6 +18,7 @@ from fastdecode import sampling
 from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
 from fastdecode.speculative.driver import BaseDrafter, Draft, SpecConfig, speculative
+from fastdecode.speculative.tree import depths
 
 PROCESSORS = dict(temperature=1.0, top_k=16, min_p=0.02, repetition_penalty=3.0)
 
@@ -138,7 +139,8 @@ class FixedTree(BaseDrafter):
         self.tokens, self.parents = tokens, parents
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
-        return Draft(torch.tensor(self.tokens, dtype=torch.long), parents=self.parents)
+        keep = [i for i, d in enumerate(depths(self.parents)) if d <= k]  # parents come first, so indices stay
+        return Draft(torch.tensor([self.tokens[i] for i in keep]), parents=[self.parents[i] for i in keep])
 
 
 def test_tree_drafter_matches_the_marginals(target, prompt, exact):
