@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
-from ..config import MethodConfig
+from ..config import MethodConfig, check
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
-from ..sampling import greedy as argmax
+from ..sampling.pipeline import LogitsPipeline
 from ..types import PromptBatch, StepEvent
 from .driver import autoregressive
+from .sample import make_picker
 
 
-@register("ar.greedy", kind="causal", config=MethodConfig, lossless=True)
-def run(model: CausalLM, batch: PromptBatch, cfg: MethodConfig, ctx: RunContext) -> Iterator[StepEvent]:
+@dataclass(frozen=True)
+class GreedyConfig(MethodConfig):
+    """The argmax after the processors that can change it (spec.* methods at temperature 0 take the same)."""
+
+    repetition_penalty: float = 1.0  # 1 = off
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "must be > 0 (1 = off)")
+
+
+@register("ar.greedy", kind="causal", config=GreedyConfig, lossless=True)
+def run(model: CausalLM, batch: PromptBatch, cfg: GreedyConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Greedy decoding: the argmax token, one forward per token (the baseline)."""
-    return autoregressive(model, batch, cfg, lambda logits, seen: argmax(logits))
+    return autoregressive(model, batch, cfg, make_picker(LogitsPipeline.from_config(cfg)))

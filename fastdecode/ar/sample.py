@@ -7,37 +7,32 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import sampling
-from ..config import check
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
 from ..sampling.config import SamplingConfig
+from ..sampling.history import History
+from ..sampling.pipeline import LogitsPipeline
 from ..sampling.samplers import make_generator
 from ..types import PromptBatch, StepEvent
-from .driver import autoregressive
+from .driver import Picker, autoregressive
 
 
 @dataclass(frozen=True)
 class SampleConfig(SamplingConfig):
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(0 <= self.min_p < 1, "min_p", self.min_p, "must be in [0, 1)")
-        check(self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "must be > 0 (1 = off)")
+    """temperature, top_k, top_p, min_p, repetition_penalty and seed, as every spec.* method takes them."""
 
 
-def make_picker(cfg: SampleConfig, generator: torch.Generator | None):
+def make_picker(pipeline: LogitsPipeline, generator: torch.Generator | None = None) -> Picker:
+    """The ar driver's picker: the pipeline on each row's logits, with the driver's seen mask as its history.
+
+    The driver updates `seen` in place after every step; the History below shares its storage, so each call sees
+    the row's prompt and every token generated so far. (Stateful processors need the driver to call
+    `History.append`; none exists yet.)"""
+    assert not pipeline.stateful, "the ar driver does not advance stateful processors yet"
+
     def pick(logits: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
-        logits = sampling.repetition_penalty(logits, seen, cfg.repetition_penalty)
-        if cfg.temperature == 0:
-            return sampling.greedy(logits)
-        logits = sampling.temperature(logits, cfg.temperature)
-        logits = sampling.top_k(logits, cfg.top_k)
-        logits = sampling.top_p(logits, cfg.top_p)
-        logits = sampling.min_p(logits, cfg.min_p)
-        return sampling.sample(logits, generator)
+        at = History(seen).rows() if pipeline.uses_history else None
+        return pipeline.pick(logits, at, generator)
 
     return pick
 
@@ -46,4 +41,4 @@ def make_picker(cfg: SampleConfig, generator: torch.Generator | None):
 def run(model: CausalLM, batch: PromptBatch, cfg: SampleConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Sampling with temperature, top-k, top-p, min-p and repetition penalty; seeded runs repeat."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
-    return autoregressive(model, batch, cfg, make_picker(cfg, generator))
+    return autoregressive(model, batch, cfg, make_picker(LogitsPipeline.from_config(cfg), generator))

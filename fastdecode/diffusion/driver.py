@@ -14,6 +14,7 @@ from itertools import count
 import torch
 
 from ..models.diffusion import MaskedDiffusionLM
+from ..sampling.pipeline import LogitsPipeline, SuppressTokens
 from ..types import PromptBatch, StepEvent
 from .cache import Forwarder
 from .policy import DiffusionConfig, Policy, Step, View
@@ -82,13 +83,17 @@ def make_step(
     index: int, rows: torch.Tensor, view: View, gen: torch.Tensor, logits: torch.Tensor, mask_id: int,
     temperature: float, generator: torch.Generator | None,
 ) -> Step:
-    """Gather the view's tokens, predict x0 and score it."""
+    """Gather the view's tokens, predict x0 and score it.
+
+    The logits go through the logits pipeline (`sampling/pipeline.py`; today only the MASK suppression, as no
+    dlm config has a history-dependent parameter); x0 is then drawn by LLaDA's float64 Gumbel-max at
+    `temperature` and its confidence read from the untempered logits, as the reference code does."""
     N, W = gen.shape[1], logits.shape[1]
     j = torch.arange(W, device=gen.device)
     inview = j < (view.hi - view.lo)[:, None]  # [B', W]
     tokens = gen.gather(1, (view.lo[:, None] + j).clamp(max=N - 1)).masked_fill(~inview, mask_id)
     masked = inview & (tokens == mask_id)
-    logits = logits.index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))  # never predict MASK
+    logits = LogitsPipeline([SuppressTokens([mask_id])]).process(logits)  # never predict MASK
     x0, conf = propose(logits, masked, temperature, generator)
     return Step(index, rows, view, tokens, inview, masked, logits, x0, conf)
 

@@ -1,4 +1,5 @@
-"""Sampling parameters shared by every method that samples from the target distribution."""
+"""Sampling parameters shared by every method that samples from the target distribution (ar.sample and every
+spec.* method): the same fields build the same `LogitsPipeline`, so they apply identically."""
 
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ class SamplingConfig(MethodConfig):
     top_k: int = 0  # 0 keeps every token
     top_p: float = 1.0
     seed: int | None = None  # None draws from torch's global RNG; a seed makes the run repeat
+    min_p: float = 0.0  # 0 keeps every token
+    repetition_penalty: float = 1.0  # 1 = off; applies at temperature 0 too
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 means greedy)")
         check(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 keeps all tokens)")
         check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+        check(0 <= self.min_p < 1, "min_p", self.min_p, "must be in [0, 1)")
+        check(self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "must be > 0 (1 = off)")
 
     @property
     def greedy(self) -> bool:

@@ -17,19 +17,22 @@ import torch
 from ..sampling.samplers import make_generator
 from ..cache import KVCache
 from ..sampling.config import SamplingConfig
+from ..sampling.pipeline import LogitsPipeline
 from ..errors import IncompatibleMethodError
 from ..models.causal import CausalLM
 from ..registry import RunContext
 from ..types import PromptBatch, StepEvent
 from .tree import ancestor_mask, depths, verify_tree_greedy, verify_tree_rsd, verify_tree_sampling
 from .verification import Verification
-from .verify import Verdict, target_distribution, verify_greedy, verify_sampling
+from .verify import Verdict, verify_greedy, verify_sampling
 
 
 @dataclass(frozen=True)
 class SpecConfig(SamplingConfig):
-    """Parameters every speculative method takes. temperature 0 is greedy and lossless (equals ar.greedy);
-    above 0 the output has exactly ar.sample's distribution with the same temperature / top-k / top-p."""
+    """Parameters every speculative method takes: ar.sample's (temperature, top_k, top_p, min_p,
+    repetition_penalty, seed), applied by the same `LogitsPipeline` at every verified position. temperature 0 is
+    greedy and lossless (equals ar.greedy with the same repetition_penalty); above 0 the output has exactly
+    ar.sample's distribution with the same parameters."""
 
     temperature: float = 0.0
 
@@ -277,6 +280,11 @@ class _Row:
         self.ids = torch.tensor(prompt + [0] * cfg.max_new_tokens, dtype=torch.long)  # [L + max_new] context buffer
         self.n = len(prompt)  # tokens in the context
         self.done = False
+        # the request's logits pipeline; the History of committed tokens only when a processor reads it
+        self.pipeline = LogitsPipeline.from_config(cfg)
+        keep = self.pipeline.uses_history or self.pipeline.stateful
+        self.history = self.pipeline.history(torch.tensor([prompt]).to(model.device), model.vocab_size) if keep else None
+        self.in_history = len(prompt)  # context tokens the History holds (it catches up in `_verify`)
 
     def propose(self) -> Draft:
         made = self.n - self.prompt_len
@@ -346,10 +354,18 @@ class _Row:
         return allow
 
     def _verify(self, draft: Draft, logits: torch.Tensor) -> Verdict:
+        """The verdict on `draft` from the target's `[k + 1, V]` logits, each position through the request's pipeline
+        with its own history: the committed context, plus the drafted tokens on its path (a tree node's ancestors)."""
         tree = draft.parents
+        at = None
+        if self.history is not None:
+            self.history.extend(0, self.ids[self.in_history : self.n].tolist())  # tokens accepted since the last step
+            self.in_history = self.n
+            at = self.history.draft(0, draft.tokens, tree)
         if self.cfg.greedy:
+            logits = self.pipeline.process(logits, at)  # the processors that can move the argmax
             return verify_greedy(draft.tokens, logits) if tree is None else verify_tree_greedy(draft.tokens.tolist(), tree, logits)
-        p = target_distribution(logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)  # [k + 1, V]
+        p = self.pipeline.distributions(logits, at)  # [k + 1, V]
         if tree is None:
             return verify_sampling(draft.tokens, draft.probs, p, self.generator)
         if draft.probs is not None:  # siblings sampled without replacement

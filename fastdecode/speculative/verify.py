@@ -8,10 +8,12 @@ The target scores all k + 1 positions in one forward; position k + 1 gives the b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
 from .. import sampling
+from ..sampling.pipeline import LogitsPipeline
 
 
 @dataclass(frozen=True)
@@ -26,18 +28,25 @@ class Verdict:
     tokens: list[int]
 
 
-def target_distribution(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """`[T, V]` logits -> `[T, V]` probabilities after temperature, top-k and top-p (as ar.sample applies them)."""
-    logits = sampling.temperature(logits, temperature)
-    logits = sampling.top_k(logits, top_k)
-    logits = sampling.top_p(logits, top_p)
-    return logits.float().softmax(-1)
+def target_distribution(
+    logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+) -> torch.Tensor:
+    """`[T, V]` logits -> `[T, V]` probabilities after temperature, top-k, top-p and min-p, with no history.
+
+    For drafters' q; the target's p at verification comes from the request's `LogitsPipeline`
+    (`sampling/pipeline.py`), which also applies history-dependent processors (repetition penalty) per position.
+    """
+    cfg = SimpleNamespace(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    if temperature == 0:  # callers pass 0 only for a softmax of the raw logits
+        return logits.float().softmax(-1)
+    return LogitsPipeline.from_config(cfg).distributions(logits)
 
 
 def verify_greedy(draft: torch.Tensor, logits: torch.Tensor) -> Verdict:
     """Accept the longest draft prefix equal to the target's argmax, then emit the target's own token.
 
-    draft: `[k]` token ids; logits: `[k + 1, V]` target logits (row i predicts the token after x_i).
+    draft: `[k]` token ids; logits: `[k + 1, V]` target logits (row i predicts the token after x_i), already through
+    the request's pipeline when it has processors that can change the argmax (repetition penalty).
     """
     k = draft.numel()
     best = sampling.greedy(logits)  # [k + 1], ties to the lowest id as in ar.greedy
