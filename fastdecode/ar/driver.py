@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from ..config import MethodConfig
+from ..models.capabilities import attention_free
 from ..models.causal import CausalLM
 from ..types import PromptBatch, StepEvent
 
@@ -28,6 +29,10 @@ def autoregressive(model: CausalLM, batch: PromptBatch, cfg: MethodConfig, pick:
     seen = torch.zeros(B, model.vocab_size, dtype=torch.bool, device=device)
     seen.scatter_(1, ids, mask.bool())  # padding does not count as seen
 
+    # A model without attention layers (Mamba, Mamba2) reads a mask only to zero the padding of the prompt: after
+    # the prefill it gets none, as in transformers' generate() (Mamba's mixer would multiply the new token's hidden
+    # state by a mask that covers the cached positions too, and broadcast it over all of them).
+    decode_mask = not attention_free(model)
     cache = model.new_cache()
     positions = positions_from_mask(mask)
     logits = model.forward(ids, positions, cache, mask, num_logits=1)[:, -1]  # [B, V]
@@ -48,5 +53,5 @@ def autoregressive(model: CausalLM, batch: PromptBatch, cfg: MethodConfig, pick:
             return
         seen[torch.arange(B, device=device), token] = True
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        logits = model.forward(token[:, None], next_pos, cache, mask)[:, -1]
+        logits = model.forward(token[:, None], next_pos, cache, mask if decode_mask else None)[:, -1]
         next_pos = next_pos + 1

@@ -18,6 +18,7 @@ from ..sampling.samplers import make_generator
 from ..cache import KVCache
 from ..sampling.config import SamplingConfig
 from ..errors import IncompatibleMethodError
+from ..models.capabilities import sliding_windows, state_layer_types, uses_alibi
 from ..models.causal import CausalLM
 from ..registry import RunContext
 from ..types import PromptBatch, StepEvent
@@ -74,9 +75,11 @@ class Draft:
 
 
 class Drafter(Protocol):
-    """Proposes tokens for one row. Drafters that run a model count their forwards in `forwards`."""
+    """Proposes tokens for one row. Drafters that run a model count their forwards in `forwards`; drafters that may
+    propose trees or side tokens (verified under a custom attention mask) set `tree_drafts`."""
 
     forwards: int
+    tree_drafts: bool
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         """Draft a chain of at most k tokens, or a tree at most k deep, to follow `context` (`[N]` long, on the CPU)."""
@@ -99,6 +102,7 @@ class BaseDrafter:
     """Defaults for the Drafter protocol: no model forwards, nothing learnt from verification."""
 
     forwards = 0
+    tree_drafts = False
 
     def observe(self, accepted: int, logits: torch.Tensor | None = None) -> None:
         pass
@@ -112,13 +116,35 @@ DrafterFactory = Callable[[torch.Generator | None], Drafter]
 
 
 def check_rollback(model: CausalLM) -> None:
-    """Refuse a model whose KV cache cannot drop rejected draft positions."""
+    """Refuse a model whose cache cannot drop rejected draft positions, naming the layers that block it."""
+    states = state_layer_types(model)
+    if states:
+        raise IncompatibleMethodError(
+            f"Speculative methods roll the cache back after each verification, but {model.name!r} has recurrent "
+            f"state-space layers ({', '.join(states)}) whose state cannot return to an earlier position. "
+            "Use ar.greedy / ar.sample with this model."
+        )
     cache = model.new_cache()
     if not cache.can_trim:
+        windows = sliding_windows(model)
+        why = (f"sliding-window attention layers (window {', '.join(sorted({str(w) for w in windows.values()}))} "
+               f"on layers {', '.join(map(str, windows))}), whose cache ({type(cache.hf).__name__}) drops old positions"
+               if windows else f"a cache ({type(cache.hf).__name__}) that cannot roll back")
         raise IncompatibleMethodError(
-            f"Speculative methods roll the KV cache back after each verification, but {model.name!r} uses a cache "
-            f"({type(cache.hf).__name__}, e.g. sliding-window layers) that cannot roll back. "
+            f"Speculative methods roll the KV cache back after each verification, but {model.name!r} has {why}. "
             "Use ar.greedy / ar.sample with this model, or a model with full attention."
+        )
+
+
+def check_tree_attention(model: CausalLM, role: str = "target") -> None:
+    """Refuse tree drafts on a model that cannot take their positions: ALiBi (Bloom) counts key positions along a
+    2D padding mask and has no position ids, so a tree node's depth cannot be given and a 4D tree mask is refused."""
+    if uses_alibi(model):
+        raise IncompatibleMethodError(
+            f"This method verifies draft trees under a tree attention mask, but the {role} {model.name!r} "
+            f"({type(model.model).__name__}) uses ALiBi attention, which takes its positions from a 2D padding mask "
+            "and cannot place tree nodes by depth. Use a chain method (spec.pld, spec.ngram, spec.draft_model, "
+            "spec.jacobi, spec.suffix without tree=True) with this model."
         )
 
 
@@ -127,6 +153,10 @@ def speculative(model: CausalLM, batch: PromptBatch, cfg: SpecConfig, ctx: RunCo
     check_rollback(model)
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     rows = [_Row(model, batch.row(b), cfg, new_drafter(generator), generator) for b in range(batch.size)]
+    if any(getattr(r.drafter, "tree_drafts", False) for r in rows):
+        check_tree_attention(model)
+        if isinstance(ctx.draft, CausalLM):  # a draft model that grows the tree itself runs tree masks too
+            check_tree_attention(ctx.draft, "draft model")
     return _steps(rows)
 
 
