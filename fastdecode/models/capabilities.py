@@ -37,8 +37,12 @@ def _text_config(model: Any) -> Any:
 
 
 def layer_types(model: Any) -> list[str]:
-    """transformers' cache layer type of every decoder layer, e.g. ["sliding_attention", "full_attention"]."""
-    return list(get_layer_types_and_kwargs(_text_config(model))[0])
+    """transformers' cache layer type of every decoder layer, e.g. ["sliding_attention", "full_attention"]; [] when
+    the config does not say (a remote-code model transformers cannot read)."""
+    try:
+        return list(get_layer_types_and_kwargs(_text_config(model))[0])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return []
 
 
 def is_state_layer(layer: Any) -> bool:
@@ -52,10 +56,13 @@ def state_layer_types(model: Any) -> list[str]:
     Each name is the mixer module's class where one is found (e.g. "MambaMixer", "JambaMambaMixer") followed by
     transformers' cache layer type, e.g. ["MambaMixer (linear_attention)"].
     """
-    kinds = sorted({t for t in layer_types(model) if t not in _STATELESS_LAYER_TYPES})
+    types = layer_types(model)
+    kinds = sorted({t for t in types if t not in _STATELESS_LAYER_TYPES})
+    mixers = sorted({type(m).__name__ for m in _module(model).modules() if _is_mixer(m)})
+    if not types and mixers:  # layer types unknown (remote code), but state-space mixers are there
+        return mixers
     if not kinds:
         return []
-    mixers = sorted({type(m).__name__ for m in _module(model).modules() if _is_mixer(m)})
     prefix = ", ".join(mixers)
     return [f"{prefix} ({kind})" if prefix else kind for kind in kinds]
 
@@ -68,7 +75,8 @@ def _is_mixer(module: nn.Module) -> bool:
 def attention_free(model: Any) -> bool:
     """True when no layer attends over a KV cache (a pure state-space model): an attention mask past the prefill
     means nothing to it (Mamba's mixer would even misread one that covers cached positions)."""
-    return not any(t in ATTENTION_LAYER_TYPES | _HYBRID_LAYER_TYPES for t in layer_types(model))
+    types = layer_types(model)
+    return bool(types) and not any(t in ATTENTION_LAYER_TYPES | _HYBRID_LAYER_TYPES for t in types)
 
 
 def uses_alibi(model: Any) -> bool:
@@ -84,6 +92,8 @@ def uses_alibi(model: Any) -> bool:
 
 def sliding_windows(model: Any) -> dict[int, int]:
     """{layer index: window} of every sliding-window (or chunked) attention layer; {} when all attend in full."""
-    types, kwargs = get_layer_types_and_kwargs(_text_config(model))
-    return {i: int(kw["sliding_window"]) for i, (t, kw) in enumerate(zip(types, kwargs))
-            if "sliding_window" in kw and kw["sliding_window"] is not None}
+    try:
+        types, kwargs = get_layer_types_and_kwargs(_text_config(model))
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return {}
+    return {i: int(kw["sliding_window"]) for i, kw in enumerate(kwargs) if kw.get("sliding_window") is not None}

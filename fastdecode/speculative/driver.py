@@ -121,14 +121,15 @@ def check_rollback(model: CausalLM) -> None:
     if states:
         raise IncompatibleMethodError(
             f"Speculative methods roll the cache back after each verification, but {model.name!r} has recurrent "
-            f"state-space layers ({', '.join(states)}) whose state cannot return to an earlier position. "
+            f"state-space layers ({', '.join(states)}) whose state cannot roll back to an earlier position. "
             "Use ar.greedy / ar.sample with this model."
         )
     cache = model.new_cache()
     if not cache.can_trim:
         windows = sliding_windows(model)
-        why = (f"sliding-window attention layers (window {', '.join(sorted({str(w) for w in windows.values()}))} "
-               f"on layers {', '.join(map(str, windows))}), whose cache ({type(cache.hf).__name__}) drops old positions"
+        sizes = ", ".join(sorted({str(w) for w in windows.values()}))
+        why = (f"sliding-window attention layers (window {sizes} on layers {', '.join(map(str, windows))}), whose "
+               f"cache ({type(cache.hf).__name__}) drops old positions and cannot roll back"
                if windows else f"a cache ({type(cache.hf).__name__}) that cannot roll back")
         raise IncompatibleMethodError(
             f"Speculative methods roll the KV cache back after each verification, but {model.name!r} has {why}. "
