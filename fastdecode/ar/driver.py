@@ -8,6 +8,7 @@ import torch
 
 from ..cache import KVCache
 from ..config import MethodConfig
+from ..models.capabilities import attention_free
 from ..models.causal import CausalLM
 from ..types import PromptBatch, StepEvent
 
@@ -29,8 +30,13 @@ def autoregressive(model: CausalLM, batch: PromptBatch, cfg: MethodConfig, pick:
     seen = torch.zeros(B, model.vocab_size, dtype=torch.bool, device=device)
     seen.scatter_(1, ids, mask.bool())  # padding does not count as seen
 
+    # A model without attention layers (Mamba, Mamba2) reads a mask only to zero the padding of the prompt: after
+    # the prefill it gets none, as in transformers' generate() (Mamba's mixer would multiply the new token's hidden
+    # state by a mask that covers the cached positions too, and broadcast it over all of them).
+    decode_mask = not attention_free(model)
     cache = model.new_cache(batch=B, capacity=ids.shape[1] + cfg.max_new_tokens)
-    growing = not isinstance(cache, KVCache)  # transformers' own cache needs the whole 2-D padding mask every step
+    # transformers' own cache needs the whole 2-D padding mask every step; the preallocated one keeps it per column
+    growing = decode_mask and not isinstance(cache, KVCache)
     positions = positions_from_mask(mask)
     logits = model.forward(ids, positions, cache, mask, num_logits=1)[:, -1]  # [B, V]
     next_pos = positions[:, -1:] + 1  # [B, 1]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionCacheLayerMixin
 
 from ..attention import Plan
 from ..errors import IncompatibleMethodError
@@ -210,7 +210,12 @@ class DynamicKVCache:
         layers = getattr(self.hf, "layers", None)
         if layers is None:
             return False
-        return all(not getattr(layer, "is_sliding", False) and hasattr(layer, "keys") for layer in layers)
+        # a layer with a recurrent state (Mamba blocks, FalconH1's hybrid layers, which also hold keys) cannot go back
+        return all(
+            not getattr(layer, "is_sliding", False) and hasattr(layer, "keys")
+            and not isinstance(layer, LinearAttentionCacheLayerMixin)
+            for layer in layers
+        )
 
     @property
     def can_trim(self) -> bool:
@@ -218,14 +223,14 @@ class DynamicKVCache:
 
     def trim(self, n: int) -> None:
         """Remove the last `n` cached positions (0 <= n <= length)."""
+        if n and not self.can_trim:  # first: a cache of state layers only has no length to check n against
+            raise IncompatibleMethodError(
+                f"This model's cache ({type(self.hf).__name__}) cannot roll back; use a method that does not need trimming."
+            )
         if not 0 <= n <= self.length:
             raise ValueError(f"cannot trim {n} positions from a cache of length {self.length}")
         if n == 0:
             return
-        if not self.can_rollback():
-            raise IncompatibleMethodError(
-                f"This model's cache ({type(self.hf).__name__}) cannot roll back; use a method that does not need it."
-            )
         for layer in self.hf.layers:
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
                 continue

@@ -10,7 +10,7 @@ from ..config import MethodConfig, check
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
 from ..types import PromptBatch, StepEvent
-from .driver import hf_driver
+from .driver import check_assisted, hf_driver
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,8 @@ class AssistedConfig(MethodConfig):
 @register("hf.assisted", kind="causal", config=AssistedConfig, lossless=True, needs_draft=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: AssistedConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """transformers assisted generation with a draft model (needs draft=), greedy (reference)."""
+    check_assisted(model, "hf.assisted", "target")
+    check_assisted(ctx.draft, "hf.assisted", "draft model")
     return _run(model, batch, cfg, ctx.draft)
 
 

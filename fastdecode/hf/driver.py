@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from transformers.utils import logging as hf_logging
 
+from ..errors import IncompatibleMethodError
+from ..models.capabilities import state_layer_types
 from ..models.causal import CausalLM
 from ..types import PromptBatch, StepEvent
 
@@ -91,6 +93,21 @@ class _Watcher:
             handle.remove()
         if self.assistant is not None:
             del self.assistant.generate
+
+
+def check_assisted(model: CausalLM, method: str, role: str = "model") -> None:
+    """Refuse, before the first step, a model on which transformers' assisted generation (candidate tokens verified,
+    then the cache cropped back) cannot run: recurrent state-space layers have no earlier state to crop back to,
+    and transformers raises "assisted generation is not supported with stateful models" only once generate() runs."""
+    states = state_layer_types(model)
+    if states or getattr(model.model, "_is_stateful", False):
+        layers = f"recurrent state-space layers ({', '.join(states)})" if states else "a recurrent state"
+        raise IncompatibleMethodError(
+            f"{method} runs transformers' assisted generation, which crops the cache back after each verification, "
+            f"but the {role} {model.name!r} ({type(model.model).__name__}) has {layers} that cannot be cropped "
+            "(transformers: assisted generation is not supported with stateful models). Use hf.greedy or ar.greedy "
+            "with this model."
+        )
 
 
 def generate_one(model: CausalLM, prompt: list[int], gen_kwargs: dict[str, Any], assistant: torch.nn.Module | None) -> Run:

@@ -9,7 +9,7 @@ from ..config import MethodConfig, check
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
 from ..types import PromptBatch, StepEvent
-from .driver import hf_driver
+from .driver import check_assisted, hf_driver
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class PromptLookupConfig(MethodConfig):
 @register("hf.prompt_lookup", kind="causal", config=PromptLookupConfig, lossless=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: PromptLookupConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """transformers prompt-lookup decoding: drafts copied from the context after an n-gram match (reference)."""
+    check_assisted(model, "hf.prompt_lookup")
     return hf_driver(model, batch, {
         "max_new_tokens": cfg.max_new_tokens,
         "prompt_lookup_num_tokens": cfg.num_tokens,

@@ -19,6 +19,7 @@ from ..cache import KVCache
 from ..sampling.config import SamplingConfig
 from ..sampling.pipeline import LogitsPipeline
 from ..errors import IncompatibleMethodError
+from ..models.capabilities import sliding_windows, state_layer_types, uses_alibi
 from ..models.causal import CausalLM
 from ..registry import RunContext
 from ..types import PromptBatch, StepEvent
@@ -79,10 +80,12 @@ class Draft:
 
 class Drafter(Protocol):
     """Proposes tokens for one row. Drafters that run a model count their forwards in `forwards`; a drafter that
-    reads the target's hidden states sets `needs_hidden = True` and finds them in `Verification.hidden`."""
+    reads the target's hidden states sets `needs_hidden = True` and finds them in `Verification.hidden`; drafters
+    that may propose trees or side tokens (verified under a custom attention mask) set `tree_drafts`."""
 
     forwards: int
     needs_hidden: bool
+    tree_drafts: bool
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         """Draft a chain of at most k tokens, or a tree at most k deep, to follow `context` (`[N]` long, on the CPU)."""
@@ -103,6 +106,7 @@ class BaseDrafter:
 
     forwards = 0
     needs_hidden = False
+    tree_drafts = False
 
     def observe(self, verification: Verification) -> None:
         pass
@@ -116,13 +120,37 @@ DrafterFactory = Callable[[torch.Generator | None], Drafter]
 
 
 def check_rollback(model: CausalLM) -> None:
-    """Refuse a model whose KV cache cannot drop rejected draft positions."""
+    """Refuse a model whose cache cannot drop rejected draft positions, naming the layers that block it."""
+    states = state_layer_types(model)
+    if states:
+        raise IncompatibleMethodError(
+            f"Speculative methods roll the cache back after each verification, but {model.name!r} has recurrent "
+            f"state-space layers ({', '.join(states)}) whose state cannot roll back to an earlier position. "
+            "Use ar.greedy / ar.sample with this model."
+        )
     cache = model.new_cache()
     if not cache.can_rollback():
+        windows = sliding_windows(model)
+        sizes = ", ".join(sorted({str(w) for w in windows.values()}))
+        kind = type(getattr(cache, "hf", cache)).__name__
+        why = (f"sliding-window attention layers (window {sizes} on layers {', '.join(map(str, windows))}), whose "
+               f"cache ({kind}) drops old positions and cannot roll back"
+               if windows else f"a cache ({kind}) that cannot roll back")
         raise IncompatibleMethodError(
-            f"Speculative methods roll the KV cache back after each verification, but {model.name!r} uses a cache "
-            f"({type(getattr(cache, 'hf', cache)).__name__}) that cannot roll back. "
+            f"Speculative methods roll the KV cache back after each verification, but {model.name!r} has {why}. "
             "Use ar.greedy / ar.sample with this model."
+        )
+
+
+def check_tree_attention(model: CausalLM, role: str = "target") -> None:
+    """Refuse tree drafts on a model that cannot take their positions: ALiBi (Bloom) counts key positions along a
+    2D padding mask and has no position ids, so a tree node's depth cannot be given and a 4D tree mask is refused."""
+    if uses_alibi(model):
+        raise IncompatibleMethodError(
+            f"This method verifies draft trees under a tree attention mask, but the {role} {model.name!r} "
+            f"({type(model.model).__name__}) uses ALiBi attention, which takes its positions from a 2D padding mask "
+            "and cannot place tree nodes by depth. Use a chain method (spec.pld, spec.ngram, spec.draft_model, "
+            "spec.jacobi, spec.suffix without tree=True) with this model."
         )
 
 
@@ -135,6 +163,10 @@ def speculative(model: CausalLM, batch: PromptBatch, cfg: SpecConfig, ctx: RunCo
     check_rollback(model)
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     rows = [_Row(model, batch.row(b), cfg, new_drafter(generator), generator) for b in range(batch.size)]
+    if any(getattr(r.drafter, "tree_drafts", False) for r in rows):
+        check_tree_attention(model)
+        if isinstance(ctx.draft, CausalLM):  # a draft model that grows the tree itself runs tree masks too
+            check_tree_attention(ctx.draft, "draft model")
     room = max(len(r.prompt) for r in rows) + cfg.max_new_tokens + 64
     if model.preallocated:
         groups = [_Group(model, rows, model.new_cache(batch=len(rows), capacity=room))]
@@ -245,8 +277,13 @@ class _Group:
         first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
         device = model.device
         needs = any(getattr(r.drafter, "needs_hidden", False) for r, blk in zip(self.rows, blocks) if blk is not None)
-        fwd = model.forward(inp.to(device), pos.to(device), self.cache, real.to(device), num_logits=T - first,
-                            visible=vis.to(device), hidden=needs)
+        if isinstance(self.cache, KVCache):
+            mask, visible = real.to(device), vis.to(device)
+        else:  # one row on transformers' cache: no padding; a chain needs no mask (ALiBi models take no other)
+            chain = all(d is None or (d.parents is None and d.side is None) for d in drafts)
+            mask, visible = None, (None if chain else vis.to(device))
+        fwd = model.forward(inp.to(device), pos.to(device), self.cache, mask, num_logits=T - first,
+                            visible=visible, hidden=needs)
         logits, hidden = (fwd.logits, fwd.hidden) if needs else (fwd, None)  # [B, T - first, V], [B, T, H]
         shared = _clock(model) - t1
 

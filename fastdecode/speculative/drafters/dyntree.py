@@ -70,6 +70,8 @@ class _Candidates:
 class DynTreeDrafter(BaseDrafter):
     """Grows EAGLE-2's tree with the draft model, one forward per depth; the tree is deterministic (no q)."""
 
+    tree_drafts = True
+
     def __init__(self, draft: CausalLM, cfg: DynTreeConfig) -> None:
         self.tree = DraftModelTree(draft)
         self.cfg = cfg

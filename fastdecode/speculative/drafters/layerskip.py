@@ -31,7 +31,7 @@ from ...errors import IncompatibleMethodError, ParameterError
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..driver import Draft, SpecConfig, speculative
+from ..driver import Draft, SpecConfig, check_rollback, speculative
 from .model_draft import ModelChainDrafter
 
 # where transformers keeps the decoder layers: Llama/Mistral/Qwen/Gemma/Phi, OPT, GPT-2/GPT-J, GPT-NeoX
@@ -197,6 +197,7 @@ class LayerSkipDrafter(ModelChainDrafter):
 @register("spec.layerskip", kind="causal", config=LayerSkipConfig, lossless=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: LayerSkipConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Self-speculation (SWIFT): the target with some layers skipped drafts; the skip set is searched on the fly."""
+    check_rollback(model)  # first, so that a state-space model hears why it cannot run, not where its layers are
     num_layers = check_layers(model)
     bad = [i for i in parse_layers(cfg.skip_layers) if i >= num_layers]
     if bad:

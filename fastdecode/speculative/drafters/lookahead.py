@@ -65,6 +65,8 @@ def candidate_tree(ngrams: list[tuple[int, ...]], depth: int) -> tuple[list[int]
 
 
 class LookaheadDrafter(BaseDrafter):
+    tree_drafts = True
+
     def __init__(self, cfg: LookaheadConfig) -> None:
         self.cfg = cfg
         self.levels: list[list[int]] = []

@@ -75,6 +75,8 @@ def shared_matrix(memory: DrafterMemory, vocab_size: int, k: int) -> torch.Tenso
 
 
 class RecyclingDrafter(BaseDrafter):
+    tree_drafts = True
+
     def __init__(self, cfg: RecyclingConfig, adjacency: torch.Tensor) -> None:
         self.k = cfg.top_k_candidates
         self.template = tree_template(parse_template(cfg.template), self.k)

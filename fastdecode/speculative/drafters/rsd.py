@@ -74,6 +74,8 @@ def gumbel_top_k(q: torch.Tensor, k: int, generator: torch.Generator | None) -> 
 class RSDDrafter(BaseDrafter):
     """Draws the RSD-C tree with the draft model, level by level; sampled drafts carry q for every node."""
 
+    tree_drafts = True
+
     def __init__(self, draft: CausalLM, cfg: RSDConfig, generator: torch.Generator | None) -> None:
         self.tree = DraftModelTree(draft)
         self.cfg, self.generator = cfg, generator

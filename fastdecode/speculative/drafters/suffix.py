@@ -49,6 +49,7 @@ class SuffixDrafter(BaseDrafter):
 
     def __init__(self, cfg: SuffixConfig, shared: SuffixTree | None) -> None:
         self.cfg = cfg
+        self.tree_drafts = cfg.tree
         self.local = SuffixTree(cfg.max_depth)
         self.shared = shared
         self.request = next(_request_ids)
