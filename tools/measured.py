@@ -1,9 +1,12 @@
 """Rewrite the measured figures quoted in the docs from the committed results (`make docs-figures`).
 
-Docs mark each quoted figure span as `<!--m KEY-->...<!--/m-->`; this script recomputes the text between the
-markers from `docs/results/*.jsonl` with the report's own summaries, so every figure in README.md and
-docs/methods.md comes from a command. `--check` rewrites nothing and fails if a span is out of date (a test
-runs it).
+Docs mark each quoted figure span as `<!--m NAME-->...<!--/m-->`, NAME a short name that docs/figures.txt defines
+as one of the KEYs below (`pld.lists.tpf = fig:tpf|parallel-lists|zoo:ar-small|spec.pld`); this script recomputes
+the text between the markers from `docs/results/*.jsonl` with the report's own summaries, so every figure in
+README.md and docs/*.md comes from a command. `--check` rewrites nothing and fails if a span is out of date, if a
+doc quotes a name docs/figures.txt does not define, or if a name defined there is quoted nowhere (a test runs it).
+To quote a new figure: add `NAME = KEY` to docs/figures.txt, put `<!--m NAME--><!--/m-->` in the doc, run
+`make docs-figures`.
 
 Keys:
   dlm:LABEL       per-suite figures of a dlm configuration on zoo:dlm-small (parallel-lists and puzzles)
@@ -30,7 +33,7 @@ Keys:
   copybound:SUITE|FIELD  the most a drafter copying from the context could gain on SUITE's ar-small answers on the
                   cost curve's machine, from docs/results/cost/copy-bound.jsonl (`tools/copy_bound.py`): speedup
                   (over greedy), tau (of the plan that reaches it)
-LABEL is the report's configuration label as in docs/RESULTS.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=384)`, or a
+LABEL is the report's configuration label as in docs/results/report.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=384)`, or a
 bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
 """
 
@@ -49,7 +52,8 @@ sys.path.insert(0, str(ROOT))
 from fastdecode.bench.harness import read_rows  # noqa: E402
 from fastdecode.bench.report import Summary, summarize, uses_default_budget  # noqa: E402
 
-DOCS = [ROOT / "README.md", ROOT / "docs" / "methods.md", ROOT / "docs" / "spec.md", ROOT / "docs" / "zoo.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FIGURES = ROOT / "docs" / "figures.txt"  # NAME = KEY, one a line; # starts a comment
 CARD_JSON = re.compile(r"## Measured on the test split\s*```json\n(?P<json>.*?)```", re.S)
 SPAN = re.compile(r"<!--m (?P<key>[^>]+?)-->(?P<body>.*?)<!--/m-->", re.S)
 
@@ -303,20 +307,50 @@ def render(key: str, table: dict) -> str:
     raise SystemExit(f"unknown figure key {key!r}")
 
 
+def read_names(path: Path = FIGURES) -> dict[str, str]:
+    """The short names docs/figures.txt defines: NAME -> KEY."""
+    names: dict[str, str] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, eq, key = (part.strip() for part in line.partition("="))
+        if not eq or not name or not key or any(c in name for c in " |:"):
+            raise SystemExit(f"{path}:{number}: expected `NAME = KEY` with a NAME free of spaces, '|' and ':'")
+        if name in names:
+            raise SystemExit(f"{path}:{number}: {name!r} is defined twice")
+        names[name] = key
+    return names
+
+
+def resolve_name(name: str, names: dict[str, str]) -> str:
+    if name not in names:
+        raise SystemExit(f"unknown figure name {name!r}: define it in {FIGURES.relative_to(ROOT)} as `{name} = KEY`")
+    return names[name]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=ROOT / "docs" / "results")
     parser.add_argument("--check", action="store_true", help="fail if a span is out of date; write nothing")
     args = parser.parse_args()
     table = load(args.results)
-    stale = []
+    names = read_names()
+    values = {name: render(key, table) for name, key in names.items()}  # every defined figure must compute
+    stale, quoted = [], set()
     for doc in DOCS:
         text = doc.read_text(encoding="utf-8")
-        new = SPAN.sub(lambda m: f"<!--m {m['key']}-->{render(m['key'], table)}<!--/m-->", text)
+        quoted |= {m["key"] for m in SPAN.finditer(text)}
+        new = SPAN.sub(lambda m: f"<!--m {m['key']}-->{values[m['key']]}<!--/m-->"
+                       if resolve_name(m["key"], names) else "", text)
         if new != text:
             stale.append(doc.relative_to(ROOT))
             if not args.check:
                 doc.write_text(new, encoding="utf-8")
+    unused = sorted(set(names) - quoted)
+    if unused:
+        print(f"defined in {FIGURES.relative_to(ROOT)} but quoted nowhere: {', '.join(unused)}", file=sys.stderr)
+        return 1
     if args.check and stale:
         print(f"out of date: {', '.join(map(str, stale))}; run `make docs-figures`", file=sys.stderr)
         return 1
