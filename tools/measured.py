@@ -59,29 +59,14 @@ SPAN = re.compile(r"<!--m (?P<key>[^>]+?)-->(?P<body>.*?)<!--/m-->", re.S)
 
 # (suite, model, labels joined with " / " in one row, what the method column says)
 README_ROWS = [
-    ("code", "zoo:ar-small", ["spec.suffix (tree=False)", "spec.suffix (tree=True)"], "`spec.suffix` path / tree mode"),
-    ("code", "zoo:ar-small", ["spec.ngram"], "`spec.ngram`"),
-    ("code", "zoo:ar-small", ["spec.recycling"], "`spec.recycling`"),
+    ("code", "zoo:ar-small", ["spec.suffix (tree=False)"], "`spec.suffix`"),
     ("code", "zoo:ar-small", ["spec.pld", "hf.prompt_lookup"], "`spec.pld` / `hf.prompt_lookup`"),
-    ("code", "zoo:ar-small", ["spec.draft_model (confidence_stop=0.4, num_draft_tokens=20)", "hf.assisted"],
-     "`spec.draft_model` / `hf.assisted` (same settings, draft ar-tiny)"),
-    ("parallel-lists", "zoo:ar-small", ["spec.recycling"], "`spec.recycling` (its matrix shared across requests)"),
     ("parallel-lists", "zoo:ar-small", ["spec.pld", "hf.prompt_lookup"], "`spec.pld` / `hf.prompt_lookup`"),
     ("parallel-lists", "zoo:ar-small", ["spec.draft_model (confidence_stop=0.4, num_draft_tokens=20)", "hf.assisted"],
-     "`spec.draft_model` / `hf.assisted` (same settings, draft ar-tiny)"),
-    ("parallel-lists", "zoo:ar-small", ["spec.dyntree"], "`spec.dyntree` (draft ar-tiny)"),
+     "`spec.draft_model` / `hf.assisted` (draft ar-tiny, same settings)"),
     ("parallel-lists", "zoo:dlm-small", ["dlm.baseline"], "`dlm.baseline` (one token per step)"),
-    ("parallel-lists", "zoo:dlm-small", ["dlm.freedave"], "`dlm.freedave` (lossless)"),
-    ("parallel-lists", "zoo:dlm-small", ["dlm.threshold", "dlm.ete"], "`dlm.threshold` / `dlm.ete`"),
-    ("parallel-lists", "zoo:dlm-small", ["dlm.threshold (cache=dual, max_new_tokens=per-task)",
-                                         "dlm.threshold (cache=suffix, max_new_tokens=per-task)"],
-     "`dlm.threshold` + dual / suffix cache"),
-    ("parallel-lists", "zoo:dlm-small", ["dlm.baseline (cache=dual, max_new_tokens=128)",
-                                         "dlm.baseline (cache=suffix, max_new_tokens=128)"],
-     "`dlm.baseline` + dual / suffix cache, 128-mask canvas (speed-up over the uncached baseline there)"),
-    ("parallel-lists", "zoo:dlm-small", ["dlm.baseline (cache=dual, max_new_tokens=256)",
-                                         "dlm.baseline (cache=suffix, max_new_tokens=256)"],
-     "`dlm.baseline` + dual / suffix cache, 256-mask canvas (speed-up over the uncached baseline there)"),
+    ("parallel-lists", "zoo:dlm-small", ["dlm.freedave"], "`dlm.freedave`"),
+    ("parallel-lists", "zoo:dlm-small", ["dlm.threshold"], "`dlm.threshold`"),
     ("parallel-lists", "zoo:dlm-small", ["dlm.prophet"], "`dlm.prophet`"),
 ]
 
