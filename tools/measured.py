@@ -55,7 +55,8 @@ from fastdecode.bench.report import Summary, summarize, uses_default_budget  # n
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FIGURES = ROOT / "docs" / "figures.txt"  # NAME = KEY, one a line; # starts a comment
 CARD_JSON = re.compile(r"## Measured on the test split\s*```json\n(?P<json>.*?)```", re.S)
-SPAN = re.compile(r"<!--m (?P<key>[^>]+?)-->(?P<body>.*?)<!--/m-->", re.S)
+# a marker right after a backtick is an example in inline code (`<!--m NAME-->...`), not a figure
+SPAN = re.compile(r"(?<!`)<!--m (?P<key>[^>]+?)-->(?P<body>.*?)<!--/m-->", re.S)
 
 # (suite, model, labels joined with " / " in one row, what the method column says)
 README_ROWS = [

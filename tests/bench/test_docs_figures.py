@@ -21,6 +21,17 @@ def test_the_docs_quote_marked_figures():
         assert (ROOT / "docs" / page).read_text(encoding="utf-8").count("<!--m ") >= at_least, page
 
 
+def test_the_method_index_names_every_method_and_its_file():
+    import inspect
+
+    import fastdecode
+
+    index = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    for m in fastdecode.methods():
+        source = Path(inspect.getsourcefile(m.driver)).resolve().relative_to(ROOT)
+        assert f"| `{m.name}` | `{source.as_posix()}` |" in index, m.name
+
+
 def _measured():
     import importlib.util
 
