@@ -33,6 +33,12 @@ Keys:
   copybound:SUITE|FIELD  the most a drafter copying from the context could gain on SUITE's ar-small answers on the
                   cost curve's machine, from docs/results/cost/copy-bound.jsonl (`tools/copy_bound.py`): speedup
                   (over greedy), tau (of the plan that reaches it)
+  bf16:NAME|FIELD  a zoo model with its weights rounded to bfloat16, from docs/results/zoo/bf16.jsonl
+                  (`tools/zoo_bf16.py`): mean / card_mean (mean exact match on the deterministic list tasks, bf16 /
+                  card), bpb / card_bpb (code bits per byte), agreement / card_agreement (ar-tiny's greedy agreement
+                  with ar-small), mb / fp32_mb (megabytes of model.safetensors), changed (the tasks whose accuracy
+                  moved, with the card's figure, or "none"), items (test items per task), sim / card_sim (code
+                  similarity), minutes (the measurement's wall time)
 LABEL is the report's configuration label as in docs/results/report.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=384)`, or a
 bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
 """
@@ -268,6 +274,31 @@ def copy_bound_text(table: Table, spec: str) -> str:
     return values[field]()
 
 
+def bf16_text(table: Table, spec: str) -> str:
+    name, field = spec.split("|")
+    path = table.results / "zoo" / "bf16.jsonl"
+    rows = [r for r in cost_rows(path) if r["model"] == name]
+    if len(rows) != 1:
+        raise SystemExit(f"{path} has {len(rows)} rows for {name}; rerun tools/zoo_bf16.py")
+    r = rows[0]
+
+    def changed() -> str:
+        moved = [f"{t} {pct(a)} (card {pct(r['accuracy_card'][t])})" for t, a in r["accuracy_bf16"].items()
+                 if a != r["accuracy_card"][t]]
+        return ", ".join(moved) or "none"
+
+    values = {"mean": lambda: pct(r["mean_bf16"]), "card_mean": lambda: pct(r["mean_card"]),
+              "bpb": lambda: f"{r['code_bits_per_byte_bf16']:.4f}", "card_bpb": lambda: f"{r['code_bits_per_byte_card']:.4f}",
+              "agreement": lambda: pct(r["greedy_agreement_with_ar_small_bf16"]),
+              "card_agreement": lambda: pct(r["greedy_agreement_with_ar_small_card"]),
+              "mb": lambda: f"{r['bf16_megabytes']:.1f} MB", "fp32_mb": lambda: f"{r['fp32_megabytes']:.1f} MB",
+              "sim": lambda: pct(r["code_similarity_bf16"]), "card_sim": lambda: pct(r["code_similarity_card"]),
+              "changed": changed, "items": lambda: str(r["items_per_task"]), "minutes": lambda: f"{r['minutes']:.1f}"}
+    if field not in values:
+        raise SystemExit(f"bad bf16 figure {spec!r}: FIELD is one of {sorted(values)}")
+    return values[field]()
+
+
 def render(key: str, table: dict) -> str:
     kind, _, label = key.partition(":")
     if kind == "dlm":
@@ -290,6 +321,8 @@ def render(key: str, table: dict) -> str:
         return cost_text(table, label)
     if kind == "copybound":
         return copy_bound_text(table, label)
+    if kind == "bf16":
+        return bf16_text(table, label)
     raise SystemExit(f"unknown figure key {key!r}")
 
 

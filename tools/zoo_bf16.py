@@ -2,7 +2,10 @@
 
 Exports the committed model as `fastdecode train` would (fastdecode/train/export.py, dtype bfloat16) into a
 temporary folder, evaluates it with the zoo's own evaluation (fastdecode/train/zoo.py: evaluate_zoo_model, which
-loads the weights back as float32) and prints its figures beside the card's as one JSON line per model.
+loads the weights back as float32) and prints its figures beside the card's as one JSON line per model (also
+written to --out, which `tools/measured.py` quotes in docs/zoo.md: docs/results/zoo/bf16.jsonl).
+
+    python tools/zoo_bf16.py ar-small ar-tiny dlm-small --items 50 --out docs/results/zoo/bf16.jsonl
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ def main() -> int:
     parser.add_argument("names", nargs="+", choices=sorted(RECIPES))
     parser.add_argument("--items", type=int, default=50, help="test items per task (the cards use 50)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="also write the rows here (replaced)")
     args = parser.parse_args()
+    rows = []
     torch.set_num_threads(args.threads)
     for name in args.names:
         start = time.perf_counter()
@@ -59,6 +64,10 @@ def main() -> int:
                 row[f"{key}_bf16"], row[f"{key}_card"] = got[key], card.get(key)
         row["minutes"] = round((time.perf_counter() - start) / 60, 1)
         print(json.dumps(row), flush=True)
+        rows.append(row)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return 0
 
 
