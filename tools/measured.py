@@ -356,12 +356,15 @@ def main() -> int:
     table = load(args.results)
     names = read_names()
     values = {name: render(key, table) for name, key in names.items()}  # every defined figure must compute
+    def fill(m: re.Match) -> str:
+        resolve_name(m["key"], names)  # a name quoted but not defined fails here
+        return f"<!--m {m['key']}-->{values[m['key']]}<!--/m-->"
+
     stale, quoted = [], set()
     for doc in DOCS:
         text = doc.read_text(encoding="utf-8")
         quoted |= {m["key"] for m in SPAN.finditer(text)}
-        new = SPAN.sub(lambda m: f"<!--m {m['key']}-->{values[m['key']]}<!--/m-->"
-                       if resolve_name(m["key"], names) else "", text)
+        new = SPAN.sub(fill, text)
         if new != text:
             stale.append(doc.relative_to(ROOT))
             if not args.check:
