@@ -74,6 +74,12 @@ results-spec-code: $(VENV)/.installed
 results-cost: $(VENV)/.installed
 	$(BIN)/python tools/forward_cost.py --model zoo:ar-small --threads 1 --out $(RESULTS)/cost/ar-small.jsonl
 
+# the zoo models' card evaluation with their weights rounded to bfloat16, the dtype `fastdecode train` exports
+# (docs/zoo.md, "Weights in bfloat16"; about 20 minutes on one thread)
+.PHONY: results-zoo-bf16
+results-zoo-bf16: $(VENV)/.installed
+	$(BIN)/python tools/zoo_bf16.py ar-small ar-tiny dlm-small --items 50 --threads 1 --out $(RESULTS)/zoo/bf16.jsonl
+
 # the most a drafter copying from the context could gain on the committed greedy answers, on the cost curve above
 # (seconds; after results-spec and results-cost)
 results-bound: $(VENV)/.installed
