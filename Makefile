@@ -20,7 +20,8 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest
 
-# The committed measurements: docs/results/*.jsonl and docs/RESULTS.md (resumable: rerun to finish a file).
+# The committed measurements: docs/results/*.jsonl and the generated tables docs/results/report.md (resumable: rerun
+# to finish a file); docs/RESULTS.md is the hand-written findings page, whose figures `make docs-figures` refreshes.
 # One torch thread (--threads 1): each run uses one core, and its timings are comparable with the others.
 RESULTS := docs/results
 # the model-free and self-drafting methods; then those that run zoo:ar-tiny as a draft model
@@ -43,10 +44,11 @@ LONG := --param dlm.baseline.max_new_tokens=384 --param dlm.threshold.max_new_to
 	results-dlm-canvas results-cost results-bound
 results: results-spec results-dlm results-dlm-canvas results-cost
 	$(MAKE) results-bound
-	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out docs/RESULTS.md --plots docs/results
+	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out $(RESULTS)/report.md --plots $(RESULTS)
 	$(BIN)/python tools/measured.py
 
-# the figures README.md and docs/*.md quote (marked <!--m KEY-->...<!--/m-->), recomputed from docs/results
+# the figures README.md and docs/*.md quote (marked <!--m NAME-->...<!--/m-->, NAME defined in docs/figures.txt),
+# recomputed from docs/results
 .PHONY: docs-figures
 docs-figures: $(VENV)/.installed
 	$(BIN)/python tools/measured.py
@@ -71,6 +73,12 @@ results-spec-code: $(VENV)/.installed
 # what ar-small's cached forward costs as it verifies more tokens (run it with the machine otherwise idle)
 results-cost: $(VENV)/.installed
 	$(BIN)/python tools/forward_cost.py --model zoo:ar-small --threads 1 --out $(RESULTS)/cost/ar-small.jsonl
+
+# the zoo models' card evaluation with their weights rounded to bfloat16, the dtype `fastdecode train` exports
+# (docs/zoo.md, "Weights in bfloat16"; about 20 minutes on one thread)
+.PHONY: results-zoo-bf16
+results-zoo-bf16: $(VENV)/.installed
+	$(BIN)/python tools/zoo_bf16.py ar-small ar-tiny dlm-small --items 50 --threads 1 --out $(RESULTS)/zoo/bf16.jsonl
 
 # the most a drafter copying from the context could gain on the committed greedy answers, on the cost curve above
 # (seconds; after results-spec and results-cost)

@@ -1,4 +1,8 @@
-"""Stats: the one measurement vocabulary shared by every method family (design.md §4)."""
+"""Stats: the one measurement vocabulary shared by every method family.
+
+Drivers yield `types.StepEvent`s; `engine.py` adds them up into one `Stats` per row. The fields are
+explained in docs/architecture.md ("Stats").
+"""
 
 from __future__ import annotations
 

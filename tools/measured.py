@@ -1,9 +1,12 @@
 """Rewrite the measured figures quoted in the docs from the committed results (`make docs-figures`).
 
-Docs mark each quoted figure span as `<!--m KEY-->...<!--/m-->`; this script recomputes the text between the
-markers from `docs/results/*.jsonl` with the report's own summaries, so every figure in README.md and
-docs/methods.md comes from a command. `--check` rewrites nothing and fails if a span is out of date (a test
-runs it).
+Docs mark each quoted figure span as `<!--m NAME-->...<!--/m-->`, NAME a short name that docs/figures.txt defines
+as one of the KEYs below (`pld.lists.tpf = fig:tpf|parallel-lists|zoo:ar-small|spec.pld`); this script recomputes
+the text between the markers from `docs/results/*.jsonl` with the report's own summaries, so every figure in
+README.md and docs/*.md comes from a command. `--check` rewrites nothing and fails if a span is out of date, if a
+doc quotes a name docs/figures.txt does not define, or if a name defined there is quoted nowhere (a test runs it).
+To quote a new figure: add `NAME = KEY` to docs/figures.txt, put `<!--m NAME--><!--/m-->` in the doc, run
+`make docs-figures`.
 
 Keys:
   dlm:LABEL       per-suite figures of a dlm configuration on zoo:dlm-small (parallel-lists and puzzles)
@@ -30,7 +33,13 @@ Keys:
   copybound:SUITE|FIELD  the most a drafter copying from the context could gain on SUITE's ar-small answers on the
                   cost curve's machine, from docs/results/cost/copy-bound.jsonl (`tools/copy_bound.py`): speedup
                   (over greedy), tau (of the plan that reaches it)
-LABEL is the report's configuration label as in docs/RESULTS.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=384)`, or a
+  bf16:NAME|FIELD  a zoo model with its weights rounded to bfloat16, from docs/results/zoo/bf16.jsonl
+                  (`tools/zoo_bf16.py`): mean / card_mean (mean exact match on the deterministic list tasks, bf16 /
+                  card), bpb / card_bpb (code bits per byte), agreement / card_agreement (ar-tiny's greedy agreement
+                  with ar-small), mb / fp32_mb (megabytes of model.safetensors), changed (the tasks whose accuracy
+                  moved, with the card's figure, or "none"), items (test items per task), sim / card_sim (code
+                  similarity), minutes (the measurement's wall time)
+LABEL is the report's configuration label as in docs/results/report.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=384)`, or a
 bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
 """
 
@@ -49,35 +58,22 @@ sys.path.insert(0, str(ROOT))
 from fastdecode.bench.harness import read_rows  # noqa: E402
 from fastdecode.bench.report import Summary, summarize, uses_default_budget  # noqa: E402
 
-DOCS = [ROOT / "README.md", ROOT / "docs" / "methods.md", ROOT / "docs" / "spec.md", ROOT / "docs" / "zoo.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FIGURES = ROOT / "docs" / "figures.txt"  # NAME = KEY, one a line; # starts a comment
 CARD_JSON = re.compile(r"## Measured on the test split\s*```json\n(?P<json>.*?)```", re.S)
-SPAN = re.compile(r"<!--m (?P<key>[^>]+?)-->(?P<body>.*?)<!--/m-->", re.S)
+# a marker right after a backtick is an example in inline code (`<!--m NAME-->...`), not a figure
+SPAN = re.compile(r"(?<!`)<!--m (?P<key>[^>]+?)-->(?P<body>.*?)<!--/m-->", re.S)
 
 # (suite, model, labels joined with " / " in one row, what the method column says)
 README_ROWS = [
-    ("code", "zoo:ar-small", ["spec.suffix (tree=False)", "spec.suffix (tree=True)"], "`spec.suffix` path / tree mode"),
-    ("code", "zoo:ar-small", ["spec.ngram"], "`spec.ngram`"),
-    ("code", "zoo:ar-small", ["spec.recycling"], "`spec.recycling`"),
+    ("code", "zoo:ar-small", ["spec.suffix (tree=False)"], "`spec.suffix`"),
     ("code", "zoo:ar-small", ["spec.pld", "hf.prompt_lookup"], "`spec.pld` / `hf.prompt_lookup`"),
-    ("code", "zoo:ar-small", ["spec.draft_model (confidence_stop=0.4, num_draft_tokens=20)", "hf.assisted"],
-     "`spec.draft_model` / `hf.assisted` (same settings, draft ar-tiny)"),
-    ("parallel-lists", "zoo:ar-small", ["spec.recycling"], "`spec.recycling` (its matrix shared across requests)"),
     ("parallel-lists", "zoo:ar-small", ["spec.pld", "hf.prompt_lookup"], "`spec.pld` / `hf.prompt_lookup`"),
     ("parallel-lists", "zoo:ar-small", ["spec.draft_model (confidence_stop=0.4, num_draft_tokens=20)", "hf.assisted"],
-     "`spec.draft_model` / `hf.assisted` (same settings, draft ar-tiny)"),
-    ("parallel-lists", "zoo:ar-small", ["spec.dyntree"], "`spec.dyntree` (draft ar-tiny)"),
+     "`spec.draft_model` / `hf.assisted` (draft ar-tiny, same settings)"),
     ("parallel-lists", "zoo:dlm-small", ["dlm.baseline"], "`dlm.baseline` (one token per step)"),
-    ("parallel-lists", "zoo:dlm-small", ["dlm.freedave"], "`dlm.freedave` (lossless)"),
-    ("parallel-lists", "zoo:dlm-small", ["dlm.threshold", "dlm.ete"], "`dlm.threshold` / `dlm.ete`"),
-    ("parallel-lists", "zoo:dlm-small", ["dlm.threshold (cache=dual, max_new_tokens=per-task)",
-                                         "dlm.threshold (cache=suffix, max_new_tokens=per-task)"],
-     "`dlm.threshold` + dual / suffix cache"),
-    ("parallel-lists", "zoo:dlm-small", ["dlm.baseline (cache=dual, max_new_tokens=128)",
-                                         "dlm.baseline (cache=suffix, max_new_tokens=128)"],
-     "`dlm.baseline` + dual / suffix cache, 128-mask canvas (speed-up over the uncached baseline there)"),
-    ("parallel-lists", "zoo:dlm-small", ["dlm.baseline (cache=dual, max_new_tokens=256)",
-                                         "dlm.baseline (cache=suffix, max_new_tokens=256)"],
-     "`dlm.baseline` + dual / suffix cache, 256-mask canvas (speed-up over the uncached baseline there)"),
+    ("parallel-lists", "zoo:dlm-small", ["dlm.freedave"], "`dlm.freedave`"),
+    ("parallel-lists", "zoo:dlm-small", ["dlm.threshold"], "`dlm.threshold`"),
     ("parallel-lists", "zoo:dlm-small", ["dlm.prophet"], "`dlm.prophet`"),
 ]
 
@@ -278,6 +274,31 @@ def copy_bound_text(table: Table, spec: str) -> str:
     return values[field]()
 
 
+def bf16_text(table: Table, spec: str) -> str:
+    name, field = spec.split("|")
+    path = table.results / "zoo" / "bf16.jsonl"
+    rows = [r for r in cost_rows(path) if r["model"] == name]
+    if len(rows) != 1:
+        raise SystemExit(f"{path} has {len(rows)} rows for {name}; rerun tools/zoo_bf16.py")
+    r = rows[0]
+
+    def changed() -> str:
+        moved = [f"{t} {pct(a)} (card {pct(r['accuracy_card'][t])})" for t, a in r["accuracy_bf16"].items()
+                 if a != r["accuracy_card"][t]]
+        return ", ".join(moved) or "none"
+
+    values = {"mean": lambda: pct(r["mean_bf16"]), "card_mean": lambda: pct(r["mean_card"]),
+              "bpb": lambda: f"{r['code_bits_per_byte_bf16']:.4f}", "card_bpb": lambda: f"{r['code_bits_per_byte_card']:.4f}",
+              "agreement": lambda: pct(r["greedy_agreement_with_ar_small_bf16"]),
+              "card_agreement": lambda: pct(r["greedy_agreement_with_ar_small_card"]),
+              "mb": lambda: f"{r['bf16_megabytes']:.1f} MB", "fp32_mb": lambda: f"{r['fp32_megabytes']:.1f} MB",
+              "sim": lambda: pct(r["code_similarity_bf16"]), "card_sim": lambda: pct(r["code_similarity_card"]),
+              "changed": changed, "items": lambda: str(r["items_per_task"]), "minutes": lambda: f"{r['minutes']:.1f}"}
+    if field not in values:
+        raise SystemExit(f"bad bf16 figure {spec!r}: FIELD is one of {sorted(values)}")
+    return values[field]()
+
+
 def render(key: str, table: dict) -> str:
     kind, _, label = key.partition(":")
     if kind == "dlm":
@@ -300,7 +321,31 @@ def render(key: str, table: dict) -> str:
         return cost_text(table, label)
     if kind == "copybound":
         return copy_bound_text(table, label)
+    if kind == "bf16":
+        return bf16_text(table, label)
     raise SystemExit(f"unknown figure key {key!r}")
+
+
+def read_names(path: Path = FIGURES) -> dict[str, str]:
+    """The short names docs/figures.txt defines: NAME -> KEY."""
+    names: dict[str, str] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, eq, key = (part.strip() for part in line.partition("="))
+        if not eq or not name or not key or any(c in name for c in " |:"):
+            raise SystemExit(f"{path}:{number}: expected `NAME = KEY` with a NAME free of spaces, '|' and ':'")
+        if name in names:
+            raise SystemExit(f"{path}:{number}: {name!r} is defined twice")
+        names[name] = key
+    return names
+
+
+def resolve_name(name: str, names: dict[str, str]) -> str:
+    if name not in names:
+        raise SystemExit(f"unknown figure name {name!r}: define it in {FIGURES.relative_to(ROOT)} as `{name} = KEY`")
+    return names[name]
 
 
 def main() -> int:
@@ -309,14 +354,25 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="fail if a span is out of date; write nothing")
     args = parser.parse_args()
     table = load(args.results)
-    stale = []
+    names = read_names()
+    values = {name: render(key, table) for name, key in names.items()}  # every defined figure must compute
+    def fill(m: re.Match) -> str:
+        resolve_name(m["key"], names)  # a name quoted but not defined fails here
+        return f"<!--m {m['key']}-->{values[m['key']]}<!--/m-->"
+
+    stale, quoted = [], set()
     for doc in DOCS:
         text = doc.read_text(encoding="utf-8")
-        new = SPAN.sub(lambda m: f"<!--m {m['key']}-->{render(m['key'], table)}<!--/m-->", text)
+        quoted |= {m["key"] for m in SPAN.finditer(text)}
+        new = SPAN.sub(fill, text)
         if new != text:
             stale.append(doc.relative_to(ROOT))
             if not args.check:
                 doc.write_text(new, encoding="utf-8")
+    unused = sorted(set(names) - quoted)
+    if unused:
+        print(f"defined in {FIGURES.relative_to(ROOT)} but quoted nowhere: {', '.join(unused)}", file=sys.stderr)
+        return 1
     if args.check and stale:
         print(f"out of date: {', '.join(map(str, stale))}; run `make docs-figures`", file=sys.stderr)
         return 1
