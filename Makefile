@@ -41,8 +41,8 @@ DLM_CACHES := $(foreach c,dual suffix delayed,dlm.threshold:cache=$(c)) dlm.base
 # a long canvas (384 masks, LLaDA's gen_length is 256-512): an uncached forward pays for the whole canvas
 LONG := --param dlm.baseline.max_new_tokens=384 --param dlm.threshold.max_new_tokens=384
 .PHONY: results results-spec results-spec-lists results-spec-code results-dlm results-dlm-lists results-dlm-other \
-	results-dlm-canvas results-cost results-bound
-results: results-spec results-dlm results-dlm-canvas results-cost
+	results-dlm-canvas results-cost results-bound results-engine
+results: results-spec results-dlm results-dlm-canvas results-cost results-engine
 	$(MAKE) results-bound
 	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out $(RESULTS)/report.md --plots $(RESULTS)
 	$(BIN)/python tools/measured.py
@@ -76,6 +76,17 @@ results-cost: $(VENV)/.installed
 
 # the zoo models' card evaluation with their weights rounded to bfloat16, the dtype `fastdecode train` exports
 # (docs/zoo.md, "Weights in bfloat16"; about 20 minutes on one thread)
+# the engine: ar.greedy against transformers' generate() (hf.greedy) and the best lossless speculative methods on
+# the code suite, one invocation, rows interleaved item by item (the report divides by the same run's ar.greedy);
+# then a batch of 8 prompts in one call against the same prompts one at a time (tools/batch_speed.py). llama.cpp is
+# not a reference method yet (see docs/RESULTS.md).
+.PHONY: results-engine
+results-engine: $(VENV)/.installed
+	$(BENCH) --suite code --model zoo:ar-small --methods hf.greedy spec.suffix spec.ngram spec.pld \
+		--limit 20 --out $(RESULTS)/engine.jsonl
+	$(BIN)/python tools/batch_speed.py --model zoo:ar-small --suite code --limit 16 --batch 8 \
+		--methods ar.greedy spec.suffix spec.pld --out $(RESULTS)/cost/batch.jsonl
+
 .PHONY: results-zoo-bf16
 results-zoo-bf16: $(VENV)/.installed
 	$(BIN)/python tools/zoo_bf16.py ar-small ar-tiny dlm-small --items 50 --threads 1 --out $(RESULTS)/zoo/bf16.jsonl
