@@ -92,20 +92,35 @@ def end_tokens(model: MaskedDiffusionLM) -> tuple[list[int], list[int]]:
 
 class Guided:
     """The model as LLaDA's `generate` calls it: with `cfg_scale` > 0 every forward also runs the canvas with the
-    prompt (the first `prompt_width` columns, padding included) masked and mixes the logits; with `banned` ids,
-    their logits are -inf. Everything else is the wrapped model's."""
+    prompt (the first `prompt_width` columns, padding included, and any forced tokens) masked and mixes the logits;
+    with `banned` ids, their logits are -inf; `forced` {generated offset: token} are written on every canvas the
+    model sees (Prophet's constraints), as if they were there from the start. Everything else is the wrapped
+    model's."""
 
-    def __init__(self, model: MaskedDiffusionLM, prompt_width: int, cfg_scale: float, banned: list[int]) -> None:
-        self._model, self._P, self._s, self._banned = model, prompt_width, cfg_scale, banned
+    def __init__(self, model: MaskedDiffusionLM, prompt_width: int, cfg_scale: float = 0.0, banned: list[int] = (),
+                 forced: dict[int, int] | None = None) -> None:
+        self._model, self._P, self._s, self._banned = model, prompt_width, cfg_scale, list(banned)
+        forced = forced or {}
+        self._cols = torch.tensor([prompt_width + o for o in forced], dtype=torch.long, device=model.device)
+        self._toks = torch.tensor(list(forced.values()), dtype=torch.long, device=model.device)
 
     def __getattr__(self, name: str):
         return getattr(self._model, name)
 
+    def _force(self, canvas: torch.Tensor) -> torch.Tensor:
+        if self._cols.numel():
+            canvas = canvas.clone()
+            canvas[:, self._cols] = self._toks
+        return canvas
+
     def forward(self, canvas: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 at: torch.Tensor | None = None) -> torch.Tensor:
+        canvas = self._force(canvas)
         if self._s > 0:
             un = canvas.clone()
             un[:, : self._P] = self._model.mask_token_id
+            if self._cols.numel():
+                un[:, self._cols] = self._model.mask_token_id
             both = self._model.forward(
                 torch.cat([canvas, un]), None if attention_mask is None else attention_mask.repeat(2, 1),
                 None if at is None else at.repeat(2, 1))
@@ -115,8 +130,8 @@ class Guided:
             logits = self._model.forward(canvas, attention_mask, at)
         return self._ban(logits)
 
-    def forward_columns(self, *args, **kwargs):
-        logits, kv = self._model.forward_columns(*args, **kwargs)
+    def forward_columns(self, canvas: torch.Tensor, *args, **kwargs):
+        logits, kv = self._model.forward_columns(self._force(canvas), *args, **kwargs)
         return self._ban(logits), kv
 
     def _ban(self, logits: torch.Tensor) -> torch.Tensor:
