@@ -46,16 +46,30 @@ def threshold(score: torch.Tensor, tau: float) -> torch.Tensor:
     return (candidates(score) & (score >= tau)) | top1(score)
 
 
-def factor(score: torch.Tensor, f: float) -> torch.Tensor:
-    """Fast-dLLM factor rule: with confidences sorted c(1) >= c(2) >= ..., commit the top n for the largest n
-    with (n + 1)(1 - c(n)) < f, at least 1 (the paper's (n+1)eps <= 1 parallel-decoding condition).
+def factor(score: torch.Tensor, f: float, rule: str = "fast_dllm") -> torch.Tensor:
+    """Fast-dLLM factor rule: with confidences sorted c(1) >= c(2) >= ..., the n-th passes when
+    c(n) >= 1 - f / (n + 1), i.e. (n + 1)(1 - c(n)) <= f (the paper's (n+1)eps <= 1 parallel-decoding condition);
+    the first always passes.
 
-    (n + 1)(1 - c(n)) never decreases in n, so "the largest n" is the leading run of positions that pass.
+    rule="fast_dllm" (`get_transfer_index_dynamic`): scan the sorted candidates and stop at the first that fails;
+    the passing ones before it are committed, and when the scan reaches the last candidate (every earlier one
+    passed) that one is committed as well, pass or fail (the reference's `top_i += 1`: two remaining masks are
+    always both committed). rule="strict" (fastdecode's earlier rule): only the leading run that passes with
+    the strict (n + 1)(1 - c(n)) < f, at least 1.
+
+    The test is monotone in n for a sorted row, so "the largest n" is the leading run of positions that pass.
     """
     c = score.sort(dim=-1, descending=True).values  # [B, L]
     n = torch.arange(1, score.shape[-1] + 1, device=score.device, dtype=c.dtype)
-    ok = ((n + 1) * (1 - c) < f) & (c > NEG_INF)
-    return select_topk(score, _leading(ok).clamp(min=1))
+    live = c > NEG_INF
+    if rule == "strict":
+        ok = ((n + 1) * (1 - c) < f) & live
+        return select_topk(score, _leading(ok).clamp(min=1))
+    ok = (c >= 1 - f / (n + 1)) & live
+    ok[..., 0] = live[..., 0]  # the reference's first threshold is -1
+    lead = _leading(ok)  # [B] where the scan breaks (or the candidate count, when it never does)
+    count = live.sum(dim=-1)
+    return select_topk(score, torch.where(lead >= count - 1, count, lead))
 
 
 def entropy_bound(score: torch.Tensor, gamma: float) -> torch.Tensor:

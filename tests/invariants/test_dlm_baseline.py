@@ -1,40 +1,97 @@
-"""dlm.baseline against a plain LLaDA `generate` and against itself (fp32, CPU, tiny random MDLM)."""
+"""dlm.baseline against LLaDA's `generate`, re-written unmodified in this file, and against itself (fp32, CPU,
+tiny random MDLM)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import fastdecode
+from fastdecode.diffusion.policies import baseline
 from fastdecode.diffusion.scores import num_transfer_tokens
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
 GEN = 16
 
 
-def llada_generate(model, prompt: list[int], gen: int, block: int, steps: int) -> list[int]:
-    """LLaDA's reference `generate` (batch of 1, no CFG, no early stop); its generated region.
-
-    Two choices of fastdecode are kept: the confidence softmax is float64, and MASK is never predicted.
-    """
-    mask_id, P = model.mask_token_id, len(prompt)
-    x = torch.tensor([prompt + [mask_id] * gen])
-    steps = steps // (gen // block)
-    for b in range(gen // block):
-        n = int((x[0, P + b * block : P + (b + 1) * block] == mask_id).sum())
-        k = [n // steps + (i < n % steps) for i in range(steps)]
+def llada_generate(logits_fn, prompt: torch.Tensor, attention_mask: torch.Tensor | None, steps: int, gen_length: int,
+                   block_length: int, mask_id: int, cfg_scale: float = 0.0, logits_eos_inf: bool = False,
+                   confidence_eos_eot_inf: bool = False, eos_id: int = -1, eot_id: int = -1) -> torch.Tensor:
+    """LLaDA's `generate` (ML-GSAI/LLaDA generate.py) at temperature 0 with low-confidence remasking, re-written
+    step by step from the reference and left unmodified (a float32 softmax, top-k by confidence, no early stop, batches
+    left-padded with an attention mask, classifier-free guidance by a doubled batch, and the two EOS switches,
+    where the chained assignment of `confidence_eos_eot_inf` reaches both EOS and EoT at temperature 0, since the
+    noisy logits are then the logits). The one choice made here is where the reference has none: torch.topk leaves the
+    order of exactly equal confidences unspecified (confidence_eos_eot_inf makes every EOS/EoT prediction 0), and
+    this takes the lower position first, as fastdecode does. `logits_fn(x, attention_mask)` is the model:
+    `[B, T]` -> `[B, T, V]`.
+    Returns the whole canvas `[B, P + gen_length]`."""
+    B, P = prompt.shape
+    x = torch.full((B, P + gen_length), mask_id, dtype=torch.long)
+    x[:, :P] = prompt
+    if attention_mask is not None:
+        attention_mask = torch.cat([attention_mask, torch.ones(B, gen_length, dtype=attention_mask.dtype)], dim=-1)
+    prompt_index = x != mask_id
+    num_blocks = gen_length // block_length
+    steps = steps // num_blocks
+    for b in range(num_blocks):
+        lo, hi = P + b * block_length, P + (b + 1) * block_length
+        n = (x[:, lo:hi] == mask_id).sum(dim=1, keepdim=True)
+        k = torch.zeros(B, steps, dtype=torch.long) + n // steps
+        for j in range(B):
+            k[j, : int(n[j] % steps)] += 1
         for i in range(steps):
             mask_index = x == mask_id
-            logits = model.forward(x).clone()
-            logits[..., mask_id] = float("-inf")
-            x0 = logits.argmax(-1)
-            x0_p = torch.softmax(logits.double(), -1).gather(-1, x0[..., None]).squeeze(-1)
-            x0_p[:, P + (b + 1) * block :] = float("-inf")
+            if cfg_scale > 0:
+                un_x = x.clone()
+                un_x[prompt_index] = mask_id
+                both = logits_fn(torch.cat([x, un_x]), None if attention_mask is None else attention_mask.repeat(2, 1))
+                cond, un = torch.chunk(both, 2, dim=0)
+                logits = un + (cfg_scale + 1) * (cond - un)
+            else:
+                logits = logits_fn(x, attention_mask)
+            if logits_eos_inf:
+                logits[:, :, eos_id] = -torch.inf
+            x0 = torch.argmax(logits, dim=-1)
+            if confidence_eos_eot_inf:
+                logits[:, :, eos_id] = logits[:, :, eot_id] = -torch.inf
+            x0_p = torch.gather(F.softmax(logits, dim=-1), -1, x0[..., None]).squeeze(-1)
+            x0_p[:, hi:] = -np.inf
             x0 = torch.where(mask_index, x0, x)
-            conf = torch.where(mask_index, x0_p, float("-inf"))
-            _, select = torch.topk(conf[0], k=k[i])
-            x[0, select] = x0[0, select]
-    return x[0, P:].tolist()
+            confidence = torch.where(mask_index, x0_p, -np.inf)
+            transfer = torch.zeros_like(x0, dtype=torch.bool)
+            for j in range(B):  # torch.topk; its order among exactly equal values is unspecified, so here the lower
+                select = confidence[j].argsort(descending=True, stable=True)[: int(k[j, i])]  # position goes first
+                transfer[j, select] = True
+            x[transfer] = x0[transfer]
+    return x
+
+
+def model_logits(model):
+    """The tiny model as LLaDA's loop sees it: full-canvas logits, MASK never predicted (a trained LLaDA never
+    predicts it; the random tiny model would, so the model, not the loop, is given that property). The logit is
+    finite, as a real model's, so that guidance's difference of two logits stays a number."""
+    def fn(x, attention_mask):
+        logits = model.forward(x, attention_mask).clone()
+        logits[..., model.mask_token_id] = -1e9
+        return logits
+    return fn
+
+
+def through_eos(ids: list[int], eos) -> list[int]:
+    cut = next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))
+    return ids[:cut]
+
+
+def padded(model, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = [model.encode(p) for p in prompts]
+    width = max(map(len, rows))
+    ids = torch.tensor([[model.pad_token_id] * (width - len(r)) + r for r in rows])
+    return ids, torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
 
 
 def commit_steps(result) -> dict[int, int]:
@@ -57,9 +114,44 @@ def eos_stop(model, prompt: str, **kw) -> tuple[int, int]:
 @pytest.mark.parametrize("prompt", PROMPTS[:2])
 def test_equals_llada_generate(diffusion, prompt, block_length, steps):
     r = fastdecode.generate(diffusion, prompt, "dlm.baseline", max_new_tokens=GEN, block_length=block_length, steps=steps)
-    ref = llada_generate(diffusion, r.prompt_ids, GEN, block_length or GEN, steps)
-    eos = [i for i, t in enumerate(ref) if t in diffusion.eos_token_ids]
-    assert r.token_ids == ref[: eos[0] + 1 if eos else GEN]
+    ids = torch.tensor([r.prompt_ids])
+    ref = llada_generate(model_logits(diffusion), ids, None, steps, GEN, block_length or GEN, diffusion.mask_token_id)
+    assert r.token_ids == through_eos(ref[0, ids.shape[1]:].tolist(), diffusion.eos_token_ids)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(cfg_scale=1.0),
+        dict(cfg_scale=0.5, block_length=8),
+        dict(logits_eos_inf=True),
+        dict(confidence_eos_eot_inf=True, block_length=8),
+        dict(cfg_scale=2.0, logits_eos_inf=True, confidence_eos_eot_inf=True, steps=GEN // 2),
+    ],
+)
+def test_equals_llada_generate_with_guidance_and_eos_switches_in_a_batch(diffusion, monkeypatch, params):
+    block, steps = params.pop("block_length", None), params.pop("steps", GEN)
+    kw = dict(max_new_tokens=GEN, block_length=block, steps=steps)
+    # the two tokens the model predicts most stand in for EOS and EoT, so that the switches change the output
+    counts = Counter(t for r in fastdecode.generate(diffusion, PROMPTS, "dlm.baseline", **kw) for t in r.token_ids)
+    (eos, _), (eot, _) = counts.most_common(2)
+    monkeypatch.setattr(diffusion.config, "eos_token_id", [eos])
+    monkeypatch.setattr(baseline, "end_tokens", lambda model: ([eos], [eot]))
+    results = fastdecode.generate(diffusion, PROMPTS, "dlm.baseline", **kw, **params)
+    ids, attention = padded(diffusion, PROMPTS)
+    ref = llada_generate(model_logits(diffusion), ids, attention, steps, GEN, block or GEN, diffusion.mask_token_id,
+                         eos_id=eos, eot_id=eot, **params)
+    plain = fastdecode.generate(diffusion, PROMPTS, "dlm.baseline", **kw)
+    assert [r.token_ids for r in results] != [r.token_ids for r in plain]  # the switch changes something here
+    for row, r in enumerate(results):
+        assert r.token_ids == through_eos(ref[row, ids.shape[1]:].tolist(), diffusion.eos_token_ids)
+    if params.get("logits_eos_inf"):
+        assert all(eos not in r.token_ids for r in results)
+
+
+def test_guidance_refuses_a_cache(diffusion):
+    with pytest.raises(fastdecode.ParameterError, match="cfg_scale"):
+        fastdecode.generate(diffusion, "the", "dlm.baseline", max_new_tokens=GEN, cfg_scale=1.0, cache="dual")
 
 
 @pytest.mark.parametrize("block_length, steps", [(None, GEN), (None, 5), (4, GEN), (4, 8)])

@@ -13,7 +13,7 @@ from fastdecode.errors import IncompatibleMethodError, ParameterError
 from fastdecode.registry import RunContext
 from fastdecode.speculative.drafters.draft_model import DraftModelConfig, ModelDrafter
 from fastdecode.speculative.drafters.ngram import NgramConfig
-from fastdecode.speculative.drafters.recycling import RecyclingConfig, parse_template, tree_template
+from fastdecode.speculative.drafters.recycling import RecyclingConfig, template_nodes
 from fastdecode.speculative.driver import BaseDrafter, Draft, SpecConfig, speculative
 from fastdecode.speculative.memory import DrafterMemory, forget, memory_of
 from fastdecode.speculative.tree import depths
@@ -172,7 +172,7 @@ def test_max_new_tokens_inside_a_draft(causal, baseline, n):
         # a chain (or a suffix tree, whose node budget is the room) drafts at most n - 1 tokens per forward;
         # recycling at most the nodes of its template that deep
         per_forward = max(n - 1, 0) if method != "spec.recycling" else sum(
-            d <= n - 1 for d in depths([p for p, _ in tree_template(parse_template(RecyclingConfig().template), 8)]))
+            d <= n - 1 for d in depths([p for p, _ in template_nodes(RecyclingConfig().template, 8)]))
         for b, r in enumerate(out):
             assert r.token_ids == baseline[b][:n]
             assert sum(len(e.tokens[b]) for e in r.trace) == len(r.token_ids) <= n

@@ -29,11 +29,48 @@ def test_top1_takes_the_lowest_position_on_ties():
     assert chosen(rules.top1(t([[0.2, 0.7, 0.7], [NEG, NEG, NEG]]))) == [[1], []]
 
 
-def test_factor_commits_the_largest_n_with_n_plus_1_times_error_below_f():
+def test_factor_strict_commits_the_largest_n_with_n_plus_1_times_error_below_f():
     score = t([[0.7, 0.99, 0.5, 0.8], [0.4, 0.3, NEG, NEG], [0.999, 0.999, 0.999, NEG]])
     # row 0 sorted .99 .8 .7 .5: (n+1)(1-c) = .02, .6, 1.2 -> n = 2; row 1: 2 * .6 = 1.2 fails -> at least 1
-    assert chosen(rules.factor(score, 1.0)) == [[1, 3], [0], [0, 1, 2]]
-    assert chosen(rules.factor(score, 1.3)) == [[0, 1, 3], [0], [0, 1, 2]]  # 1.2 < 1.3 lets the third in
+    assert chosen(rules.factor(score, 1.0, "strict")) == [[1, 3], [0], [0, 1, 2]]
+    assert chosen(rules.factor(score, 1.3, "strict")) == [[0, 1, 3], [0], [0, 1, 2]]  # 1.2 < 1.3 lets the third in
+
+
+def test_factor_fast_dllm_commits_the_last_candidate_its_scan_reaches_and_passes_on_equality():
+    score = t([
+        [0.7, 0.99, 0.5, 0.8, NEG],  # .99 .8 | .7 < 1 - 1/4: the scan stops before the last -> 2
+        [0.4, 0.3, NEG, NEG, NEG],  # two masks: the scan reaches the last, so both go (strict: 1)
+        [0.99, 0.9, 0.5, NEG, NEG],  # .9 passes, .5 is the last and fails: committed anyway (strict: 2)
+        [0.99, 0.9, 0.75, 0.1, 0.05],  # .75 = 1 - 1/4 passes on >= (strict: (3 + 1) * .25 = 1 is not < 1)
+        [0.2, NEG, NEG, NEG, NEG],  # one mask: it goes
+    ])
+    assert chosen(rules.factor(score, 1.0)) == [[1, 3], [0, 1], [0, 1, 2], [0, 1, 2], [0]]
+    assert chosen(rules.factor(score, 1.0, "strict")) == [[1, 3], [0], [0, 1], [0, 1], [0]]
+
+
+def fast_dllm_factor_count(conf: list[float], factor: float) -> int:
+    """How many tokens Fast-dLLM's `get_transfer_index_dynamic` commits for one row of masked confidences,
+    re-written from the reference's loop: thresholds 1 - f/(n+1) with the first at -1, a scan that breaks at the
+    first failure, and one more when the scan stopped at (or ran through to) the last candidate."""
+    c = sorted(conf, reverse=True)
+    thresholds = [-1.0] + [1 - factor / (n + 1) for n in range(2, len(c) + 1)]
+    i = 0
+    for i in range(len(thresholds)):
+        if c[i] < thresholds[i]:
+            break
+    if i == 0 or i == len(thresholds) - 1:
+        i += 1
+    return i
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 2.0])
+def test_factor_fast_dllm_matches_the_reference_loop_on_random_rows(factor):
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        L = int(torch.randint(1, 9, (1,), generator=g))
+        conf = (1 - torch.rand(L, generator=g, dtype=torch.float64) ** 3 * 0.6).tolist()
+        row = t([conf + [NEG] * (8 - L)])
+        assert int(rules.factor(row, factor).sum()) == fast_dllm_factor_count(conf, factor), conf
 
 
 def test_entropy_bound_counts_the_entropy_ranked_before_each_position():

@@ -84,7 +84,8 @@ def test_the_drafter_sends_a_branching_tree_and_a_chain_otherwise():
 def test_draft_length_grows_with_the_match_length():
     tree = SuffixTree(max_depth=16)
     tree.extend(0, list(range(10)) * 2)
-    nodes = tree.match([7, 8, 9])  # suffixes [9], [8 9], [7 8 9]
+    assert [n.depth for n in tree.match([7, 8, 9])] == [1, 2]  # as Arctic: never the whole context
+    nodes = tree.match([6, 7, 8, 9])  # suffixes [9], [8 9], [7 8 9]
     assert [n.depth for n in nodes] == [1, 2, 3]
     assert best_draft(nodes, 100, 1.0, 0.0, 0.1).tokens == [0, 1, 2]  # at most 3 tokens for a 3-token match
     assert best_draft(nodes, 2, 1.0, 0.0, 0.1).tokens == [0, 1]
@@ -128,3 +129,67 @@ def test_global_trees_of_different_depths_do_not_replace_each_other():
     assert memory_of(model) is memory_of(model) and global_tree(memory_of(model), 24) is own
     forget(model)
     assert len(memory_of(model)) == 0
+
+
+def kid_tokens(node) -> list[int]:
+    return [t for t, _ in node.kids]
+
+
+def test_equally_frequent_children_are_ordered_as_arctic_s_sibling_list():
+    tree = SuffixTree(max_depth=4)
+    tree.extend(0, [1, 2, 1, 3])  # new children join the back of the count-1 run
+    assert kid_tokens(path(tree, [1])) == [2, 3]
+    tree.extend(0, [1, 2])  # 2 led the count-1 run: it leads the count-2 run
+    assert kid_tokens(path(tree, [1])) == [2, 3]
+    tree.extend(0, [1, 3])  # 3 led the count-1 run too: it goes before 2, the most recently counted first
+    assert kid_tokens(path(tree, [1])) == [3, 2]
+    assert draft_from(path(tree, [1]), 1, 0.1).tokens == [3]  # the first landed draft took the first-made child, 2
+
+    tree = SuffixTree(max_depth=4)
+    tree.extend(0, [9, 5, 9, 5, 9, 6, 9, 7])  # under 9: 5 (2), 6 (1), 7 (1)
+    assert kid_tokens(path(tree, [9])) == [5, 6, 7]
+    tree.extend(0, [9, 7])  # 7 did not lead its run: it joins the count-2 run at its back
+    assert kid_tokens(path(tree, [9])) == [5, 7, 6]
+    tree.extend(1, [9, 6])
+    tree.remove(1)  # a count going down leads the lower run
+    assert kid_tokens(path(tree, [9])) == [5, 7, 6]
+    tree.remove(0)
+    assert not tree.root.children and not tree.root.kids
+
+
+def test_kids_stay_sorted_by_count_through_random_edits():
+    g = torch.Generator().manual_seed(0)
+    tree = SuffixTree(max_depth=3)
+    for seq in range(30):
+        tree.extend(seq, torch.randint(0, 4, (12,), generator=g).tolist())
+        if seq % 3 == 2:
+            tree.remove(tree.oldest())
+    stack = [tree.root]
+    while stack:
+        node = stack.pop()
+        counts = [child.count for _, child in node.kids]
+        assert counts == sorted(counts, reverse=True) and all(c > 0 for c in counts)
+        assert {t: c for t, c in node.kids} == node.children
+        stack.extend(node.children.values())
+
+
+def test_on_equal_scores_the_longer_match_wins():
+    from fastdecode.speculative.suffix_tree import Node
+
+    def node(depth, count, kids):
+        n = Node(depth)
+        n.count = count
+        for token, kid_count in kids:
+            child = n.children[token] = Node(depth + 1)
+            child.count = kid_count
+            n.kids.append((token, child))
+        return n
+
+    short, long = node(1, 2, [(7, 1)]), node(2, 2, [(9, 1)])  # both draft one token at probability 0.5
+    assert best_draft([short, long], 5, 1.0, 0.0, 0.1).tokens == [9]
+    assert best_draft([short, long], 5, 1.0, 0.0, 0.6).tokens == []
+
+
+def test_defaults_follow_vllm():
+    cfg = SuffixConfig()
+    assert (cfg.max_depth, cfg.max_cached_requests, cfg.max_spec_factor, cfg.min_token_prob) == (24, 10000, 1.0, 0.1)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastdecode.speculative.drafters.recycling import RecyclingConfig, RecyclingDrafter, new_matrix, tree_template
+from fastdecode.speculative.drafters.recycling import (
+    RecyclingConfig, RecyclingDrafter, new_matrix, template_nodes, tree_template,
+)
 from fastdecode.speculative.verification import Verification
 from fastdecode.speculative.tree import ancestor_mask, check_tree, children, depths, verify_tree_greedy, verify_tree_sampling
 
@@ -95,6 +97,32 @@ def test_recycling_template_and_tree_from_the_adjacency_matrix():
     d = drafter.propose(torch.tensor([3, 4]), 5)
     assert d.tokens.tolist() == [6, 7, 8, 9] and d.parents == [-1, -1, 0, 0]
     assert drafter.propose(torch.tensor([3, 4]), 1).tokens.tolist() == [6, 7]  # depth capped by the loop
+
+
+def rank_paths(nodes: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+    paths: list[tuple[int, ...]] = []
+    for parent, rank in nodes:
+        paths.append((paths[parent] if parent >= 0 else ()) + (rank,))
+    return paths
+
+
+def test_recycling_default_is_the_authors_2_2_2_tree():
+    assert RecyclingConfig().template == "2.2.2"
+    paths = rank_paths(template_nodes("2.2.2", 8))
+    assert len(paths) == 80 and len(set(paths)) == 80
+    assert [sum(len(p) == d for p in paths) for d in range(1, 7)] == [8, 21, 25, 15, 8, 3]  # the README's levels
+    assert all(p[:-1] in paths or len(p) == 1 for p in paths)  # every parent is in the tree
+    for p in paths:  # siblings are the ranks 0.. of their parent's row, without gaps
+        assert p[-1] == 0 or p[:-1] + (p[-1] - 1,) in paths
+    assert [len(p) for p in paths] == sorted(len(p) for p in paths)  # breadth first
+    # a few nodes the authors' template lists, and their neighbours it does not
+    for p in [(7,), (1, 3), (7, 0), (5, 0, 0), (0, 7, 0), (0, 0, 0, 4), (3, 0, 0, 0), (0, 0, 0, 0, 2), (1, 0, 0, 0, 0),
+              (0, 0, 0, 0, 0, 1), (0, 0, 0, 1, 0, 0)]:
+        assert p in paths
+    for p in [(1, 4), (6, 0, 0), (0, 1, 3), (4, 0, 0, 0), (0, 0, 0, 0, 3), (0, 0, 0, 0, 0, 2), (0, 0, 0, 2, 0, 0)]:
+        assert p not in paths
+    assert len(template_nodes("2.2.2", 2)) < 80 and all(r < 2 for _, r in template_nodes("2.2.2", 2))
+    assert len(template_nodes("7,5,3,2,1,0", 8)) == 71  # ours, kept as an option
 
 
 def test_a_branchless_deterministic_tree_is_verified_as_a_chain():

@@ -1,4 +1,10 @@
-"""dlm.baseline: LLaDA's `generate` with low-confidence remasking, the reference for every `dlm.*` method."""
+"""dlm.baseline: LLaDA's `generate` with low-confidence remasking, the reference for every `dlm.*` method.
+
+Beside the schedule it has LLaDA's three switches of its published evaluations (ML-GSAI/LLaDA `generate`):
+classifier-free guidance (`cfg_scale`: a second canvas with the prompt masked, logits = un + (s + 1)(cond - un)),
+`logits_eos_inf` (EOS is never predicted) and `confidence_eos_eot_inf` (a position predicting EOS or EoT gets
+confidence 0, so it is committed last).
+"""
 
 from __future__ import annotations
 
@@ -10,13 +16,14 @@ import torch
 
 from ...sampling.samplers import make_generator
 from ...config import check
+from ...errors import ParameterError
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
 from ..policy import StepsConfig, Step, View, block_view
 from ..rules import select_topk
-from ..scores import num_transfer_tokens, random_score
+from ..scores import confidence, num_transfer_tokens, random_score
 
 
 @dataclass(frozen=True)
@@ -25,11 +32,20 @@ class BaselineConfig(StepsConfig):
 
     block_length: int | None = None  # None: one block, the whole canvas (pure diffusion); smaller: semi-AR
     remasking: Literal["low_confidence", "random"] = "low_confidence"  # what ranks masked positions
+    cfg_scale: float = 0.0  # classifier-free guidance s: logits = un + (s + 1)(cond - un), un from the canvas with
+    #   the prompt masked (a doubled batch per forward); 0 = off
+    logits_eos_inf: bool = False  # EOS logits set to -inf: EOS is never predicted (LLaDA's HumanEval setting)
+    confidence_eos_eot_inf: bool = False  # EOS and EoT left out of the confidence softmax: a position predicting
+    #   either gets confidence 0 and is committed last
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.remasking in ("low_confidence", "random"), "remasking", self.remasking,
               "must be 'low_confidence' or 'random'")
+        check(self.cfg_scale >= 0, "cfg_scale", self.cfg_scale, "must be >= 0 (0 turns guidance off)")
+        if self.cfg_scale > 0:
+            check(self.cache == "none", "cache", self.cache,
+                  "must be 'none' with cfg_scale > 0 (LLaDA's guidance has no cached forward)")
 
     def check_block_length(self, block_length: int) -> None:
         n = self.max_new_tokens
@@ -65,16 +81,79 @@ class Schedule:
         return k
 
 
+def end_tokens(model: MaskedDiffusionLM) -> tuple[list[int], list[int]]:
+    """(EOS ids, EoT ids) as LLaDA's switches mean them: the tokenizer's end-of-turn token <|eot_id|> where it has
+    one (LLaDA-8B-Instruct: 126348), and the model's other EOS ids (LLaDA: <|endoftext|>, 126081)."""
+    tok = model.tokenizer
+    eot = tok.convert_tokens_to_ids("<|eot_id|>") if tok is not None and "<|eot_id|>" in tok.get_vocab() else None
+    eos = sorted(i for i in model.eos_token_ids if i != eot)
+    return eos, [] if eot is None else [int(eot)]
+
+
+class Guided:
+    """The model as LLaDA's `generate` calls it: with `cfg_scale` > 0 every forward also runs the canvas with the
+    prompt (the first `prompt_width` columns, padding included, and any forced tokens) masked and mixes the logits;
+    with `banned` ids, their logits are -inf; `forced` {generated offset: token} are written on every canvas the
+    model sees (Prophet's constraints), as if they were there from the start. Everything else is the wrapped
+    model's."""
+
+    def __init__(self, model: MaskedDiffusionLM, prompt_width: int, cfg_scale: float = 0.0, banned: list[int] = (),
+                 forced: dict[int, int] | None = None) -> None:
+        self._model, self._P, self._s, self._banned = model, prompt_width, cfg_scale, list(banned)
+        forced = forced or {}
+        self._cols = torch.tensor([prompt_width + o for o in forced], dtype=torch.long, device=model.device)
+        self._toks = torch.tensor(list(forced.values()), dtype=torch.long, device=model.device)
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def _force(self, canvas: torch.Tensor) -> torch.Tensor:
+        if self._cols.numel():
+            canvas = canvas.clone()
+            canvas[:, self._cols] = self._toks
+        return canvas
+
+    def forward(self, canvas: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                at: torch.Tensor | None = None) -> torch.Tensor:
+        canvas = self._force(canvas)
+        if self._s > 0:
+            un = canvas.clone()
+            un[:, : self._P] = self._model.mask_token_id
+            if self._cols.numel():
+                un[:, self._cols] = self._model.mask_token_id
+            both = self._model.forward(
+                torch.cat([canvas, un]), None if attention_mask is None else attention_mask.repeat(2, 1),
+                None if at is None else at.repeat(2, 1))
+            cond, uncond = both.chunk(2)
+            logits = uncond + (self._s + 1) * (cond - uncond)
+        else:
+            logits = self._model.forward(canvas, attention_mask, at)
+        return self._ban(logits)
+
+    def forward_columns(self, canvas: torch.Tensor, *args, **kwargs):
+        logits, kv = self._model.forward_columns(self._force(canvas), *args, **kwargs)
+        return self._ban(logits), kv
+
+    def _ban(self, logits: torch.Tensor) -> torch.Tensor:
+        if self._banned:
+            logits = logits.index_fill(-1, torch.tensor(self._banned, device=logits.device), float("-inf"))
+        return logits
+
+
 class LowConfidence(Schedule):
     def __init__(self, cfg: BaselineConfig, mask_id: int, rows: int, device: torch.device,
-                 generator: torch.Generator | None) -> None:
+                 generator: torch.Generator | None, quiet: list[int] = ()) -> None:
         super().__init__(mask_id, cfg.block_size, cfg.steps_per_block, rows, device)
         self.random, self.generator = cfg.remasking == "random", generator
+        self.quiet = list(quiet)  # ids left out of the confidence softmax (confidence_eos_eot_inf)
 
     def commit(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         score = step.conf
         if self.random:
             score = step.score(random_score(step.conf.shape, self.generator, step.conf.device))
+        elif self.quiet:  # x0 is already chosen; only its confidence changes (0 where x0 is one of them)
+            logits = step.logits.index_fill(-1, torch.tensor(self.quiet, device=step.logits.device), float("-inf"))
+            score = step.score(confidence(logits, step.x0))
         return select_topk(score, self.count(step.rows)), step.x0
 
 
@@ -82,5 +161,11 @@ class LowConfidence(Schedule):
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: BaselineConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """LLaDA decoding: each forward commits the k most confident masked positions of the block."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
-    policy = LowConfidence(cfg, model.mask_token_id, batch.size, model.device, generator)
+    eos, eot = end_tokens(model) if cfg.logits_eos_inf or cfg.confidence_eos_eot_inf else ([], [])
+    if (cfg.logits_eos_inf or cfg.confidence_eos_eot_inf) and not eos:
+        raise ParameterError(f"logits_eos_inf / confidence_eos_eot_inf need the model's EOS id; {model.name!r} has none.")
+    quiet = sorted(set(eos + eot)) if cfg.confidence_eos_eot_inf else []
+    policy = LowConfidence(cfg, model.mask_token_id, batch.size, model.device, generator, quiet)
+    if cfg.cfg_scale > 0 or cfg.logits_eos_inf:
+        model = Guided(model, batch.width, cfg.cfg_scale, eos if cfg.logits_eos_inf else [])
     return denoise(model, batch, cfg, policy, generator, "dlm.baseline")

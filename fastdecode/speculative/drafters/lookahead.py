@@ -1,11 +1,15 @@
 """spec.lookahead: Lookahead decoding (Fu et al. 2024), a Jacobi window that rides on every verification
 forward harvests n-grams into a pool; n-grams that start with the last token are verified as a tree.
 
-The window has up to N - 1 levels of W guessed tokens; level j, column i sits j + i + 1 positions after the
-last context token and sees the context, level 0 before column i and its own column below it, so each column
-is one Jacobi trajectory. The argmax at the top level is the next level; once N - 1 levels exist, every column
-with its new token is an N-gram: the pool keeps up to G of them per first token (least recently used dropped),
-and the oldest level is discarded.
+As hao-ai-lab/LookaheadDecoding (`lade/decoding.py`, `jacobi_greedy_search_multilevel`): the window is a grid of
+N - 1 levels and W columns anchored on the last context token, which is level 0, column 0 (the verification
+root); level j, column i sits j + i positions after it and sees level 0 up to column i and its own column below
+it, so each column is one Jacobi trajectory. The argmax at the top level is the next level. Once N - 1 levels
+exist, every column with its new token is an N-gram stored under its level-0 token (column 0's under the real
+last token): the pool keeps up to G per first token (least recently used dropped). Then the grid moves one
+position on: level 0 becomes level 1 without its column 0 (where the next real token goes), the other levels
+move down. It starts as W + N - 3 tokens drawn from the context at level 0, one column more per level still to
+come, and loses a column per step while the levels fill (LADE's warm-up), so that it has W columns when full.
 """
 
 from __future__ import annotations
@@ -32,19 +36,22 @@ class LookaheadConfig(SpecConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.ngram >= 2, "ngram", self.ngram, "must be at least 2")
+        check(self.ngram >= 3, "ngram", self.ngram, "must be at least 3 (a window of at least two levels)")
         check(self.window >= 1, "window", self.window, "must be at least 1")
         check(self.guesses >= 1, "guesses", self.guesses, "must be at least 1")
 
 
 def window_layout(levels: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Offsets `[L*W]` and attention `[L*W, L*W]` of a window stored level by level (index j * W + i)."""
-    j = torch.arange(levels).repeat_interleave(width)  # [S] level
-    i = torch.arange(width).repeat(levels)  # [S] column
-    offsets = j + i + 1
-    same_column_below = (i[:, None] == i[None, :]) & (j[None, :] <= j[:, None])
-    earlier_level0 = (j[None, :] == 0) & (i[None, :] < i[:, None])
-    return offsets, same_column_below | earlier_level0
+    """Offsets `[S]` and attention `[S, S]` of the window's side tokens, S = (width - 1) + (levels - 1) * width:
+    level 0's columns 1..width-1 (its column 0 is the last context token, the root), then level by level
+    columns 0..width-1. Level j, column i sits j + i after the root and sees level 0 up to column i and its own
+    column at levels 1..j (the root and the context it sees as every side token does)."""
+    j = torch.cat([torch.zeros(width - 1, dtype=torch.long), torch.arange(1, levels).repeat_interleave(width)])
+    i = torch.cat([torch.arange(1, width), torch.arange(width).repeat(levels - 1)])
+    offsets = j + i
+    level0_before = (j[None, :] == 0) & (i[None, :] <= i[:, None])
+    own_column = (i[None, :] == i[:, None]) & (j[None, :] >= 1) & (j[None, :] <= j[:, None])
+    return offsets, level0_before | own_column
 
 
 def candidate_tree(ngrams: list[tuple[int, ...]], depth: int) -> tuple[list[int], list[int]]:
@@ -69,31 +76,42 @@ class LookaheadDrafter(BaseDrafter):
 
     def __init__(self, cfg: LookaheadConfig) -> None:
         self.cfg = cfg
-        self.levels: list[list[int]] = []
+        self.levels: list[list[int]] = []  # level 0: columns 1..w-1; levels 1..: columns 0..w-1
         self.pool: dict[int, OrderedDict[tuple[int, ...], None]] = {}
         self._tree_size = 0
+        self._root: int | None = None  # last context token of the last proposal (level 0, column 0)
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         cfg = self.cfg
         if not self.levels:  # level 0 starts as tokens drawn from the context, as the reference does
             g = torch.Generator().manual_seed(context.numel())
-            self.levels = [context[torch.randint(context.numel(), (cfg.window,), generator=g)].tolist()]
-        grams = list(self.pool.get(int(context[-1]), {}))
+            n = cfg.window + cfg.ngram - 3
+            self.levels = [context[torch.randint(context.numel(), (n,), generator=g)].tolist()]
+        self._root = int(context[-1])
+        grams = list(self.pool.get(self._root, {}))
         tokens, parents = candidate_tree(grams[::-1], k)  # most recently used first
         self._tree_size = len(tokens)
-        offsets, mask = window_layout(len(self.levels), cfg.window)
+        offsets, mask = window_layout(len(self.levels), len(self.levels[0]) + 1)
         side = Side(torch.tensor(sum(self.levels, []), dtype=torch.long), offsets, mask)
         return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents, side=side)
 
     def observe(self, verification: Verification) -> None:
-        cfg = self.cfg
-        top = (len(self.levels) - 1) * cfg.window  # first side token of the top level
-        new = verification.side_logits[top : top + cfg.window].argmax(-1).tolist()  # [W]
-        if len(self.levels) == cfg.ngram - 1:
-            for i in range(cfg.window):
-                self._remember([level[i] for level in self.levels] + [new[i]])
-            self.levels.pop(0)
-        self.levels.append(new)
+        if self._root is None:
+            return
+        levels, w = self.levels, len(self.levels[0]) + 1
+        S = sum(map(len, levels))
+        side = verification.side_logits  # [S, V]: level 0's guesses, then each level above
+        if side is None or side.shape[0] < S:  # this step carried no window
+            return
+        out = side[S - len(levels[-1]) : S].argmax(-1).tolist()  # the top level's columns (1.. at level 0, else 0..)
+        if len(levels) == self.cfg.ngram - 1:
+            for i in range(w):
+                first = self._root if i == 0 else levels[0][i - 1]
+                self._remember([first] + [level[i] for level in levels[1:]] + [out[i]])
+            self.levels = [levels[1][1:]] + levels[2:] + [out]
+        else:  # still filling: every level moves one column on, and the top's new tokens are the next level
+            self.levels = [level[1:] for level in levels] + [out if len(levels) == 1 else out[1:]]
+        self._root = None
 
     def _remember(self, gram: list[int]) -> None:
         grams = self.pool.setdefault(gram[0], OrderedDict())

@@ -1,9 +1,9 @@
 """spec.recycling: Token Recycling (Luo et al. 2024), candidate tokens the target ranked highly are kept in an
 adjacency matrix and recycled as a draft tree.
 
-A[v] holds the target's top-k next tokens the last time v was an input. Each step the tree template is filled
-breadth first from the last context token (a node of rank r under a parent with token v gets token A[v, r]),
-verified in one forward with a tree mask, and A is overwritten for every input token of that forward with the
+A[v] holds the target's top-k next tokens the last time v was an input. Each step the tree template (by default
+the authors' static tree "2.2.2", 80 nodes) is filled breadth first from the last context token (a node of rank r
+under a parent with token v gets token A[v, r]), verified in one forward with a tree mask, and A is overwritten for every input token of that forward with the
 top-k of its logits, so candidates from rejected branches are reused. As in the authors' evaluation code, which
 allocates A once and passes it to every question, A outlives the request: one matrix per k in the run's drafter
 memory (by default its target model's), shared by every run with that memory (`shared_matrix=False` gives each
@@ -31,14 +31,55 @@ from ..verification import Verification
 @dataclass(frozen=True)
 class RecyclingConfig(SpecConfig):
     top_k_candidates: int = 8  # k, candidates kept per token (the paper's output-id top-k)
-    template: str = "7,5,3,2,1,0"  # per depth, the largest sum of candidate ranks on a root path (71 nodes, 6 deep)
+    template: str = "2.2.2"  # the authors' static tree "2.2.2" (80 nodes, 6 deep), or rank budgets per depth such as
+    #   "7,5,3,2,1,0" (a root path of ranks r_1..r_d is a node iff r_1 + ... + r_d <= budget[d]: 71 nodes, 6 deep)
     shared_matrix: bool = True  # keep A across requests on the same target (the authors' code); False: empty per request
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.top_k_candidates >= 1, "top_k_candidates", self.top_k_candidates, "must be at least 1")
-        budgets = parse_template(self.template)
-        check(all(a >= b for a, b in zip(budgets, budgets[1:])), "template", self.template, "must not increase with depth")
+        if self.template not in STATIC_TREES:
+            budgets = parse_template(self.template)
+            check(all(a >= b for a, b in zip(budgets, budgets[1:])), "template", self.template,
+                  "must not increase with depth")
+
+
+# The authors' static tree "2.2.2" (Luowaterbi/TokenRecycling, the evaluation's default): for every node, given as
+# the candidate ranks of its root path, how many children it has; they are always the ranks 0, 1, ... of its row
+# of the adjacency matrix. Nodes not listed have none. 8 / 21 / 25 / 15 / 8 / 3 nodes at depths 1 to 6.
+TREE_2_2_2 = {
+    (): 8,
+    (0,): 8, (1,): 4, (2,): 3, (3,): 2, (4,): 1, (5,): 1, (6,): 1, (7,): 1,
+    (0, 0): 8, (0, 1): 3, (0, 2): 2, (0, 3): 1, (0, 4): 1, (0, 5): 1, (0, 6): 1, (0, 7): 1,
+    (1, 0): 2, (1, 1): 1, (2, 0): 1, (3, 0): 1, (4, 0): 1, (5, 0): 1,
+    (0, 0, 0): 5, (0, 0, 1): 2, (0, 0, 2): 1, (0, 0, 3): 1, (0, 0, 4): 1,
+    (0, 1, 0): 1, (0, 2, 0): 1, (1, 0, 0): 1, (2, 0, 0): 1, (3, 0, 0): 1,
+    (0, 0, 0, 0): 3, (0, 0, 0, 1): 1, (0, 0, 0, 2): 1, (0, 0, 1, 0): 1, (0, 1, 0, 0): 1, (1, 0, 0, 0): 1,
+    (0, 0, 0, 0, 0): 2, (0, 0, 0, 1, 0): 1,
+}
+STATIC_TREES = {"2.2.2": TREE_2_2_2}
+
+
+def static_template(fanout: dict[tuple[int, ...], int], width: int) -> list[tuple[int, int]]:
+    """(parent, rank) of every node of a static tree, breadth first and by rank path within a depth (the
+    authors' order); ranks past the row width `width` (top_k_candidates) are left out with their subtrees."""
+    nodes: list[tuple[int, int]] = []
+    level: list[tuple[int, tuple[int, ...]]] = [(-1, ())]  # (node index, rank path); -1 is the root
+    while level:
+        nxt = []
+        for parent, path in level:
+            for rank in range(min(fanout.get(path, 0), width)):
+                nodes.append((parent, rank))
+                nxt.append((len(nodes) - 1, path + (rank,)))
+        level = sorted(nxt, key=lambda item: item[1])
+    return nodes
+
+
+def template_nodes(text: str, width: int) -> list[tuple[int, int]]:
+    """The (parent, rank) list of the template named or written in `text`."""
+    if text in STATIC_TREES:
+        return static_template(STATIC_TREES[text], width)
+    return tree_template(parse_template(text), width)
 
 
 def parse_template(text: str) -> list[int]:
@@ -47,7 +88,8 @@ def parse_template(text: str) -> list[int]:
     except ValueError:
         budgets = []
     if not budgets or min(budgets) < 0:
-        raise ParameterError(f"Parameter template={text!r} is invalid: write rank budgets per depth, e.g. '7,5,3,2,1,0'.")
+        raise ParameterError(f"Parameter template={text!r} is invalid: name a static tree ({', '.join(STATIC_TREES)}) "
+                             f"or write rank budgets per depth, e.g. '7,5,3,2,1,0'.")
     return budgets
 
 
@@ -79,7 +121,7 @@ class RecyclingDrafter(BaseDrafter):
 
     def __init__(self, cfg: RecyclingConfig, adjacency: torch.Tensor) -> None:
         self.k = cfg.top_k_candidates
-        self.template = tree_template(parse_template(cfg.template), self.k)
+        self.template = template_nodes(cfg.template, self.k)
         self.depth = [0] * len(self.template)
         for i, (parent, _) in enumerate(self.template):
             self.depth[i] = 1 if parent < 0 else self.depth[parent] + 1

@@ -24,7 +24,8 @@ class SuffixConfig(SpecConfig):
     max_spec_factor: float = 1.0  # a match of m tokens drafts at most floor(m * factor + offset) tokens
     max_spec_offset: float = 0.0
     min_token_prob: float = 0.1  # stop the draft when its path probability falls below this
-    max_cached_requests: int = 256  # outputs kept in the per-model global tree (FIFO); 0 = this request only
+    max_cached_requests: int = 10000  # outputs kept in the per-model global tree (FIFO; vLLM's default); 0 = this
+    #   request only
     tree: bool = False  # draft a tree grown best-first by path probability (the paper's tree mode), not a chain
 
     def __post_init__(self) -> None:
@@ -60,10 +61,11 @@ class SuffixDrafter(BaseDrafter):
         self._add(context)
         cfg = self.cfg
         args = (k, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob, cfg.tree)
-        draft = best_draft(self.local.suffix_nodes(0), *args)
+        n = context.numel()  # as Arctic, never the whole context as the match
+        draft = best_draft([node for node in self.local.suffix_nodes(0) if node.depth < n], *args)
         if self.shared is not None and len(self.shared):
             other = best_draft(self.shared.match(context[-cfg.max_depth :].tolist()), *args)
-            draft = other if other.score > draft.score else draft
+            draft = other if other.score > draft.score else draft  # the request's own tree wins ties
         return Draft(torch.tensor(draft.tokens, dtype=torch.long), parents=draft.parents)
 
     def finish(self, context: torch.Tensor) -> None:
