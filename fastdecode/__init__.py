@@ -1,18 +1,24 @@
 """fastdecode: fast decoding methods for language models behind one interface, measured one way."""
 
-from .engine import generate, stream
-from .errors import (
-    FastDecodeError,
-    IncompatibleMethodError,
-    ModelLoadError,
-    ParameterError,
-    PromptError,
-    UnknownMethodError,
-)
-from .models import CausalLM, MaskedDiffusionLM, load
-from .registry import Method, get_method, list_methods
-from .stats import Stats
-from .types import Finished, Result, StepEvent
+try:  # importing torch takes seconds: Ctrl-C then ends the command line with exit 130, not a traceback
+    from .engine import generate, stream
+    from .errors import (
+        FastDecodeError,
+        IncompatibleMethodError,
+        ModelLoadError,
+        ParameterError,
+        PromptError,
+        UnknownMethodError,
+    )
+    from .models import CausalLM, MaskedDiffusionLM, load
+    from .registry import Method, get_method, list_methods
+    from .stats import Stats
+    from .types import Finished, Result, StepEvent
+except KeyboardInterrupt:
+    from .errors import interrupted_while_importing
+
+    interrupted_while_importing()
+    raise
 
 __version__ = "0.1.0"
 

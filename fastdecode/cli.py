@@ -6,11 +6,16 @@ import json
 import os
 import sys
 import time
+import warnings
 from typing import Annotated, Optional
 
-import typer
-from rich.console import Console
-from rich.table import Table
+try:
+    import typer
+    from rich.console import Console
+    from rich.table import Table
+except KeyboardInterrupt:  # Ctrl-C while the command line starts: exit 130 without a traceback
+    sys.stderr.write("interrupted\n")
+    sys.exit(130)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Fast decoding for language models, measured one way.")
 out = Console()
@@ -175,6 +180,8 @@ def bench(
         except KeyboardInterrupt:
             bar.stop()
             err.print(f"interrupted: the rows finished so far are in {out_path}; run the same command again to resume.")
+            global _interrupt_told
+            _interrupt_told = True
             raise typer.Exit(130) from None
     rows = [r for r in read_rows(out_path) if r["suite"] == suite and r["model"] == model]
     _print_summaries(summarize(rows), "this file, this machine")
@@ -296,32 +303,57 @@ def expand_list_options(argv: list[str]) -> list[str]:
     return out
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """The library's own warnings (FastDecodeWarning) as one line each; others as Python shows them."""
+    from fastdecode.errors import FastDecodeWarning
+
+    if issubclass(category, FastDecodeWarning):
+        err.print(f"[yellow]warning:[/yellow] {message}", highlight=False, markup=True)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+_interrupt_told = False  # a command that printed its own message about an interrupt sets this
+
+
 def main() -> None:
-    """Entry point: run the app, turning library errors into one clear line and exit code 2."""
+    """Entry point: run the app, turning library errors into one clear line and exit code 2.
+
+    Usage errors (a missing or unknown option, a bad value, an unknown command) print the usage and exit 2, as
+    typer does in standalone mode; Ctrl-C exits 130; anything unexpected prints one line and exits 1.
+    """
     from fastdecode.errors import FastDecodeError
 
     debug = os.environ.get("FASTDECODE_DEBUG") == "1"
     sys.argv = expand_list_options(sys.argv)
+    warnings.showwarning = _show_warning
     try:
-        app(standalone_mode=False)
+        # standalone mode: typer reports usage errors with the usage line (exit 2) whichever click it bundles,
+        # and turns Ctrl-C into exit 130
+        app(standalone_mode=True)
     except FastDecodeError as e:
         if debug:
             raise
         err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
-        err.print("aborted")
-        sys.exit(130)
-    except Exception as e:  # click usage errors and anything unexpected: one line, never a bare traceback
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
+        _interrupted()
+    except SystemExit as e:
+        if e.code == 130:
+            _interrupted()
+        raise
+    except Exception as e:  # anything unexpected: one line, never a bare traceback
         if debug:
             raise
         err.print(f"[bold red]internal error:[/bold red] {type(e).__name__}: {e}\n(set FASTDECODE_DEBUG=1 for the traceback and please report it)", highlight=False)
         sys.exit(1)
+
+
+def _interrupted() -> None:
+    if not _interrupt_told:
+        err.print("interrupted")
+    sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import os
+import sys
 from collections.abc import Iterable
 
 
@@ -29,6 +31,30 @@ class PromptError(FastDecodeError, ValueError):
 
 class ModelLoadError(FastDecodeError, OSError):
     """A model folder is missing, incomplete, corrupt or unsafe to load."""
+
+
+class FastDecodeWarning(UserWarning):
+    """Base class of the library's warnings; the CLI prints them as one line each."""
+
+
+class ResultsFileWarning(FastDecodeWarning):
+    """A results file holds lines that are not rows, or rows twice; they were skipped."""
+
+
+def running_as_command_line() -> bool:
+    """Whether this process is the `fastdecode` command (console script or `python -m fastdecode`)."""
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    if any(a == "-m" and b == "fastdecode" for a, b in zip(argv, argv[1:])):
+        return True
+    return len(argv) > 1 and os.path.basename(argv[1]) in ("fastdecode", "fastdecode.exe")
+
+
+def interrupted_while_importing() -> None:
+    """Ctrl-C while the package imports torch: the command line exits 130 with one line instead of a traceback.
+    In any other program the KeyboardInterrupt goes on (the caller re-raises it)."""
+    if running_as_command_line() and os.environ.get("FASTDECODE_DEBUG") != "1":
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
 
 
 def close_names(name: str, choices: Iterable[str], n: int = 3) -> str:

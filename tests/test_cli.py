@@ -68,3 +68,50 @@ def test_generate_with_a_draft_model(causal_dir):
     assert p.returncode == 0, p.stderr
     stats = json.loads(p.stdout)["stats"]
     assert stats["draft_forwards"] > 0 and stats["accepted"] == stats["proposed"]  # a draft equal to the target
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["generate", "-p", "x"], "Missing option '--model'"),
+        (["generate", "-m", "{causal}", "-p", "x", "--no-such-option"], "No such option"),
+        (["generate", "-m", "{causal}", "-p", "x", "--max-new-tokens", "abc"], "Invalid value for '--max-new-tokens'"),
+        (["genrate", "-m", "{causal}"], "No such command 'genrate'"),
+        ([], "Usage:"),
+    ],
+)
+def test_usage_errors_print_usage_and_exit_2(args, message, causal_dir):
+    p = run(*[a.format(causal=causal_dir) for a in args])
+    assert p.returncode == 2, p.stderr
+    shown = " ".join((p.stdout + p.stderr).split())
+    assert "Usage:" in shown and message in shown
+    assert "internal error" not in shown and "Traceback" not in shown
+
+
+def test_ctrl_c_in_a_command_exits_130(monkeypatch, capsys):
+    import fastdecode
+    from fastdecode import cli
+
+    def interrupted(kind=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fastdecode, "methods", interrupted)
+    monkeypatch.setattr(sys, "argv", ["fastdecode", "methods"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_imports_exits_130_without_traceback():
+    import signal
+    import time
+
+    env = {**os.environ, "FASTDECODE_DEBUG": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "fastdecode", "methods"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(1.0)  # past interpreter start-up, while torch and transformers load
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr
