@@ -3,6 +3,8 @@
 try:  # importing torch takes seconds: Ctrl-C then ends the command line with exit 130, not a traceback
     from .engine import generate, stream
     from .errors import (
+        ArgumentError,
+        DeviceError,
         FastDecodeError,
         IncompatibleMethodError,
         ModelLoadError,
@@ -29,7 +31,7 @@ def methods(kind: str | None = None) -> list[Method]:
 
 
 __all__ = [
-    "CausalLM", "FastDecodeError", "Finished", "IncompatibleMethodError", "MaskedDiffusionLM", "Method",
+    "ArgumentError", "CausalLM", "DeviceError", "FastDecodeError", "Finished", "IncompatibleMethodError", "MaskedDiffusionLM", "Method",
     "ModelLoadError", "ParameterError", "PromptError", "Result", "Stats", "StepEvent", "UnknownMethodError",
     "__version__", "generate", "get_method", "load", "methods", "stream",
 ]

@@ -33,6 +33,14 @@ class ModelLoadError(FastDecodeError, OSError):
     """A model folder is missing, incomplete, corrupt or unsafe to load."""
 
 
+class ArgumentError(FastDecodeError, TypeError):
+    """An argument of the Python API has the wrong type (e.g. a model path where a loaded model belongs)."""
+
+
+class DeviceError(FastDecodeError, ValueError):
+    """A device that is not a device name, or that this machine or torch build does not have."""
+
+
 class FastDecodeWarning(UserWarning):
     """Base class of the library's warnings; the CLI prints them as one line each."""
 
