@@ -1,26 +1,24 @@
 """fastdecode: fast decoding methods for language models behind one interface, measured one way."""
 
-try:  # importing torch takes seconds: Ctrl-C then ends the command line with exit 130, not a traceback
-    from .engine import generate, stream
-    from .errors import (
-        ArgumentError,
-        DeviceError,
-        FastDecodeError,
-        IncompatibleMethodError,
-        ModelLoadError,
-        ParameterError,
-        PromptError,
-        UnknownMethodError,
-    )
-    from .models import CausalLM, MaskedDiffusionLM, load
-    from .registry import Method, get_method, list_methods
-    from .stats import Stats
-    from .types import Finished, Result, StepEvent
-except KeyboardInterrupt:
-    from .errors import interrupted_while_importing
+from .errors import exit_on_interrupt_while_starting
 
-    interrupted_while_importing()
-    raise
+exit_on_interrupt_while_starting()  # the command line: Ctrl-C while torch loads exits 130, without a traceback
+
+from .engine import generate, stream
+from .errors import (
+    ArgumentError,
+    DeviceError,
+    FastDecodeError,
+    IncompatibleMethodError,
+    ModelLoadError,
+    ParameterError,
+    PromptError,
+    UnknownMethodError,
+)
+from .models import CausalLM, MaskedDiffusionLM, load
+from .registry import Method, get_method, list_methods
+from .stats import Stats
+from .types import Finished, Result, StepEvent
 
 __version__ = "0.1.0"
 

@@ -9,13 +9,9 @@ import time
 import warnings
 from typing import Annotated, Optional
 
-try:
-    import typer
-    from rich.console import Console
-    from rich.table import Table
-except KeyboardInterrupt:  # Ctrl-C while the command line starts: exit 130 without a traceback
-    sys.stderr.write("interrupted\n")
-    sys.exit(130)
+import typer
+from rich.console import Console
+from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Fast decoding for language models, measured one way.")
 out = Console()
@@ -159,9 +155,10 @@ def bench(
     """Run methods on a suite's test items, one generation at a time, one JSONL row each (resumable)."""
     import torch
 
-    from fastdecode.bench.harness import read_rows, run_bench, split_params
+    from fastdecode.bench.harness import check_out, read_rows, run_bench, split_params
     from fastdecode.bench.report import summarize
 
+    check_out(out_path)  # before the progress bar, so that the error is the only line
     if threads is not None:
         torch.set_num_threads(threads)
     command = _command("bench", suite=suite, model=model, draft=draft, methods=methods, param=param, limit=limit,
@@ -303,12 +300,19 @@ def expand_list_options(argv: list[str]) -> list[str]:
     return out
 
 
+def _say(label: str, style: str, message: str) -> None:
+    """A labelled message on stderr, unwrapped (one line however long) and never read as rich markup."""
+    from rich.text import Text
+
+    err.print(Text.assemble((label, style), " ", message), soft_wrap=True, highlight=False)
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """The library's own warnings (FastDecodeWarning) as one line each; others as Python shows them."""
     from fastdecode.errors import FastDecodeWarning
 
     if issubclass(category, FastDecodeWarning):
-        err.print(f"[yellow]warning:[/yellow] {message}", highlight=False, markup=True)
+        _say("warning:", "yellow", str(message))
     else:
         _python_showwarning(message, category, filename, lineno, file, line)
 
@@ -323,8 +327,9 @@ def main() -> None:
     Usage errors (a missing or unknown option, a bad value, an unknown command) print the usage and exit 2, as
     typer does in standalone mode; Ctrl-C exits 130; anything unexpected prints one line and exits 1.
     """
-    from fastdecode.errors import FastDecodeError
+    from fastdecode.errors import FastDecodeError, interrupts_raise_again
 
+    interrupts_raise_again()  # the imports are done: Ctrl-C in a command raises KeyboardInterrupt (exit 130)
     debug = os.environ.get("FASTDECODE_DEBUG") == "1"
     sys.argv = expand_list_options(sys.argv)
     warnings.showwarning = _show_warning
@@ -335,7 +340,7 @@ def main() -> None:
     except FastDecodeError as e:
         if debug:
             raise
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        _say("error:", "bold red", str(e))
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         _interrupted()
@@ -346,7 +351,7 @@ def main() -> None:
     except Exception as e:  # anything unexpected: one line, never a bare traceback
         if debug:
             raise
-        err.print(f"[bold red]internal error:[/bold red] {type(e).__name__}: {e}\n(set FASTDECODE_DEBUG=1 for the traceback and please report it)", highlight=False)
+        _say("internal error:", "bold red", f"{type(e).__name__}: {e}\n(set FASTDECODE_DEBUG=1 for the traceback and please report it)")
         sys.exit(1)
 
 

@@ -57,12 +57,35 @@ def running_as_command_line() -> bool:
     return len(argv) > 1 and os.path.basename(argv[1]) in ("fastdecode", "fastdecode.exe")
 
 
-def interrupted_while_importing() -> None:
-    """Ctrl-C while the package imports torch: the command line exits 130 with one line instead of a traceback.
-    In any other program the KeyboardInterrupt goes on (the caller re-raises it)."""
-    if running_as_command_line() and os.environ.get("FASTDECODE_DEBUG") != "1":
-        sys.stderr.write("interrupted\n")
-        sys.exit(130)
+def exit_on_interrupt_while_starting() -> None:
+    """While the command line imports torch and transformers, Ctrl-C ends it at once: one line, exit 130.
+
+    A KeyboardInterrupt raised inside those imports does not reliably surface as one (transformers' lazy
+    importer turns it into a ModuleNotFoundError or a RecursionError), so the command line takes the signal
+    itself until `cli.main` starts and hands Ctrl-C back to Python. Any other program is left alone.
+    """
+    import signal
+
+    if not running_as_command_line() or os.environ.get("FASTDECODE_DEBUG") == "1":
+        return
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _exit_interrupted)
+    except ValueError:  # not the main thread
+        pass
+
+
+def _exit_interrupted(signum: int, frame: object) -> None:
+    os.write(2, b"interrupted\n")
+    os._exit(130)  # nothing written yet that could be lost; half-imported modules must not run on
+
+
+def interrupts_raise_again() -> None:
+    """Undo `exit_on_interrupt_while_starting`: from here Ctrl-C raises KeyboardInterrupt as usual."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is _exit_interrupted:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def close_names(name: str, choices: Iterable[str], n: int = 3) -> str:

@@ -115,3 +115,41 @@ def test_ctrl_c_during_imports_exits_130_without_traceback():
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "interrupted" in stderr
+
+
+def _one_clear_line(p: subprocess.CompletedProcess, *needles: str) -> None:
+    assert p.returncode == 2, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), p.stderr
+    shown = " ".join(p.stderr.split())
+    assert all(n in shown for n in needles), p.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this torch has CUDA")
+def test_device_cuda_without_cuda(causal_dir):
+    p = run("generate", "-m", str(causal_dir), "-p", "x", "--device", "cuda")
+    _one_clear_line(p, "CUDA", "--device cpu")
+
+
+def test_device_that_is_not_a_device(causal_dir):
+    p = run("info", str(causal_dir), "--device", "gpu0")
+    _one_clear_line(p, "'gpu0'", "cuda:0")
+
+
+def test_prompt_bytes_that_are_not_utf8(causal_dir):
+    env = {**os.environ, "FASTDECODE_DEBUG": "0", "LC_ALL": "C.UTF-8"}
+    p = subprocess.run([sys.executable, "-m", "fastdecode", "generate", "-m", str(causal_dir), "-p", b"caf\xe9"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    _one_clear_line(p, "not UTF-8", "0xe9")
+
+
+def test_bench_out_that_is_a_folder(causal_dir, tmp_path):
+    p = run("bench", "--suite", "quick", "--model", str(causal_dir), "--methods", "ar.greedy", "--out", str(tmp_path),
+            "--limit", "1")
+    _one_clear_line(p, str(tmp_path), "is a folder", "results.jsonl")
+
+
+def test_error_messages_are_not_read_as_markup(causal_dir):
+    p = run("generate", "-m", str(causal_dir), "-p", "[bold]x[/bold]", "--method", "ar.gredy [red]")
+    assert p.returncode == 2, p.stderr
+    assert "'ar.gredy [red]'" in p.stderr

@@ -84,6 +84,19 @@ def row_key(row: Mapping[str, Any]) -> str:
 
 # -- the JSONL file --------------------------------------------------------------------------------
 
+def check_out(path: str | Path) -> Path:
+    """Refuse a results path that cannot be a file (a folder, or under a file), before any model loads."""
+    p = Path(path)
+    if p.is_dir():
+        raise BenchError(f"The results file {p} is a folder: pass a file path, e.g. --out {p / 'results.jsonl'}.")
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise BenchError(f"The results file {p} would be inside {parent}, which is a file: pass a path in a folder.")
+            break
+    return p
+
+
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a results file. A truncated last line (a hard kill mid-write) is ignored."""
     rows, _ = _scan(Path(path))
@@ -249,6 +262,7 @@ def run_bench(
     Rows already in `out` (same suite, task, item, seed, method, parameters, model and draft) are skipped.
     """
     suite = get_suite(suite) if isinstance(suite, str) else suite
+    check_out(out)
     asked = [Entry.parse(text) for text in dict.fromkeys(methods)]
     params = _check_request(suite, asked, params, seeds, limit)
     target, model_id = _model(model, load_kwargs or {})

@@ -13,7 +13,7 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from ..errors import ModelLoadError, close_names
+from ..errors import DeviceError, ModelLoadError, close_names
 from . import mdlm  # noqa: F401  (registers the zoo's diffusion architecture with the Auto classes)
 from .causal import CausalLM
 from .diffusion import MaskedDiffusionLM
@@ -96,8 +96,34 @@ def detect_kind(cfg: dict[str, Any]) -> str:
     raise ModelLoadError(f"Cannot tell whether model_type {model_type!r} is a causal or a masked-diffusion LM; pass kind='causal' or kind='diffusion'.")
 
 
+def pick_device(device: str | torch.device | None) -> torch.device:
+    """The device to load on: CUDA when present by default; a name this torch cannot parse, or a device this
+    machine or torch build lacks, is refused with what to pass instead."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise DeviceError(f"{device!r} is not a device: pass cpu, cuda, cuda:0, cuda:1 ... or mps (CLI: --device).") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch build has no CUDA support" if torch.version.cuda is None
+                   else f"this torch (CUDA {torch.version.cuda}) sees no GPU")
+            raise DeviceError(f"Device {str(device)!r} asked for, but {why}: use --device cpu (Python: device='cpu'), "
+                              "or install a CUDA build of torch on a machine with an NVIDIA GPU.")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise DeviceError(f"Device {str(device)!r} asked for, but this machine has {count} CUDA device(s): "
+                              f"pass cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}.")
+    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise DeviceError(f"Device {str(device)!r} asked for, but MPS (Apple GPUs) is not available here: use --device cpu.")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise DeviceError(f"Device type {dev.type!r} is not supported: pass cpu, cuda, cuda:N or mps (CLI: --device).")
+    return dev
+
+
 def pick_device_dtype(device: str | torch.device | None, dtype: str | torch.dtype | None) -> tuple[torch.device, torch.dtype]:
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = pick_device(device)
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ModelLoadError(f"Unknown dtype {dtype!r}. {close_names(dtype, DTYPES)}")
@@ -132,8 +158,8 @@ def load(
             f"{folder} has model_type {model_type!r}, whose modelling code is not part of transformers but ships in "
             "the folder. Loading it runs that code: pass trust_remote_code=True (CLI: --trust-remote-code) only if you trust it."
         )
+    dev, dt = pick_device_dtype(device, dtype)  # a bad device or dtype is refused before the weights are read
     check_weights(folder)
-    dev, dt = pick_device_dtype(device, dtype)
     auto = AutoModelForCausalLM if kind == "causal" else AutoModel
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # the library never prints
