@@ -20,6 +20,7 @@ err = Console(stderr=True)
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model folder or zoo:NAME.")]
 RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run modelling code shipped in the model folder (LLaDA, Dream).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (default: cuda if present).")]
+KindOpt = Annotated[Optional[str], typer.Option("--kind", help="causal or diffusion: overrides what config.json says (default: detected).")]
 DtypeOpt = Annotated[Optional[str], typer.Option(help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on CPU).")]
 
 
@@ -33,6 +34,7 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print results as JSON lines.")] = False,
     draft: Annotated[Optional[str], typer.Option(help="Draft model folder or zoo:NAME, for methods that take one (a diffusion LM for spec.dlm_draft).")] = None,
     trust_remote_code: RemoteOpt = False,
+    kind: KindOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
 ) -> None:
@@ -45,7 +47,7 @@ def generate(
         params["max_new_tokens"] = max_new_tokens
     fastdecode.get_method(method)  # fail on a bad method name before loading the model
     with err.status(f"loading {model}"):
-        m = fastdecode.load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         d = fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code) if draft else None
     results = fastdecode.generate(m, list(prompt), method, draft=d, **params)
     for r in results:
@@ -74,13 +76,14 @@ def methods(kind: Annotated[Optional[str], typer.Option(help="causal or diffusio
 def info(
     model: Annotated[str, typer.Argument(help="Model folder or zoo:NAME.")],
     trust_remote_code: RemoteOpt = False,
+    kind: KindOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
 ) -> None:
     """Show a model's kind, size, vocabulary and special tokens."""
     import fastdecode
 
-    m = fastdecode.load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     table = Table(show_header=False, title=model)
     for k, v in m.describe().items():
         table.add_row(k, f"{v:,}" if isinstance(v, int) else str(v))
@@ -149,12 +152,14 @@ def bench(
     warmup: Annotated[bool, typer.Option(help="One unrecorded generation per method first.")] = True,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice); recorded in each row.")] = None,
     trust_remote_code: RemoteOpt = False,
+    kind: KindOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
 ) -> None:
     """Run methods on a suite's test items, one generation at a time, one JSONL row each (resumable)."""
     import torch
 
+    import fastdecode
     from fastdecode.bench.harness import check_out, read_rows, run_bench, split_params
     from fastdecode.bench.report import summarize
 
@@ -162,7 +167,7 @@ def bench(
     if threads is not None:
         torch.set_num_threads(threads)
     command = _command("bench", suite=suite, model=model, draft=draft, methods=methods, param=param, limit=limit,
-                       seeds=seeds, out=out_path, threads=threads, device=device, dtype=dtype,
+                       seeds=seeds, out=out_path, threads=threads, kind=kind, device=device, dtype=dtype,
                        no_warmup=not warmup, trust_remote_code=trust_remote_code)
     load_kwargs = {"device": device, "dtype": dtype, "trust_remote_code": trust_remote_code}
     with _progress_bar() as bar:
@@ -172,7 +177,9 @@ def bench(
             bar.update(task, total=p.total, completed=p.done, description=_describe(p))
 
         try:
-            summary = run_bench(suite, model, methods, out_path, draft=draft, params=split_params(param), seeds=seeds,
+            # --kind is the target's (a draft's kind is detected): load the target here when it is given
+            target = fastdecode.load(model, kind=kind, **load_kwargs) if kind else model
+            summary = run_bench(suite, target, methods, out_path, draft=draft, params=split_params(param), seeds=seeds,
                                 limit=limit, warmup=warmup, command=command, load_kwargs=load_kwargs, on_progress=on_progress)
         except KeyboardInterrupt:
             bar.stop()

@@ -153,3 +153,10 @@ def test_error_messages_are_not_read_as_markup(causal_dir):
     p = run("generate", "-m", str(causal_dir), "-p", "[bold]x[/bold]", "--method", "ar.gredy [red]")
     assert p.returncode == 2, p.stderr
     assert "'ar.gredy [red]'" in p.stderr
+
+
+def test_kind_option_reaches_load(causal_dir):
+    p = run("info", str(causal_dir), "--kind", "diffusion")
+    _one_clear_line(p, "holds a causal model", "--kind")
+    p = run("generate", "-m", str(causal_dir), "--kind", "causal", "-p", "the quick", "--max-new-tokens", "2")
+    assert p.returncode == 0, p.stderr

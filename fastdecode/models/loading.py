@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from safetensors import safe_open
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
@@ -87,13 +88,37 @@ def read_config(folder: Path) -> dict[str, Any]:
         raise ModelLoadError(f"{folder / 'config.json'} is not valid JSON ({e}).") from None
 
 
-def detect_kind(cfg: dict[str, Any]) -> str:
+KINDS = ("causal", "diffusion")
+KIND_HINT = "pass kind='causal' or kind='diffusion' (CLI: --kind causal|diffusion)"
+
+
+def kind_evidence(cfg: dict[str, Any]) -> tuple[str, str] | None:
+    """The kind config.json states outright, and where it says so; None when only a guess is possible."""
     model_type = str(cfg.get("model_type", "")).lower()
-    if model_type in DIFFUSION_MODEL_TYPES or cfg.get("mask_token_id") is not None and "ForCausalLM" not in " ".join(cfg.get("architectures") or []):
-        return "diffusion"
-    if any(a.endswith("ForCausalLM") for a in cfg.get("architectures") or []) or model_type in CONFIG_MAPPING:
+    architectures = [str(a) for a in cfg.get("architectures") or []]
+    causal = [a for a in architectures if a.endswith("ForCausalLM")]
+    if model_type in DIFFUSION_MODEL_TYPES:
+        return "diffusion", f"model_type {cfg.get('model_type')!r}"
+    if causal:
+        return "causal", f"architectures {', '.join(causal)}"
+    if cfg.get("mask_token_id") is not None:
+        return "diffusion", f"mask_token_id {cfg['mask_token_id']} in config.json"
+    return None
+
+
+def detect_kind(cfg: dict[str, Any]) -> str:
+    evidence = kind_evidence(cfg)
+    if evidence is not None:
+        return evidence[0]
+    model_type = str(cfg.get("model_type", "")).lower()
+    if model_type in CONFIG_MAPPING:
         return "causal"
-    raise ModelLoadError(f"Cannot tell whether model_type {model_type!r} is a causal or a masked-diffusion LM; pass kind='causal' or kind='diffusion'.")
+    raise ModelLoadError(f"Cannot tell whether model_type {model_type!r} is a causal or a masked-diffusion LM; {KIND_HINT}.")
+
+
+def ships_code(folder: Path, cfg: dict[str, Any]) -> bool:
+    """Whether the folder brings its own modelling code (what trust_remote_code would run)."""
+    return bool(cfg.get("auto_map")) or any(folder.glob("*.py"))
 
 
 def pick_device(device: str | torch.device | None) -> torch.device:
@@ -147,17 +172,30 @@ def load(
     defaults to CUDA when present, the dtype to bfloat16 on CUDA and float32 on CPU. `trust_remote_code`
     stays off unless asked: checkpoints such as LLaDA and Dream ship their own modelling code and need it.
     """
+    if kind is not None and kind not in KINDS:
+        raise ModelLoadError(f"kind must be 'causal' or 'diffusion', not {kind!r} (or leave it out to detect it from config.json).")
     folder = resolve(source)
     cfg = read_config(folder)
-    kind = kind or detect_kind(cfg)
-    if kind not in ("causal", "diffusion"):
-        raise ModelLoadError(f"kind must be 'causal' or 'diffusion', not {kind!r}.")
     model_type = str(cfg.get("model_type", ""))
-    if model_type not in CONFIG_MAPPING and not trust_remote_code:
+    if model_type not in CONFIG_MAPPING:
+        if not ships_code(folder, cfg):
+            raise ModelLoadError(
+                f"{folder} has model_type {model_type!r}, which transformers {transformers.__version__} does not know, "
+                "and the folder ships no modelling code (no *.py files, no auto_map in config.json): upgrade "
+                "transformers if the architecture is newer, or correct model_type in config.json."
+            )
+        if not trust_remote_code:
+            raise ModelLoadError(
+                f"{folder} has model_type {model_type!r}, whose modelling code is not part of transformers but ships in "
+                "the folder. Loading it runs that code: pass trust_remote_code=True (CLI: --trust-remote-code) only if you trust it."
+            )
+    evidence = kind_evidence(cfg)
+    if kind is not None and evidence is not None and evidence[0] != kind:
         raise ModelLoadError(
-            f"{folder} has model_type {model_type!r}, whose modelling code is not part of transformers but ships in "
-            "the folder. Loading it runs that code: pass trust_remote_code=True (CLI: --trust-remote-code) only if you trust it."
+            f"{folder} holds a {evidence[0]} model ({evidence[1]}), but kind={kind!r} was asked: leave kind out "
+            f"(CLI: drop --kind) to load it as the {evidence[0]} model it is, or pass a {kind} model's folder."
         )
+    kind = kind or detect_kind(cfg)
     dev, dt = pick_device_dtype(device, dtype)  # a bad device or dtype is refused before the weights are read
     check_weights(folder)
     auto = AutoModelForCausalLM if kind == "causal" else AutoModel
@@ -168,6 +206,13 @@ def load(
             folder, dtype=dt, use_safetensors=True, trust_remote_code=trust_remote_code, output_loading_info=True
         )
     except (OSError, ValueError, RuntimeError, KeyError) as e:
+        if "Unrecognized configuration class" in str(e):  # transformers then lists every class it knows
+            raise ModelLoadError(
+                f"Could not load {folder} as a {kind} model: transformers has no {auto.__name__} class for its config "
+                f"(model_type {model_type!r}). If it is a {'masked-diffusion' if kind == 'causal' else 'causal'} LM, "
+                f"pass kind={'diffusion' if kind == 'causal' else 'causal'!r} (CLI: --kind); if its code ships in the "
+                "folder, pass trust_remote_code=True (CLI: --trust-remote-code)."
+            ) from None
         raise ModelLoadError(f"Could not load {folder}: {e}") from None
     finally:
         if bars:

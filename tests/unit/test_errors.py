@@ -104,6 +104,7 @@ def test_remote_code_stays_off(tmp_path, causal_dir):
     cfg_path = tmp_path / "m" / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["model_type"] = "llada"
+    cfg["auto_map"] = {"AutoModel": "modeling_llada.LLaDAModelLM"}  # as a LLaDA checkpoint ships its code
     cfg_path.write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match=r"trust_remote_code=True"):
         fastdecode.load(tmp_path / "m")
@@ -168,3 +169,38 @@ def test_token_id_prompts_still_work(causal):
     assert fastdecode.generate(causal, torch.tensor([5, 6, 7]), max_new_tokens=3).token_ids == by_list.token_ids
     batch = fastdecode.generate(causal, [[5, 6, 7], [8, 9]], max_new_tokens=3)
     assert isinstance(batch, list) and batch[0].token_ids == by_list.token_ids
+
+
+def test_kind_that_contradicts_a_causal_folder(causal_dir):
+    with pytest.raises(ModelLoadError, match=r"holds a causal model \(architectures LlamaForCausalLM\).*kind='diffusion'.*--kind"):
+        fastdecode.load(causal_dir, kind="diffusion")
+
+
+def test_kind_that_contradicts_a_diffusion_folder(diffusion_dir):
+    with pytest.raises(ModelLoadError, match=r"holds a diffusion model") as e:
+        fastdecode.load(diffusion_dir, kind="causal")
+    assert len(str(e.value)) < 400  # not transformers' list of every causal class
+
+
+def test_unknown_model_type_without_code_does_not_suggest_remote_code(tmp_path, causal_dir):
+    shutil.copytree(causal_dir, tmp_path / "m")
+    cfg_path = tmp_path / "m" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["model_type"] = "no-such-arch"
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"ships no modelling code") as e:
+        fastdecode.load(tmp_path / "m")
+    assert "trust_remote_code" not in str(e.value)
+    (tmp_path / "m" / "modeling_x.py").write_text("")
+    with pytest.raises(ModelLoadError, match=r"trust_remote_code=True"):
+        fastdecode.load(tmp_path / "m")
+
+
+def test_kind_that_cannot_be_told_names_the_cli_flag(tmp_path, causal_dir):
+    shutil.copytree(causal_dir, tmp_path / "m")
+    cfg_path = tmp_path / "m" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update(model_type="custom", architectures=["CustomModel"], auto_map={"AutoModel": "modeling_x.CustomModel"})
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"kind='causal' or kind='diffusion' \(CLI: --kind causal\|diffusion\)"):
+        fastdecode.load(tmp_path / "m", trust_remote_code=True)
