@@ -160,3 +160,28 @@ def test_kind_option_reaches_load(causal_dir):
     _one_clear_line(p, "holds a causal model", "--kind")
     p = run("generate", "-m", str(causal_dir), "--kind", "causal", "-p", "the quick", "--max-new-tokens", "2")
     assert p.returncode == 0, p.stderr
+
+
+def test_a_second_bench_on_one_file_exits_2_naming_the_other(causal_dir, tmp_path):
+    out = tmp_path / "r.jsonl"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(120)", str(out)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        p = run("bench", "--suite", "quick", "--model", str(causal_dir), "--methods", "ar.greedy", "--out", str(out),
+                "--limit", "1", "--no-warmup")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and f"{out} is being written by another process (pid {holder.pid})" in last
+
+
+def test_report_skips_lines_that_are_not_rows_with_a_warning(tmp_path):
+    out = tmp_path / "r.jsonl"
+    out.write_text('42\n{"model": "x"}\n')
+    p = run("report", str(out))
+    assert p.returncode == 0, p.stderr
+    assert f"warning: {out} lines 1, 2: not a result row" in p.stderr and "Traceback" not in p.stderr
