@@ -1,7 +1,13 @@
 """fastdecode: fast decoding methods for language models behind one interface, measured one way."""
 
+from .errors import exit_on_interrupt_while_starting
+
+exit_on_interrupt_while_starting()  # the command line: Ctrl-C while torch loads exits 130, without a traceback
+
 from .engine import generate, stream
 from .errors import (
+    ArgumentError,
+    DeviceError,
     FastDecodeError,
     IncompatibleMethodError,
     ModelLoadError,
@@ -23,7 +29,7 @@ def methods(kind: str | None = None) -> list[Method]:
 
 
 __all__ = [
-    "CausalLM", "FastDecodeError", "Finished", "IncompatibleMethodError", "MaskedDiffusionLM", "Method",
+    "ArgumentError", "CausalLM", "DeviceError", "FastDecodeError", "Finished", "IncompatibleMethodError", "MaskedDiffusionLM", "Method",
     "ModelLoadError", "ParameterError", "PromptError", "Result", "Stats", "StepEvent", "UnknownMethodError",
     "__version__", "generate", "get_method", "load", "methods", "stream",
 ]

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from typing import Annotated, Optional
 
 import typer
@@ -19,6 +20,7 @@ err = Console(stderr=True)
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model folder or zoo:NAME.")]
 RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run modelling code shipped in the model folder (LLaDA, Dream).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (default: cuda if present).")]
+KindOpt = Annotated[Optional[str], typer.Option("--kind", help="causal or diffusion: overrides what config.json says (default: detected).")]
 DtypeOpt = Annotated[Optional[str], typer.Option(help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on CPU).")]
 
 
@@ -32,6 +34,7 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print results as JSON lines.")] = False,
     draft: Annotated[Optional[str], typer.Option(help="Draft model folder or zoo:NAME, for methods that take one (a diffusion LM for spec.dlm_draft).")] = None,
     trust_remote_code: RemoteOpt = False,
+    kind: KindOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
 ) -> None:
@@ -44,7 +47,7 @@ def generate(
         params["max_new_tokens"] = max_new_tokens
     fastdecode.get_method(method)  # fail on a bad method name before loading the model
     with err.status(f"loading {model}"):
-        m = fastdecode.load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         d = fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code) if draft else None
     results = fastdecode.generate(m, list(prompt), method, draft=d, **params)
     for r in results:
@@ -73,13 +76,14 @@ def methods(kind: Annotated[Optional[str], typer.Option(help="causal or diffusio
 def info(
     model: Annotated[str, typer.Argument(help="Model folder or zoo:NAME.")],
     trust_remote_code: RemoteOpt = False,
+    kind: KindOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
 ) -> None:
     """Show a model's kind, size, vocabulary and special tokens."""
     import fastdecode
 
-    m = fastdecode.load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     table = Table(show_header=False, title=model)
     for k, v in m.describe().items():
         table.add_row(k, f"{v:,}" if isinstance(v, int) else str(v))
@@ -148,19 +152,22 @@ def bench(
     warmup: Annotated[bool, typer.Option(help="One unrecorded generation per method first.")] = True,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice); recorded in each row.")] = None,
     trust_remote_code: RemoteOpt = False,
+    kind: KindOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
 ) -> None:
     """Run methods on a suite's test items, one generation at a time, one JSONL row each (resumable)."""
     import torch
 
-    from fastdecode.bench.harness import read_rows, run_bench, split_params
+    import fastdecode
+    from fastdecode.bench.harness import check_out, read_rows, run_bench, split_params
     from fastdecode.bench.report import summarize
 
+    check_out(out_path)  # before the progress bar, so that the error is the only line
     if threads is not None:
         torch.set_num_threads(threads)
     command = _command("bench", suite=suite, model=model, draft=draft, methods=methods, param=param, limit=limit,
-                       seeds=seeds, out=out_path, threads=threads, device=device, dtype=dtype,
+                       seeds=seeds, out=out_path, threads=threads, kind=kind, device=device, dtype=dtype,
                        no_warmup=not warmup, trust_remote_code=trust_remote_code)
     load_kwargs = {"device": device, "dtype": dtype, "trust_remote_code": trust_remote_code}
     with _progress_bar() as bar:
@@ -170,11 +177,15 @@ def bench(
             bar.update(task, total=p.total, completed=p.done, description=_describe(p))
 
         try:
-            summary = run_bench(suite, model, methods, out_path, draft=draft, params=split_params(param), seeds=seeds,
+            # --kind is the target's (a draft's kind is detected): load the target here when it is given
+            target = fastdecode.load(model, kind=kind, **load_kwargs) if kind else model
+            summary = run_bench(suite, target, methods, out_path, draft=draft, params=split_params(param), seeds=seeds,
                                 limit=limit, warmup=warmup, command=command, load_kwargs=load_kwargs, on_progress=on_progress)
         except KeyboardInterrupt:
             bar.stop()
             err.print(f"interrupted: the rows finished so far are in {out_path}; run the same command again to resume.")
+            global _interrupt_told
+            _interrupt_told = True
             raise typer.Exit(130) from None
     rows = [r for r in read_rows(out_path) if r["suite"] == suite and r["model"] == model]
     _print_summaries(summarize(rows), "this file, this machine")
@@ -296,32 +307,65 @@ def expand_list_options(argv: list[str]) -> list[str]:
     return out
 
 
-def main() -> None:
-    """Entry point: run the app, turning library errors into one clear line and exit code 2."""
-    from fastdecode.errors import FastDecodeError
+def _say(label: str, style: str, message: str) -> None:
+    """A labelled message on stderr, unwrapped (one line however long) and never read as rich markup."""
+    from rich.text import Text
 
+    err.print(Text.assemble((label, style), " ", message), soft_wrap=True, highlight=False)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """The library's own warnings (FastDecodeWarning) as one line each; others as Python shows them."""
+    from fastdecode.errors import FastDecodeWarning
+
+    if issubclass(category, FastDecodeWarning):
+        _say("warning:", "yellow", str(message))
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+_interrupt_told = False  # a command that printed its own message about an interrupt sets this
+
+
+def main() -> None:
+    """Entry point: run the app, turning library errors into one clear line and exit code 2.
+
+    Usage errors (a missing or unknown option, a bad value, an unknown command) print the usage and exit 2, as
+    typer does in standalone mode; Ctrl-C exits 130; anything unexpected prints one line and exits 1.
+    """
+    from fastdecode.errors import FastDecodeError, interrupts_raise_again
+
+    interrupts_raise_again()  # the imports are done: Ctrl-C in a command raises KeyboardInterrupt (exit 130)
     debug = os.environ.get("FASTDECODE_DEBUG") == "1"
     sys.argv = expand_list_options(sys.argv)
+    warnings.showwarning = _show_warning
     try:
-        app(standalone_mode=False)
+        # standalone mode: typer reports usage errors with the usage line (exit 2) whichever click it bundles,
+        # and turns Ctrl-C into exit 130
+        app(standalone_mode=True)
     except FastDecodeError as e:
         if debug:
             raise
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        _say("error:", "bold red", str(e))
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
-        err.print("aborted")
-        sys.exit(130)
-    except Exception as e:  # click usage errors and anything unexpected: one line, never a bare traceback
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
+        _interrupted()
+    except SystemExit as e:
+        if e.code == 130:
+            _interrupted()
+        raise
+    except Exception as e:  # anything unexpected: one line, never a bare traceback
         if debug:
             raise
-        err.print(f"[bold red]internal error:[/bold red] {type(e).__name__}: {e}\n(set FASTDECODE_DEBUG=1 for the traceback and please report it)", highlight=False)
+        _say("internal error:", "bold red", f"{type(e).__name__}: {e}\n(set FASTDECODE_DEBUG=1 for the traceback and please report it)")
         sys.exit(1)
+
+
+def _interrupted() -> None:
+    if not _interrupt_told:
+        err.print("interrupted")
+    sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Iterator, Sequence
+from os import PathLike
 from typing import Any, Union
 
 import torch
 
 from .config import build_config
-from .errors import IncompatibleMethodError, PromptError
+from .errors import ArgumentError, IncompatibleMethodError, PromptError
 from .models.base import ModelAdapter
 from .registry import Method, RunContext, get_method, list_methods
 from .speculative.memory import DrafterMemory
@@ -36,6 +38,11 @@ def stream(
     `memory` is what drafters that learn across requests (spec.suffix, spec.recycling) read and extend; by default
     the model's own, shared by every call on it (`fastdecode.speculative.memory`).
     """
+    _check_model(model, "model")
+    if draft is not None:
+        _check_model(draft, "draft=")
+    if not isinstance(method, str):
+        raise ArgumentError(f"method must be a method name such as 'ar.greedy' (see fastdecode.methods()), not {type(method).__name__}.")
     spec = resolve(model, method)
     check_draft(spec, model, draft)
     cfg = build_config(spec.config, params, method)
@@ -59,7 +66,15 @@ def generate(
     for event in stream(model, prompts, method, **kwargs):
         if isinstance(event, Finished):
             results = event.results
-    return results if _is_batch(prompts) else results[0]
+    return results if _is_batch(_plain(prompts)) else results[0]
+
+
+def _check_model(model: Any, what: str) -> None:
+    if isinstance(model, ModelAdapter):
+        return
+    hint = (f"call fastdecode.load({str(model)!r}) and pass what it returns" if isinstance(model, (str, PathLike))
+            else "load one with fastdecode.load(path or 'zoo:NAME')")
+    raise ArgumentError(f"{what} must be a model from fastdecode.load(), not {type(model).__name__}: {hint}.")
 
 
 def resolve(model: ModelAdapter, name: str) -> Method:
@@ -112,26 +127,55 @@ def _same_tokens(model: ModelAdapter, draft: ModelAdapter) -> bool:
     return all(theirs.get(token) == i for token, i in model.tokenizer.get_vocab().items())
 
 
+def _plain(prompts: Any) -> Any:
+    """A tensor of token ids as (nested) lists, so that one set of rules reads every prompt."""
+    return prompts.tolist() if isinstance(prompts, torch.Tensor) else prompts
+
+
 def _is_batch(prompts: Any) -> bool:
-    return isinstance(prompts, (list, tuple)) and len(prompts) > 0 and not isinstance(prompts[0], int)
+    return isinstance(prompts, (list, tuple)) and len(prompts) > 0 and not isinstance(prompts[0], numbers.Integral)
+
+
+def _token_ids(model: ModelAdapter, prompt: Any, where: str) -> list[int]:
+    """A prompt (text or token ids) as token ids, refusing what is neither, with the fix in the message."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise PromptError(f"{where} is empty: pass some text to continue.")
+        bad = next((i for i, c in enumerate(prompt) if 0xD800 <= ord(c) <= 0xDFFF), None)
+        if bad is not None:  # lone surrogates: bytes that were not UTF-8 (argv, files read with surrogateescape)
+            raw = ord(prompt[bad])
+            byte = f"byte 0x{raw - 0xDC00:02x}" if 0xDC80 <= raw <= 0xDCFF else f"surrogate U+{raw:04X}"
+            raise PromptError(f"{where} is not UTF-8 text ({byte} at character {bad}): convert it to UTF-8 first "
+                              "(e.g. iconv -f latin1 -t utf-8), or pass token ids.")
+        return model.encode(prompt)
+    if isinstance(prompt, (bytes, bytearray)):
+        raise PromptError(f"{where} is bytes: decode it to text first (prompt.decode('utf-8')), or pass a list of token ids.")
+    if not isinstance(prompt, (list, tuple)):
+        raise PromptError(f"{where} is {type(prompt).__name__}, not text or a list of token ids: pass a string, "
+                          "a list of ints, or a list of those for a batch.")
+    if not prompt:
+        raise PromptError(f"{where} has no tokens: pass at least one token id.")
+    vocab = model.vocab_size
+    for j, t in enumerate(prompt):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise PromptError(f"{where}: the item at position {j} is {type(t).__name__}, not a token id; "
+                              "a prompt is text or a list of ints.")
+        if not 0 <= t < vocab:
+            raise PromptError(f"{where}: token id {int(t)} at position {j} is outside the vocabulary (0 to {vocab - 1}) "
+                              f"of {model.name!r}: encode the prompt with this model's tokenizer.")
+    return [int(t) for t in prompt]
 
 
 def encode_batch(model: ModelAdapter, prompts: Prompt | Sequence[Prompt], max_new_tokens: int) -> PromptBatch:
-    """Tokenise, check and left-pad the prompts."""
+    """Check, tokenise and left-pad the prompts."""
+    prompts = _plain(prompts)
+    if isinstance(prompts, (list, tuple)) and not prompts:
+        raise PromptError("No prompts given: pass a prompt (text or a list of token ids) or a non-empty list of prompts.")
     items = list(prompts) if _is_batch(prompts) else [prompts]
-    if not items:
-        raise PromptError("No prompts given: pass a prompt or a non-empty list of prompts.")
     rows = []
     for i, p in enumerate(items):
         where = f"Prompt {i}" if len(items) > 1 else "The prompt"
-        if isinstance(p, str):
-            if not p.strip():
-                raise PromptError(f"{where} is empty: pass some text to continue.")
-            ids = model.encode(p)
-        else:
-            ids = [int(t) for t in p]
-            if not ids:
-                raise PromptError(f"{where} has no tokens: pass at least one token id.")
+        ids = _token_ids(model, p, where)
         limit = model.max_positions
         if limit is not None and len(ids) + max_new_tokens > limit:
             raise PromptError(

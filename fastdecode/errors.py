@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import os
+import sys
 from collections.abc import Iterable
 
 
@@ -29,6 +31,61 @@ class PromptError(FastDecodeError, ValueError):
 
 class ModelLoadError(FastDecodeError, OSError):
     """A model folder is missing, incomplete, corrupt or unsafe to load."""
+
+
+class ArgumentError(FastDecodeError, TypeError):
+    """An argument of the Python API has the wrong type (e.g. a model path where a loaded model belongs)."""
+
+
+class DeviceError(FastDecodeError, ValueError):
+    """A device that is not a device name, or that this machine or torch build does not have."""
+
+
+class FastDecodeWarning(UserWarning):
+    """Base class of the library's warnings; the CLI prints them as one line each."""
+
+
+class ResultsFileWarning(FastDecodeWarning):
+    """A results file holds lines that are not rows, or rows twice; they were skipped."""
+
+
+def running_as_command_line() -> bool:
+    """Whether this process is the `fastdecode` command (console script or `python -m fastdecode`)."""
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    if any(a == "-m" and b == "fastdecode" for a, b in zip(argv, argv[1:])):
+        return True
+    return len(argv) > 1 and os.path.basename(argv[1]) in ("fastdecode", "fastdecode.exe")
+
+
+def exit_on_interrupt_while_starting() -> None:
+    """While the command line imports torch and transformers, Ctrl-C ends it at once: one line, exit 130.
+
+    A KeyboardInterrupt raised inside those imports does not reliably surface as one (transformers' lazy
+    importer turns it into a ModuleNotFoundError or a RecursionError), so the command line takes the signal
+    itself until `cli.main` starts and hands Ctrl-C back to Python. Any other program is left alone.
+    """
+    import signal
+
+    if not running_as_command_line() or os.environ.get("FASTDECODE_DEBUG") == "1":
+        return
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _exit_interrupted)
+    except ValueError:  # not the main thread
+        pass
+
+
+def _exit_interrupted(signum: int, frame: object) -> None:
+    os.write(2, b"interrupted\n")
+    os._exit(130)  # nothing written yet that could be lost; half-imported modules must not run on
+
+
+def interrupts_raise_again() -> None:
+    """Undo `exit_on_interrupt_while_starting`: from here Ctrl-C raises KeyboardInterrupt as usual."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is _exit_interrupted:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def close_names(name: str, choices: Iterable[str], n: int = 3) -> str:

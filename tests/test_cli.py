@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -68,3 +69,124 @@ def test_generate_with_a_draft_model(causal_dir):
     assert p.returncode == 0, p.stderr
     stats = json.loads(p.stdout)["stats"]
     assert stats["draft_forwards"] > 0 and stats["accepted"] == stats["proposed"]  # a draft equal to the target
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["generate", "-p", "x"], "Missing option '--model'"),
+        (["generate", "-m", "{causal}", "-p", "x", "--no-such-option"], "No such option"),
+        (["generate", "-m", "{causal}", "-p", "x", "--max-new-tokens", "abc"], "Invalid value for '--max-new-tokens'"),
+        (["genrate", "-m", "{causal}"], "No such command 'genrate'"),
+        ([], "Usage:"),
+    ],
+)
+def test_usage_errors_print_usage_and_exit_2(args, message, causal_dir):
+    p = run(*[a.format(causal=causal_dir) for a in args])
+    assert p.returncode == 2, p.stderr
+    shown = " ".join((p.stdout + p.stderr).split())
+    assert "Usage:" in shown and message in shown
+    assert "internal error" not in shown and "Traceback" not in shown
+
+
+def test_ctrl_c_in_a_command_exits_130(monkeypatch, capsys):
+    import fastdecode
+    from fastdecode import cli
+
+    def interrupted(kind=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fastdecode, "methods", interrupted)
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() installs its own
+    monkeypatch.setattr(sys, "argv", ["fastdecode", "methods"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_imports_exits_130_without_traceback():
+    import signal
+    import time
+
+    env = {**os.environ, "FASTDECODE_DEBUG": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "fastdecode", "methods"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(1.0)  # past interpreter start-up, while torch and transformers load
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr
+
+
+def _one_clear_line(p: subprocess.CompletedProcess, *needles: str) -> None:
+    assert p.returncode == 2, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), p.stderr
+    shown = " ".join(p.stderr.split())
+    assert all(n in shown for n in needles), p.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this torch has CUDA")
+def test_device_cuda_without_cuda(causal_dir):
+    p = run("generate", "-m", str(causal_dir), "-p", "x", "--device", "cuda")
+    _one_clear_line(p, "CUDA", "--device cpu")
+
+
+def test_device_that_is_not_a_device(causal_dir):
+    p = run("info", str(causal_dir), "--device", "gpu0")
+    _one_clear_line(p, "'gpu0'", "cuda:0")
+
+
+def test_prompt_bytes_that_are_not_utf8(causal_dir):
+    env = {**os.environ, "FASTDECODE_DEBUG": "0", "LC_ALL": "C.UTF-8"}
+    p = subprocess.run([sys.executable, "-m", "fastdecode", "generate", "-m", str(causal_dir), "-p", b"caf\xe9"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    _one_clear_line(p, "not UTF-8", "0xe9")
+
+
+def test_bench_out_that_is_a_folder(causal_dir, tmp_path):
+    p = run("bench", "--suite", "quick", "--model", str(causal_dir), "--methods", "ar.greedy", "--out", str(tmp_path),
+            "--limit", "1")
+    _one_clear_line(p, str(tmp_path), "is a folder", "results.jsonl")
+
+
+def test_error_messages_are_not_read_as_markup(causal_dir):
+    p = run("generate", "-m", str(causal_dir), "-p", "[bold]x[/bold]", "--method", "ar.gredy [red]")
+    assert p.returncode == 2, p.stderr
+    assert "'ar.gredy [red]'" in p.stderr
+
+
+def test_kind_option_reaches_load(causal_dir):
+    p = run("info", str(causal_dir), "--kind", "diffusion")
+    _one_clear_line(p, "holds a causal model", "--kind")
+    p = run("generate", "-m", str(causal_dir), "--kind", "causal", "-p", "the quick", "--max-new-tokens", "2")
+    assert p.returncode == 0, p.stderr
+
+
+def test_a_second_bench_on_one_file_exits_2_naming_the_other(causal_dir, tmp_path):
+    pytest.importorskip("fcntl")
+    out = tmp_path / "r.jsonl"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(120)", str(out)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        p = run("bench", "--suite", "quick", "--model", str(causal_dir), "--methods", "ar.greedy", "--out", str(out),
+                "--limit", "1", "--no-warmup")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and f"{out} is being written by another process" in last
+    if os.path.exists("/proc/locks"):  # Linux names the process holding the lock
+        assert f"(pid {holder.pid})" in last
+
+
+def test_report_skips_lines_that_are_not_rows_with_a_warning(tmp_path):
+    out = tmp_path / "r.jsonl"
+    out.write_text('42\n{"model": "x"}\n')
+    p = run("report", str(out))
+    assert p.returncode == 0, p.stderr
+    assert f"warning: {out} lines 1, 2: not a result row" in p.stderr and "Traceback" not in p.stderr

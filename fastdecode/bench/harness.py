@@ -14,6 +14,7 @@ import os
 import platform
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -25,6 +26,7 @@ import transformers
 
 from ..config import build_config
 from ..engine import generate, resolve
+from ..errors import ResultsFileWarning
 from ..models.base import ModelAdapter
 from ..models.loading import load
 from ..registry import get_method
@@ -84,18 +86,57 @@ def row_key(row: Mapping[str, Any]) -> str:
 
 # -- the JSONL file --------------------------------------------------------------------------------
 
+def check_out(path: str | Path) -> Path:
+    """Refuse a results path that cannot be a file (a folder, or under a file), before any model loads."""
+    p = Path(path)
+    if p.is_dir():
+        raise BenchError(f"The results file {p} is a folder: pass a file path, e.g. --out {p / 'results.jsonl'}.")
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise BenchError(f"The results file {p} would be inside {parent}, which is a file: pass a path in a folder.")
+            break
+    return p
+
+
+# what every row holds; a JSON line without them (a number, a stray object) is not a row and is skipped
+ROW_FIELDS = ("suite", "task", "item", "seed", "method", "model", "score", "new_tokens", "forwards", "wall_s")
+
+
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a results file. A truncated last line (a hard kill mid-write) is ignored."""
-    rows, _ = _scan(Path(path))
+    """The rows of a results file, each key once.
+
+    A truncated last line (a hard kill mid-write) is ignored; a complete last row without its newline is
+    read. JSON lines that are not rows, and rows whose key an earlier row has (two writers at once), are
+    skipped with a `ResultsFileWarning` naming the file and lines.
+    """
+    rows, _, _ = _scan(Path(path))
     return rows
 
 
-def _scan(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Rows and the byte length of the valid prefix; refuses damage anywhere but the last line."""
+def _is_row(row: Any) -> bool:
+    return isinstance(row, dict) and all(k in row for k in ROW_FIELDS)
+
+
+def _lines(numbers: Sequence[int]) -> str:
+    shown = ", ".join(map(str, numbers[:10]))
+    return f"line {shown}" if len(numbers) == 1 else f"lines {shown}" + (f" and {len(numbers) - 10} more" if len(numbers) > 10 else "")
+
+
+def _scan(path: Path) -> tuple[list[dict[str, Any]], int, bool]:
+    """Rows, the byte length of the valid prefix, and whether that prefix lacks its final newline; refuses
+    lines that are not JSON anywhere but at the end, skips (with a warning) JSON lines that are not rows and
+    repeated keys."""
     if not path.exists():
-        return [], 0
+        return [], 0, False
+    if path.is_dir():
+        raise BenchError(f"{path} is a folder, not a results file: pass the .jsonl files in it.")
     data = path.read_bytes()
-    rows, valid = [], 0
+    rows: list[dict[str, Any]] = []
+    valid, unterminated = 0, False
+    not_rows: list[int] = []
+    repeated: list[int] = []
+    keys: set[str] = set()
     lines = data.split(b"\n")
     for n, line in enumerate(lines, start=1):
         last = n == len(lines)
@@ -104,25 +145,81 @@ def _scan(path: Path) -> tuple[list[dict[str, Any]], int]:
             continue
         try:
             row = json.loads(line)
-            if last:  # a complete row always ends with a newline
-                raise ValueError("no newline")
         except ValueError:
             if last or all(not rest.strip() for rest in lines[n:]):
-                break
+                break  # a row cut off by a hard kill: ignored, and cut off before the next row is appended
             raise BenchError(f"{path} line {n} is not a JSON row; the file is damaged. Move it away or fix that line.") from None
+        valid += len(line) + (0 if last else 1)
+        unterminated = last
+        if not _is_row(row):
+            not_rows.append(n)
+            continue
+        key = row_key(row)
+        if key in keys:
+            repeated.append(n)
+            continue
+        keys.add(key)
         rows.append(row)
-        valid += len(line) + 1
-    return rows, valid
+    if not_rows:
+        warnings.warn(f"{path} {_lines(not_rows)}: not a result row (a row is a JSON object with "
+                      f"{', '.join(ROW_FIELDS)}); skipped. Remove the line(s) to silence this.",
+                      ResultsFileWarning, stacklevel=3)
+    if repeated:
+        warnings.warn(f"{path} {_lines(repeated)}: the same job as an earlier row (two bench processes wrote "
+                      "this file at once?); each job is counted once, from its first row. Remove the repeats "
+                      "to silence this.", ResultsFileWarning, stacklevel=3)
+    return rows, valid, unterminated
+
+
+def _lock(handle: Any, path: Path) -> None:
+    """An exclusive, non-blocking lock on the open results file, so that two bench processes never both
+    run every job of one file; the second is refused, naming the first where the system tells."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): run unlocked, as before
+        return
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _lock_holder(path)
+        who = f" (pid {holder})" if holder else ""
+        raise BenchError(f"{path} is being written by another process{who}, probably another `fastdecode bench` "
+                         "with the same --out: wait for it to finish (then run again to add what it lacks), or "
+                         "pass another --out.") from None
+
+
+def _lock_holder(path: Path) -> int | None:
+    """The pid holding a flock on `path`, from /proc/locks (Linux); None where that cannot be told."""
+    try:
+        st = os.stat(path)
+        for line in Path("/proc/locks").read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 6 and parts[1] == "FLOCK" and parts[3] != "->":
+                major, minor, inode = parts[5].split(":")
+                if int(inode) == st.st_ino and os.makedev(int(major, 16), int(minor, 16)) == st.st_dev:
+                    return int(parts[4])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _open_for_append(path: Path) -> tuple[list[dict[str, Any]], Any]:
-    """Existing rows, and the file opened for appending after its last complete row."""
-    rows, valid = _scan(path)
+    """Existing rows, and the file locked and opened for appending after its last complete row."""
+    check_out(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and path.stat().st_size != valid:
-        with path.open("r+b") as f:
-            f.truncate(valid)  # drop the partial line so the next row starts clean
-    return rows, path.open("a", encoding="utf-8")
+    handle = path.open("a", encoding="utf-8")
+    try:
+        _lock(handle, path)
+        rows, valid, unterminated = _scan(path)
+        if path.stat().st_size != valid:
+            handle.truncate(valid)  # drop the partial line so the next row starts clean
+        if unterminated:
+            handle.write("\n")  # a complete last row without its newline: the next row starts on a line of its own
+            handle.flush()
+    except BaseException:
+        handle.close()
+        raise
+    return rows, handle
 
 
 # -- environment -----------------------------------------------------------------------------------
@@ -249,6 +346,7 @@ def run_bench(
     Rows already in `out` (same suite, task, item, seed, method, parameters, model and draft) are skipped.
     """
     suite = get_suite(suite) if isinstance(suite, str) else suite
+    check_out(out)
     asked = [Entry.parse(text) for text in dict.fromkeys(methods)]
     params = _check_request(suite, asked, params, seeds, limit)
     target, model_id = _model(model, load_kwargs or {})

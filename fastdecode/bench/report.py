@@ -381,8 +381,12 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None, plo
                  command: str | None = None) -> Report:
     """Read results files, write the Markdown (to `out` if given) and the PNGs (to `plots_dir` if given)."""
     sources = [Path(p) for p in paths]
+    if out is not None and Path(out).is_dir():
+        raise BenchError(f"{out} is a folder: pass a file path for the Markdown, e.g. --out {Path(out) / 'RESULTS.md'}.")
     rows = []
     for src in sources:
+        if src.is_dir():
+            raise BenchError(f"{src} is a folder, not a results file: pass the .jsonl files in it.")
         if not src.is_file():
             raise BenchError(f"Results file {src} does not exist; make it with `fastdecode bench ... --out {src}`.")
         for row in read_rows(src):

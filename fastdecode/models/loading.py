@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from safetensors import safe_open
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from ..errors import ModelLoadError, close_names
+from ..errors import DeviceError, ModelLoadError, close_names
 from . import mdlm  # noqa: F401  (registers the zoo's diffusion architecture with the Auto classes)
 from .causal import CausalLM
 from .diffusion import MaskedDiffusionLM
@@ -87,17 +88,67 @@ def read_config(folder: Path) -> dict[str, Any]:
         raise ModelLoadError(f"{folder / 'config.json'} is not valid JSON ({e}).") from None
 
 
-def detect_kind(cfg: dict[str, Any]) -> str:
+KINDS = ("causal", "diffusion")
+KIND_HINT = "pass kind='causal' or kind='diffusion' (CLI: --kind causal|diffusion)"
+
+
+def kind_evidence(cfg: dict[str, Any]) -> tuple[str, str] | None:
+    """The kind config.json states outright, and where it says so; None when only a guess is possible."""
     model_type = str(cfg.get("model_type", "")).lower()
-    if model_type in DIFFUSION_MODEL_TYPES or cfg.get("mask_token_id") is not None and "ForCausalLM" not in " ".join(cfg.get("architectures") or []):
-        return "diffusion"
-    if any(a.endswith("ForCausalLM") for a in cfg.get("architectures") or []) or model_type in CONFIG_MAPPING:
+    architectures = [str(a) for a in cfg.get("architectures") or []]
+    causal = [a for a in architectures if a.endswith("ForCausalLM")]
+    if model_type in DIFFUSION_MODEL_TYPES:
+        return "diffusion", f"model_type {cfg.get('model_type')!r}"
+    if causal:
+        return "causal", f"architectures {', '.join(causal)}"
+    if cfg.get("mask_token_id") is not None:
+        return "diffusion", f"mask_token_id {cfg['mask_token_id']} in config.json"
+    return None
+
+
+def detect_kind(cfg: dict[str, Any]) -> str:
+    evidence = kind_evidence(cfg)
+    if evidence is not None:
+        return evidence[0]
+    model_type = str(cfg.get("model_type", "")).lower()
+    if model_type in CONFIG_MAPPING:
         return "causal"
-    raise ModelLoadError(f"Cannot tell whether model_type {model_type!r} is a causal or a masked-diffusion LM; pass kind='causal' or kind='diffusion'.")
+    raise ModelLoadError(f"Cannot tell whether model_type {model_type!r} is a causal or a masked-diffusion LM; {KIND_HINT}.")
+
+
+def ships_code(folder: Path, cfg: dict[str, Any]) -> bool:
+    """Whether the folder brings its own modelling code (what trust_remote_code would run)."""
+    return bool(cfg.get("auto_map")) or any(folder.glob("*.py"))
+
+
+def pick_device(device: str | torch.device | None) -> torch.device:
+    """The device to load on: CUDA when present by default; a name this torch cannot parse, or a device this
+    machine or torch build lacks, is refused with what to pass instead."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise DeviceError(f"{device!r} is not a device: pass cpu, cuda, cuda:0, cuda:1 ... or mps (CLI: --device).") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch build has no CUDA support" if torch.version.cuda is None
+                   else f"this torch (CUDA {torch.version.cuda}) sees no GPU")
+            raise DeviceError(f"Device {str(device)!r} asked for, but {why}: use --device cpu (Python: device='cpu'), "
+                              "or install a CUDA build of torch on a machine with an NVIDIA GPU.")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise DeviceError(f"Device {str(device)!r} asked for, but this machine has {count} CUDA device(s): "
+                              f"pass cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}.")
+    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise DeviceError(f"Device {str(device)!r} asked for, but MPS (Apple GPUs) is not available here: use --device cpu.")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise DeviceError(f"Device type {dev.type!r} is not supported: pass cpu, cuda, cuda:N or mps (CLI: --device).")
+    return dev
 
 
 def pick_device_dtype(device: str | torch.device | None, dtype: str | torch.dtype | None) -> tuple[torch.device, torch.dtype]:
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = pick_device(device)
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ModelLoadError(f"Unknown dtype {dtype!r}. {close_names(dtype, DTYPES)}")
@@ -121,19 +172,32 @@ def load(
     defaults to CUDA when present, the dtype to bfloat16 on CUDA and float32 on CPU. `trust_remote_code`
     stays off unless asked: checkpoints such as LLaDA and Dream ship their own modelling code and need it.
     """
+    if kind is not None and kind not in KINDS:
+        raise ModelLoadError(f"kind must be 'causal' or 'diffusion', not {kind!r} (or leave it out to detect it from config.json).")
     folder = resolve(source)
     cfg = read_config(folder)
-    kind = kind or detect_kind(cfg)
-    if kind not in ("causal", "diffusion"):
-        raise ModelLoadError(f"kind must be 'causal' or 'diffusion', not {kind!r}.")
     model_type = str(cfg.get("model_type", ""))
-    if model_type not in CONFIG_MAPPING and not trust_remote_code:
+    if model_type not in CONFIG_MAPPING:
+        if not ships_code(folder, cfg):
+            raise ModelLoadError(
+                f"{folder} has model_type {model_type!r}, which transformers {transformers.__version__} does not know, "
+                "and the folder ships no modelling code (no *.py files, no auto_map in config.json): upgrade "
+                "transformers if the architecture is newer, or correct model_type in config.json."
+            )
+        if not trust_remote_code:
+            raise ModelLoadError(
+                f"{folder} has model_type {model_type!r}, whose modelling code is not part of transformers but ships in "
+                "the folder. Loading it runs that code: pass trust_remote_code=True (CLI: --trust-remote-code) only if you trust it."
+            )
+    evidence = kind_evidence(cfg)
+    if kind is not None and evidence is not None and evidence[0] != kind:
         raise ModelLoadError(
-            f"{folder} has model_type {model_type!r}, whose modelling code is not part of transformers but ships in "
-            "the folder. Loading it runs that code: pass trust_remote_code=True (CLI: --trust-remote-code) only if you trust it."
+            f"{folder} holds a {evidence[0]} model ({evidence[1]}), but kind={kind!r} was asked: leave kind out "
+            f"(CLI: drop --kind) to load it as the {evidence[0]} model it is, or pass a {kind} model's folder."
         )
+    kind = kind or detect_kind(cfg)
+    dev, dt = pick_device_dtype(device, dtype)  # a bad device or dtype is refused before the weights are read
     check_weights(folder)
-    dev, dt = pick_device_dtype(device, dtype)
     auto = AutoModelForCausalLM if kind == "causal" else AutoModel
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # the library never prints
@@ -142,6 +206,13 @@ def load(
             folder, dtype=dt, use_safetensors=True, trust_remote_code=trust_remote_code, output_loading_info=True
         )
     except (OSError, ValueError, RuntimeError, KeyError) as e:
+        if "Unrecognized configuration class" in str(e):  # transformers then lists every class it knows
+            raise ModelLoadError(
+                f"Could not load {folder} as a {kind} model: transformers has no {auto.__name__} class for its config "
+                f"(model_type {model_type!r}). If it is a {'masked-diffusion' if kind == 'causal' else 'causal'} LM, "
+                f"pass kind={'diffusion' if kind == 'causal' else 'causal'!r} (CLI: --kind); if its code ships in the "
+                "folder, pass trust_remote_code=True (CLI: --trust-remote-code)."
+            ) from None
         raise ModelLoadError(f"Could not load {folder}: {e}") from None
     finally:
         if bars:

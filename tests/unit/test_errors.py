@@ -104,6 +104,7 @@ def test_remote_code_stays_off(tmp_path, causal_dir):
     cfg_path = tmp_path / "m" / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["model_type"] = "llada"
+    cfg["auto_map"] = {"AutoModel": "modeling_llada.LLaDAModelLM"}  # as a LLaDA checkpoint ships its code
     cfg_path.write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match=r"trust_remote_code=True"):
         fastdecode.load(tmp_path / "m")
@@ -117,3 +118,89 @@ def test_weights_that_do_not_match_config(tmp_path, causal_dir):
     cfg_path.write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match=r"lacks weights"):
         fastdecode.load(tmp_path / "m")
+
+
+def test_an_empty_list_of_prompts_is_named_as_such(causal):
+    with pytest.raises(PromptError, match=r"No prompts given"):
+        fastdecode.generate(causal, [])
+
+
+@pytest.mark.parametrize(
+    "prompt, pattern",
+    [
+        (b"the quick", r"is bytes: decode it to text first"),
+        (bytearray(b"the quick"), r"is bytes: decode it to text first"),
+        (42, r"is int, not text or a list of token ids"),
+        (None, r"is NoneType, not text or a list of token ids"),
+        ({}, r"is dict, not text or a list of token ids"),
+        ([1, "2", 3], r"item at position 1 is str, not a token id"),
+        ([1, 2.5], r"item at position 1 is float, not a token id"),
+        (["fine", 7], r"Prompt 1 is int, not text or a list of token ids"),
+    ],
+)
+def test_prompts_of_the_wrong_type(causal, prompt, pattern):
+    with pytest.raises(PromptError, match=pattern):
+        fastdecode.generate(causal, prompt, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("bad", [-1, 10_000])
+def test_token_ids_outside_the_vocabulary(causal, bad):
+    with pytest.raises(PromptError, match=rf"token id {bad} at position 1 is outside the vocabulary \(0 to {causal.vocab_size - 1}\)"):
+        fastdecode.generate(causal, [5, bad, 6], max_new_tokens=2)
+
+
+def test_text_that_is_not_utf8(causal):
+    text = b"caf\xe9".decode("utf-8", "surrogateescape")  # how Python hands over non-UTF-8 bytes of argv
+    with pytest.raises(PromptError, match=r"not UTF-8.*0xe9"):
+        fastdecode.generate(causal, text, max_new_tokens=2)
+
+
+def test_a_model_or_draft_passed_as_a_string(causal, causal_dir):
+    with pytest.raises(fastdecode.ArgumentError, match=r"fastdecode.load\('zoo:ar-small'\)"):
+        fastdecode.generate("zoo:ar-small", "hi")
+    with pytest.raises(fastdecode.ArgumentError, match=r"draft= must be a model from fastdecode.load"):
+        fastdecode.generate(causal, "hi", "spec.draft_model", draft=str(causal_dir))
+
+
+def test_token_id_prompts_still_work(causal):
+    import torch
+
+    by_list = fastdecode.generate(causal, [5, 6, 7], max_new_tokens=3)
+    assert fastdecode.generate(causal, torch.tensor([5, 6, 7]), max_new_tokens=3).token_ids == by_list.token_ids
+    batch = fastdecode.generate(causal, [[5, 6, 7], [8, 9]], max_new_tokens=3)
+    assert isinstance(batch, list) and batch[0].token_ids == by_list.token_ids
+
+
+def test_kind_that_contradicts_a_causal_folder(causal_dir):
+    with pytest.raises(ModelLoadError, match=r"holds a causal model \(architectures LlamaForCausalLM\).*kind='diffusion'.*--kind"):
+        fastdecode.load(causal_dir, kind="diffusion")
+
+
+def test_kind_that_contradicts_a_diffusion_folder(diffusion_dir):
+    with pytest.raises(ModelLoadError, match=r"holds a diffusion model") as e:
+        fastdecode.load(diffusion_dir, kind="causal")
+    assert len(str(e.value)) < 400  # not transformers' list of every causal class
+
+
+def test_unknown_model_type_without_code_does_not_suggest_remote_code(tmp_path, causal_dir):
+    shutil.copytree(causal_dir, tmp_path / "m")
+    cfg_path = tmp_path / "m" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["model_type"] = "no-such-arch"
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"ships no modelling code") as e:
+        fastdecode.load(tmp_path / "m")
+    assert "trust_remote_code" not in str(e.value)
+    (tmp_path / "m" / "modeling_x.py").write_text("")
+    with pytest.raises(ModelLoadError, match=r"trust_remote_code=True"):
+        fastdecode.load(tmp_path / "m")
+
+
+def test_kind_that_cannot_be_told_names_the_cli_flag(tmp_path, causal_dir):
+    shutil.copytree(causal_dir, tmp_path / "m")
+    cfg_path = tmp_path / "m" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update(model_type="custom", architectures=["CustomModel"], auto_map={"AutoModel": "modeling_x.CustomModel"})
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"kind='causal' or kind='diffusion' \(CLI: --kind causal\|diffusion\)"):
+        fastdecode.load(tmp_path / "m", trust_remote_code=True)
