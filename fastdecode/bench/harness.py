@@ -118,6 +118,14 @@ def _is_row(row: Any) -> bool:
     return isinstance(row, dict) and all(k in row for k in ROW_FIELDS)
 
 
+def _read_key(row: Mapping[str, Any]) -> str:
+    """What the reader counts once: a job's row, except that baseline rows belong to their run (every invocation
+    measures its own, which the report divides that run's rows by), so a re-measurement appended with a fresh
+    baseline keeps both runs' baseline rows."""
+    key = row_key(row)
+    return key + json.dumps(row.get("run")) if row.get("is_baseline") else key
+
+
 def _lines(numbers: Sequence[int]) -> str:
     shown = ", ".join(map(str, numbers[:10]))
     return f"line {shown}" if len(numbers) == 1 else f"lines {shown}" + (f" and {len(numbers) - 10} more" if len(numbers) > 10 else "")
@@ -154,7 +162,7 @@ def _scan(path: Path) -> tuple[list[dict[str, Any]], int, bool]:
         if not _is_row(row):
             not_rows.append(n)
             continue
-        key = row_key(row)
+        key = _read_key(row)
         if key in keys:
             repeated.append(n)
             continue

@@ -65,6 +65,24 @@ def test_repeated_rows_are_read_once_with_a_warning(lines, tmp_path):
     assert {s.items for s in report.summaries} == {2}
 
 
+def test_each_run_keeps_its_own_baseline_rows(lines, tmp_path):
+    """A re-measurement appended with its own baseline (another run id) is not a repeat: the report divides each
+    run's rows by that run's baseline; a baseline row repeated within one run is."""
+    rows = [json.loads(line) for line in lines]
+    again = []
+    for row in rows:
+        moved = dict(row, run="another-run")
+        if row.get("is_baseline"):
+            again.append(moved)
+    out = tmp_path / "r.jsonl"
+    out.write_text("\n".join(json.dumps(r) for r in [*rows, *again]) + "\n")
+    read, messages = read_warning(out)
+    assert len(read) == 4 + len(again) and len(again) == 2 and not messages
+    out.write_text("\n".join(json.dumps(r) for r in [*rows, *again, again[0]]) + "\n")
+    read, messages = read_warning(out)
+    assert len(read) == 6 and len(messages) == 1 and "line 7" in messages[0]
+
+
 @pytest.mark.parametrize("junk", ["42", '{"suite": "tiny", "task": "lists.sort"}', '["a", "list"]', "null"])
 def test_lines_that_are_not_rows_are_skipped_with_a_warning(lines, tmp_path, junk):
     out = tmp_path / "r.jsonl"
