@@ -14,14 +14,14 @@ from typing import Protocol
 
 import torch
 
-from ..sampling.samplers import make_generator
 from ..cache import KVCache
-from ..sampling.config import SamplingConfig
-from ..sampling.pipeline import LogitsPipeline
 from ..errors import IncompatibleMethodError
 from ..models.capabilities import sliding_windows, state_layer_types, uses_alibi
 from ..models.causal import CausalLM
 from ..registry import RunContext
+from ..sampling.config import SamplingConfig
+from ..sampling.pipeline import LogitsPipeline
+from ..sampling.samplers import make_generator
 from ..types import PromptBatch, StepEvent
 from .tree import ancestor_mask, depths, verify_tree_greedy, verify_tree_rsd, verify_tree_sampling
 from .verification import Verification

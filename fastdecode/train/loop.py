@@ -16,7 +16,17 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from ..bench.tasks import TASKS
 from ..bench.tasks.code import training_sources
 from ..models.mdlm import MDLMConfig, MDLMForMaskedDiffusion
-from .data import DEFAULT_MIXTURE, Example, Packed, batches, collate, collate_packed, encode, item_stream, packed_batches
+from .data import (
+    DEFAULT_MIXTURE,
+    Example,
+    Packed,
+    batches,
+    collate,
+    collate_packed,
+    encode,
+    item_stream,
+    packed_batches,
+)
 from .recipes import Recipe
 from .tokenizer import SPECIAL_TOKENS, train_tokenizer
 

@@ -12,7 +12,6 @@ from fastdecode.engine import encode_batch
 from fastdecode.errors import IncompatibleMethodError, ParameterError
 from fastdecode.registry import RunContext
 from fastdecode.speculative.drafters.draft_model import DraftModelConfig, ModelDrafter
-from fastdecode.speculative.drafters.ngram import NgramConfig
 from fastdecode.speculative.drafters.recycling import RecyclingConfig, parse_template, tree_template
 from fastdecode.speculative.driver import BaseDrafter, Draft, SpecConfig, speculative
 from fastdecode.speculative.memory import DrafterMemory, forget, memory_of

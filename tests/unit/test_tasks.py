@@ -16,12 +16,13 @@ from fastdecode.bench.tasks import (
     TRAIN_SEEDS,
     Item,
     UnknownTaskError,
+    code,
     format_prompt,
     get_task,
     is_test_seed,
     list_tasks,
+    puzzles,
 )
-from fastdecode.bench.tasks import code, puzzles
 from fastdecode.bench.tasks._lists import parse_list, render_list
 from fastdecode.bench.tasks.base import task_rng
 from fastdecode.bench.tasks.lists import last_name

@@ -11,7 +11,7 @@ import torch
 
 import fastdecode
 from fastdecode.bench.tasks import TASKS, format_prompt
-from fastdecode.train.data import DEFAULT_MIXTURE, batches, collate, encode, item_stream, held_out_prompts
+from fastdecode.train.data import DEFAULT_MIXTURE, batches, collate, encode, held_out_prompts, item_stream
 from fastdecode.train.loop import ar_loss, build_model, examples, mdlm_loss, train, training_canvas
 from fastdecode.train.recipes import RECIPES, Recipe
 

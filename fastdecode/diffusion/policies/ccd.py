@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ...sampling.samplers import make_generator
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
+from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import StepsConfig, Step, columns
+from ..policy import Step, StepsConfig, columns
 from ..rules import consistent, select_topk
 from ..scores import neg_entropy
 from .baseline import Schedule
