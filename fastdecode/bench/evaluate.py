@@ -31,7 +31,7 @@ def task_accuracy(
     for start in range(0, n, batch_size):
         chunk = items[start : start + batch_size]
         results = generate(model, [format_prompt(i.prompt) for i in chunk], method, **params)
-        total += sum(task.score(i, r.text) for i, r in zip(chunk, results))
+        total += sum(task.score(i, r.text) for i, r in zip(chunk, results, strict=True))
         if on_batch is not None:
             on_batch(len(chunk))
     return total / n

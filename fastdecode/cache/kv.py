@@ -130,7 +130,7 @@ class KVCache(Cache):
 
     def crop_rows(self, lengths: list[int]) -> None:
         """Row b keeps its first `lengths[b]` columns: the rollback of speculative decoding, no copies."""
-        if len(lengths) != self.batch or any(not 0 <= new <= old for new, old in zip(lengths, self.lengths)):
+        if len(lengths) != self.batch or any(not 0 <= new <= old for new, old in zip(lengths, self.lengths, strict=True)):
             raise ValueError(f"cannot crop rows holding {self.lengths} to {lengths}")
         self.lengths = list(lengths)
         self._seen = self.length

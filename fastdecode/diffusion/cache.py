@@ -118,7 +118,7 @@ class Forwarder:
             else:
                 if self.kv is None:
                     self.kv = [(k.new_zeros((B, *k.shape[1:])), v.new_zeros((B, *v.shape[1:]))) for k, v in kv]
-                for (K, V), (k, v) in zip(self.kv, kv):
+                for (K, V), (k, v) in zip(self.kv, kv, strict=True):
                     K[r], V[r] = k[sel], v[sel]
             if full:
                 self.has_cache[r], self.ref_block[r], self.ref_step[r] = True, block[e], step[e]

@@ -250,7 +250,7 @@ class _Group:
         blocks: list[_Block | None] = []
         draft_s: list[float] = []
         before = [r.drafter.forwards for r in self.rows]
-        for row, cached in zip(self.rows, base):
+        for row, cached in zip(self.rows, base, strict=True):
             if row.done:
                 drafts.append(None), blocks.append(None), draft_s.append(0.0)
                 continue
@@ -276,7 +276,7 @@ class _Group:
             pos[b, n:] = blk.positions[-1]
         first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
         device = model.device
-        needs = any(getattr(r.drafter, "needs_hidden", False) for r, blk in zip(self.rows, blocks) if blk is not None)
+        needs = any(getattr(r.drafter, "needs_hidden", False) for r, blk in zip(self.rows, blocks, strict=True) if blk is not None)
         if isinstance(self.cache, KVCache):
             mask, visible = real.to(device), vis.to(device)
         else:  # one row on transformers' cache: no padding; a chain needs no mask (ALiBi models take no other)
@@ -290,7 +290,7 @@ class _Group:
         # 3. each row verifies its slice, keeps its tokens and rolls its part of the cache back
         outs: dict[int, _Out] = {}
         keep = list(base)
-        for b, (row, draft, blk) in enumerate(zip(self.rows, drafts, blocks)):
+        for b, (row, draft, blk) in enumerate(zip(self.rows, drafts, blocks, strict=True)):
             if draft is None or blk is None:
                 continue
             t2 = _clock(model)

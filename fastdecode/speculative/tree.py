@@ -49,7 +49,7 @@ def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tens
     ok = [False] * len(tokens)
     depth = depths(parents)
     end, end_depth = -1, 0
-    for i, (t, p) in enumerate(zip(tokens, parents)):
+    for i, (t, p) in enumerate(zip(tokens, parents, strict=True)):
         ok[i] = t == best[p + 1] and (p < 0 or ok[p])
         if ok[i] and depth[i] > end_depth:
             end, end_depth = i, depth[i]

@@ -63,7 +63,7 @@ def evaluate_zoo_model(recipe: Recipe, folder: Path, n: int) -> dict:
         "code_similarity": task_accuracy(model, "code.complete", 50, "ar.greedy"),
         "code_samples": [
             {"prompt_tail": i.prompt[-160:], "completion": r.text}
-            for i, r in zip(code_items[:3], generate(model, [format_prompt(i.prompt) for i in code_items[:3]], max_new_tokens=64))
+            for i, r in zip(code_items[:3], generate(model, [format_prompt(i.prompt) for i in code_items[:3]], max_new_tokens=64), strict=True)
         ],
     }
     if recipe.name != "ar-small":

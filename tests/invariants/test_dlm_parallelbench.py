@@ -43,7 +43,7 @@ class Oracle:
         for b in range(B):
             prompt = canvas[b, : L - self.n][attention_mask[b, : L - self.n].bool()].tolist()
             gen = canvas[b, L - self.n :].tolist()
-            fits = [a for a in self.answers[tuple(prompt)] if all(g in (MASK, t) for g, t in zip(gen, a))]
+            fits = [a for a in self.answers[tuple(prompt)] if all(g in (MASK, t) for g, t in zip(gen, a, strict=True))]
             for i, g in enumerate(gen):
                 if g == MASK and fits:
                     p = torch.bincount(torch.tensor([a[i] for a in fits]), minlength=VOCAB).double() / len(fits)
@@ -51,7 +51,7 @@ class Oracle:
         return logits if at is None else logits.gather(1, at[..., None].expand(-1, -1, VOCAB))
 
     def accuracy(self, prompts: list[list[int]], results) -> float:
-        ok = [tuple(r.token_ids) in self.answers[tuple(p)] for p, r in zip(prompts, results)]
+        ok = [tuple(r.token_ids) in self.answers[tuple(p)] for p, r in zip(prompts, results, strict=True)]
         return sum(ok) / len(ok)
 
 

@@ -98,7 +98,7 @@ def test_batched_greedy_equals_ar_greedy(causal, diffusion, dream, baseline, dra
 
 def test_batched_stats_equal_one_by_one(causal, diffusion):
     batched = fastdecode.generate(causal, PROMPTS, "spec.dlm_draft", draft=diffusion, draft_steps=2, max_new_tokens=30)
-    for prompt, b in zip(PROMPTS, batched):
+    for prompt, b in zip(PROMPTS, batched, strict=True):
         s = fastdecode.generate(causal, prompt, "spec.dlm_draft", draft=diffusion, draft_steps=2, max_new_tokens=30)
         assert b.token_ids == s.token_ids
         assert (b.stats.forwards, b.stats.proposed, b.stats.accepted, b.stats.accepted_per_position) == (
@@ -149,7 +149,7 @@ def test_eos_inside_a_draft_stops_the_row(causal_dir, baseline):
     ref = fastdecode.generate(model, PROMPTS, "ar.greedy", max_new_tokens=40)
     for d, steps in [(oracle(model), 1), (oracle(model, shifted=True), 3)]:
         out = fastdecode.generate(model, PROMPTS, "spec.dlm_draft", draft=d, draft_steps=steps, max_new_tokens=40, trace=True)
-        for b, (r, a) in enumerate(zip(out, ref)):
+        for b, (r, a) in enumerate(zip(out, ref, strict=True)):
             assert r.token_ids == a.token_ids and r.stats.finish_reason == a.stats.finish_reason
             assert [t for e in r.trace for _, t in e.tokens[b]] == r.token_ids  # nothing after the EOS is emitted
         assert out[2].token_ids == baseline[2][:4] and out[2].stats.forwards == 1 and out[2].stats.accepted == 4
@@ -207,7 +207,7 @@ def test_sampled_drafts_carry_their_commit_distributions(diffusion, steps):
 
 def test_seeded_sampling_repeats_and_seeds_differ(causal, diffusion):
     for steps in (1, 3):
-        def run(seed):
+        def run(seed, steps=steps):
             return [r.token_ids for r in fastdecode.generate(causal, PROMPTS, "spec.dlm_draft", draft=diffusion,
                                                              draft_steps=steps, temperature=1.5, seed=seed, max_new_tokens=24)]
         assert run(7) == run(7)

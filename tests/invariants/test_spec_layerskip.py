@@ -132,7 +132,7 @@ def test_eos_inside_a_draft_stops_the_row(causal_dir, baseline):
     ref = fastdecode.generate(model, PROMPTS, "ar.greedy", max_new_tokens=40)
     out = fastdecode.generate(model, PROMPTS, "spec.layerskip", max_new_tokens=40, trace=True, confidence_stop=0.0,
                               max_draft_tokens=6)
-    for b, (r, a) in enumerate(zip(out, ref)):
+    for b, (r, a) in enumerate(zip(out, ref, strict=True)):
         assert r.token_ids == a.token_ids and r.stats.finish_reason == a.stats.finish_reason
         assert [t for e in r.trace for _, t in e.tokens[b]] == r.token_ids  # nothing after the EOS is emitted
     assert out[2].token_ids == baseline[2][:4]

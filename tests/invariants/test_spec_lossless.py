@@ -127,7 +127,7 @@ def test_recycling_sampled_runs_repeat_from_the_same_matrix(causal):
 
 def test_batched_stats_equal_one_by_one(causal, other_draft):
     batched = fastdecode.generate(causal, PROMPTS, "spec.draft_model", draft=other_draft, max_new_tokens=30)
-    for prompt, b in zip(PROMPTS, batched):
+    for prompt, b in zip(PROMPTS, batched, strict=True):
         s = fastdecode.generate(causal, prompt, "spec.draft_model", draft=other_draft, max_new_tokens=30)
         assert b.token_ids == s.token_ids
         assert (b.stats.forwards, b.stats.proposed, b.stats.accepted, b.stats.accepted_per_position) == (
@@ -155,7 +155,7 @@ def test_eos_inside_a_draft_stops_the_row(causal_dir, baseline):
     for method, kw in [("spec.draft_model", {"draft": model}), ("spec.pld", {}), ("spec.ngram", {}), ("spec.suffix", {}),
                        ("spec.jacobi", {}), ("spec.recycling", {}), ("spec.lookahead", {})]:
         out = fastdecode.generate(model, PROMPTS, method, max_new_tokens=40, trace=True, **kw)
-        for b, (r, a) in enumerate(zip(out, ref)):
+        for b, (r, a) in enumerate(zip(out, ref, strict=True)):
             assert r.token_ids == a.token_ids and r.stats.finish_reason == a.stats.finish_reason
             streamed = [t for e in r.trace for _, t in e.tokens[b]]
             assert streamed == r.token_ids  # nothing after the EOS is ever emitted
@@ -180,8 +180,9 @@ def test_max_new_tokens_inside_a_draft(causal, baseline, n):
 
 def test_seeded_sampling_repeats_and_seeds_differ(causal, other_draft):
     for method, kw in [("spec.draft_model", {"draft": other_draft}), ("spec.pld", {}), ("spec.lookahead", {})]:
-        run = lambda seed: [r.token_ids for r in fastdecode.generate(  # noqa: E731
-            causal, PROMPTS, method, temperature=1.5, seed=seed, max_new_tokens=24, **kw)]
+        def run(seed, method=method, kw=kw):
+            return [r.token_ids for r in fastdecode.generate(
+                causal, PROMPTS, method, temperature=1.5, seed=seed, max_new_tokens=24, **kw)]
         assert run(7) == run(7)
         assert run(7) != run(8)
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)

@@ -68,7 +68,7 @@ class AdaBlock:
         return View(lo, hi, self.count[rows])
 
     def commit(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, lo = step.rows, step.view.lo
+        rows = step.rows
         new = self.deciding[rows]
         if new.any():
             self.hi[rows[new]] = self._block_end(step)[new]

@@ -68,7 +68,7 @@ def gumbel_top_k(q: torch.Tensor, k: int, generator: torch.Generator | None) -> 
     e = torch.empty(q.shape, device=q.device, dtype=torch.float64).exponential_(generator=generator)  # [L, V]
     keys = q.double() / e.clamp(min=torch.finfo(torch.float64).tiny)  # q / E; tokens with q = 0 stay at 0
     top = keys.topk(min(k, q.shape[-1]), dim=-1)
-    return [[x for x, key in zip(idx, val) if key > 0] for idx, val in zip(top.indices.tolist(), top.values.tolist())]
+    return [[x for x, key in zip(idx, val, strict=True) if key > 0] for idx, val in zip(top.indices.tolist(), top.values.tolist(), strict=True)]
 
 
 class RSDDrafter(BaseDrafter):
@@ -95,7 +95,7 @@ class RSDDrafter(BaseDrafter):
         for depth, b in enumerate(widths):
             q, picks = self._children(logits, b)
             new = []
-            for row, (parent, kids) in enumerate(zip(level, picks)):
+            for row, (parent, kids) in enumerate(zip(level, picks, strict=True)):
                 for x in kids:
                     new.append(len(tokens))
                     tokens.append(x)
