@@ -32,7 +32,7 @@ def _module(model: Any) -> nn.Module:
 
 
 def _text_config(model: Any) -> Any:
-    config = _module(model).config
+    config: Any = _module(model).config  # a transformers config (torch types module attributes as Tensor | Module)
     return config.get_text_config(decoder=True)
 
 

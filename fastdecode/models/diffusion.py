@@ -77,6 +77,7 @@ class MaskedDiffusionLM(ModelAdapter):
         query = torch.where(torch.arange(Q, device=canvas.device) < n, order, order[:, :1])  # pad with a needed one
         slot = torch.zeros(B, L, dtype=torch.long, device=canvas.device)
         slot.scatter_(1, order, torch.arange(Q, device=canvas.device).expand(B, Q))  # column -> its place in query
+        assert kv is not None, "recomputing some columns needs the cache of the others"
         past = [LayerKV(k, v) for k, v in kv]
         out = self.model(input_ids=canvas.gather(1, query), attention_mask=attention_mask, cache=past,
                          query_index=query, use_cache=True, logits_index=slot.gather(1, out_pos))

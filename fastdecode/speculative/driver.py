@@ -17,7 +17,7 @@ import torch
 from ..cache import KVCache
 from ..errors import IncompatibleMethodError
 from ..models.capabilities import sliding_windows, state_layer_types, uses_alibi
-from ..models.causal import CausalLM
+from ..models.causal import CausalLM, CausalOutput
 from ..registry import RunContext
 from ..sampling.config import SamplingConfig
 from ..sampling.pipeline import LogitsPipeline
@@ -83,9 +83,13 @@ class Drafter(Protocol):
     reads the target's hidden states sets `needs_hidden = True` and finds them in `Verification.hidden`; drafters
     that may propose trees or side tokens (verified under a custom attention mask) set `tree_drafts`."""
 
-    forwards: int
     needs_hidden: bool
     tree_drafts: bool
+
+    @property
+    def forwards(self) -> int:
+        """Model forwards run so far (read only: a plain attribute or a property both satisfy it)."""
+        ...
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         """Draft a chain of at most k tokens, or a tree at most k deep, to follow `context` (`[N]` long, on the CPU)."""
@@ -252,13 +256,15 @@ class _Group:
         before = [r.drafter.forwards for r in self.rows]
         for row, cached in zip(self.rows, base, strict=True):
             if row.done:
-                drafts.append(None), blocks.append(None), draft_s.append(0.0)
+                drafts.append(None)
+                blocks.append(None)
+                draft_s.append(0.0)
                 continue
             t0 = _clock(model)
-            draft = row.propose()
+            proposed = row.propose()
             draft_s.append(_clock(model) - t0)
-            drafts.append(draft)
-            blocks.append(row.block(draft, cached))
+            drafts.append(proposed)
+            blocks.append(row.block(proposed, cached))
 
         # 2. one forward over every row's block, padded to the longest (padding sees only itself)
         t1 = _clock(model)
@@ -276,7 +282,11 @@ class _Group:
             pos[b, n:] = blk.positions[-1]
         first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
         device = model.device
-        needs = any(getattr(r.drafter, "needs_hidden", False) for r, blk in zip(self.rows, blocks, strict=True) if blk is not None)
+        needs = any(
+            getattr(r.drafter, "needs_hidden", False) for r, blk in zip(self.rows, blocks, strict=True) if blk is not None
+        )
+        mask: torch.Tensor | None
+        visible: torch.Tensor | None
         if isinstance(self.cache, KVCache):
             mask, visible = real.to(device), vis.to(device)
         else:  # one row on transformers' cache: no padding; a chain needs no mask (ALiBi models take no other)
@@ -284,7 +294,8 @@ class _Group:
             mask, visible = None, (None if chain else vis.to(device))
         fwd = model.forward(inp.to(device), pos.to(device), self.cache, mask, num_logits=T - first,
                             visible=visible, hidden=needs)
-        logits, hidden = (fwd.logits, fwd.hidden) if needs else (fwd, None)  # [B, T - first, V], [B, T, H]
+        # [B, T - first, V], [B, T, H]
+        logits, hidden = (fwd.logits, fwd.hidden) if isinstance(fwd, CausalOutput) else (fwd, None)
         shared = _clock(model) - t1
 
         # 3. each row verifies its slice, keeps its tokens and rolls its part of the cache back
@@ -386,7 +397,7 @@ class _Row:
         allow[:P, :P] = torch.ones(P, P, dtype=torch.bool).tril()
         tree = ancestor_mask(draft.parents) if draft.parents is not None else torch.ones(k, k, dtype=torch.bool).tril()
         allow[P : P + k, P : P + k] = tree
-        if S:
+        if draft.side is not None and S:
             allow[P + k :, P + k :] = draft.side.mask
         return allow
 

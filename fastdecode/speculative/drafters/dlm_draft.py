@@ -51,8 +51,9 @@ def context_window(draft: MaskedDiffusionLM, cfg: DlmDraftConfig) -> int | None:
     """The most context tokens one draft canvas holds (None: all): the draft's positions less the block, at most
     `context_window`. Refuses a block that leaves the draft model no position for context."""
     limit = draft.max_positions
-    room = None if limit is None else limit - cfg.num_draft_tokens
-    if room is not None:
+    room: int | None = None
+    if limit is not None:
+        room = limit - cfg.num_draft_tokens
         check(room >= 1, "num_draft_tokens", cfg.num_draft_tokens,
               f"leaves no context in the draft model's {limit} positions: use at most {limit - 1}")
     sizes = [s for s in (room, cfg.context_window) if s]
@@ -102,6 +103,7 @@ class DiffusionDrafter(BaseDrafter):
         if self.cfg.greedy:
             return Draft(tokens)  # greedy verification is exact for any draft
         m = in_order_prefix(step_of)
+        assert probs is not None  # sampling: set by the first commit
         return Draft(tokens[:m], probs[:m])
 
     def _distribution(self, logits: torch.Tensor) -> torch.Tensor:

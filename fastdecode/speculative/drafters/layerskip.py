@@ -157,7 +157,11 @@ class SkipSearch:
 class LayerSkipDrafter(ModelChainDrafter):
     """Drafts with the target minus a skip set, keeping its own KV cache for that set in step with the context."""
 
-    def __init__(self, model: CausalLM, num_layers: int, cfg: LayerSkipConfig, generator: torch.Generator | None) -> None:
+    cfg: LayerSkipConfig
+
+    def __init__(
+        self, model: CausalLM, num_layers: int, cfg: LayerSkipConfig, generator: torch.Generator | None
+    ) -> None:
         super().__init__(model, cfg, generator, cfg.confidence_stop)
         fixed = parse_layers(cfg.skip_layers)
         if fixed:
@@ -182,12 +186,14 @@ class LayerSkipDrafter(ModelChainDrafter):
 
     def _search_step(self, context: torch.Tensor) -> None:
         """Score one candidate set on the first `context_window` generated tokens; adopt it if it is the best."""
+        assert self.search is not None and self._prompt_len is not None  # called while a search runs, after a propose
         s, W, P = self.search.next(), self.cfg.context_window, self._prompt_len
         end = P + W - 1  # positions P-1 .. P+W-2 predict the generated tokens 0 .. W-1
         cache = self.model.new_cache()
         ids = context[:end][None].to(self.model.device)
         with skipping(self.model, s):
-            logits = self.model.forward(ids, torch.arange(end, device=ids.device)[None], cache, num_logits=W)[0]  # [W, V]
+            positions = torch.arange(end, device=ids.device)[None]
+            logits = self.model.forward(ids, positions, cache, num_logits=W)[0]  # [W, V]
         self.forwards += 1
         score = float((logits.argmax(-1).cpu() == context[P : P + W]).float().mean())
         if self.search.record(s, score):
