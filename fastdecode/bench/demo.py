@@ -61,13 +61,15 @@ def zoo_plan(available: Sequence[str] | None = None) -> tuple[list[DemoModel], l
             methods += [m for m in DRAFT_METHODS if m in registered]
             draft = "zoo:ar-tiny"
         else:
-            notes.append("zoo:ar-tiny is not bundled, so hf.assisted and spec.draft_model (which draft with it) are skipped; "
-                         "make it with `fastdecode train ar-tiny`.")
+            notes.append("zoo:ar-tiny is not bundled, so hf.assisted and spec.draft_model (which draft with it) "
+                         "are skipped; make it with `fastdecode train ar-tiny`.")
         plan.append(DemoModel("zoo:ar-small", tuple(methods), draft))
     else:
-        notes.append("zoo:ar-small is not bundled, so the causal methods are skipped; make it with `fastdecode train ar-small`.")
+        notes.append("zoo:ar-small is not bundled, so the causal methods are skipped; "
+                     "make it with `fastdecode train ar-small`.")
     if "dlm-small" not in names:
-        notes.append("zoo:dlm-small is not bundled, so the diffusion methods are skipped; make it with `fastdecode train dlm-small`.")
+        notes.append("zoo:dlm-small is not bundled, so the diffusion methods are skipped; "
+                     "make it with `fastdecode train dlm-small`.")
     elif "dlm.baseline" not in registered:
         notes.append("zoo:dlm-small is bundled but no diffusion method (dlm.baseline) is registered, so it is skipped.")
     else:

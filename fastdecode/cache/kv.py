@@ -133,7 +133,9 @@ class KVCache(Cache):
 
     def crop_rows(self, lengths: list[int]) -> None:
         """Row b keeps its first `lengths[b]` columns: the rollback of speculative decoding, no copies."""
-        if len(lengths) != self.batch or any(not 0 <= new <= old for new, old in zip(lengths, self.lengths, strict=True)):
+        if len(lengths) != self.batch or any(
+            not 0 <= new <= old for new, old in zip(lengths, self.lengths, strict=True)
+        ):
             raise ValueError(f"cannot crop rows holding {self.lengths} to {lengths}")
         self.lengths = list(lengths)
         self._seen = self.length
@@ -228,7 +230,8 @@ class DynamicKVCache:
         """Remove the last `n` cached positions (0 <= n <= length)."""
         if n and not self.can_trim:  # first: a cache of state layers only has no length to check n against
             raise IncompatibleMethodError(
-                f"This model's cache ({type(self.hf).__name__}) cannot roll back; use a method that does not need trimming."
+                f"This model's cache ({type(self.hf).__name__}) cannot roll back; "
+                "use a method that does not need trimming."
             )
         if not 0 <= n <= self.length:
             raise ValueError(f"cannot trim {n} positions from a cache of length {self.length}")

@@ -19,7 +19,9 @@ class MaskedDiffusionLM(ModelAdapter):
 
     kind = "diffusion"
 
-    def __init__(self, model: torch.nn.Module, tokenizer=None, name: str = "", *, mask_token_id: int, shifted: bool) -> None:
+    def __init__(
+        self, model: torch.nn.Module, tokenizer=None, name: str = "", *, mask_token_id: int, shifted: bool
+    ) -> None:
         super().__init__(model, tokenizer, name)
         self.mask_token_id = mask_token_id
         self.shifted = shifted
@@ -96,7 +98,8 @@ class MaskedDiffusionLM(ModelAdapter):
 
     def describe(self) -> dict:
         d = super().describe()
-        d.update(mask_token_id=self.mask_token_id, logits="shifted (Dream)" if self.shifted else "same position (LLaDA)")
+        logits = "shifted (Dream)" if self.shifted else "same position (LLaDA)"
+        d.update(mask_token_id=self.mask_token_id, logits=logits)
         return d
 
 

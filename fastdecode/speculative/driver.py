@@ -158,7 +158,9 @@ def check_tree_attention(model: CausalLM, role: str = "target") -> None:
         )
 
 
-def speculative(model: CausalLM, batch: PromptBatch, cfg: SpecConfig, ctx: RunContext, new_drafter: DrafterFactory) -> Iterator[StepEvent]:
+def speculative(
+    model: CausalLM, batch: PromptBatch, cfg: SpecConfig, ctx: RunContext, new_drafter: DrafterFactory
+) -> Iterator[StepEvent]:
     """Check the model, then return the generator of step events (errors surface before the first step).
 
     On the preallocated cache every row of the batch is verified in one target forward per step (rows with their
@@ -283,7 +285,9 @@ class _Group:
         first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
         device = model.device
         needs = any(
-            getattr(r.drafter, "needs_hidden", False) for r, blk in zip(self.rows, blocks, strict=True) if blk is not None
+            getattr(r.drafter, "needs_hidden", False)
+            for r, blk in zip(self.rows, blocks, strict=True)
+            if blk is not None
         )
         mask: torch.Tensor | None
         visible: torch.Tensor | None
@@ -320,7 +324,9 @@ class _Group:
 class _Row:
     """One sequence: its context and its drafter (its cache entries live in its group's cache)."""
 
-    def __init__(self, model: CausalLM, prompt: list[int], cfg: SpecConfig, drafter: Drafter, generator: torch.Generator | None) -> None:
+    def __init__(
+        self, model: CausalLM, prompt: list[int], cfg: SpecConfig, drafter: Drafter, generator: torch.Generator | None
+    ) -> None:
         self.model, self.cfg, self.drafter, self.generator = model, cfg, drafter, generator
         self.eos = model.eos_token_ids
         self.prompt = prompt
@@ -331,14 +337,18 @@ class _Row:
         # the request's logits pipeline; the History of committed tokens only when a processor reads it
         self.pipeline = LogitsPipeline.from_config(cfg)
         keep = self.pipeline.uses_history or self.pipeline.stateful
-        self.history = self.pipeline.history(torch.tensor([prompt]).to(model.device), model.vocab_size) if keep else None
+        self.history = (
+            self.pipeline.history(torch.tensor([prompt]).to(model.device), model.vocab_size) if keep else None
+        )
         self.in_history = len(prompt)  # context tokens the History holds (it catches up in `_verify`)
 
     def propose(self) -> Draft:
         made = self.n - self.prompt_len
         room = self.cfg.max_new_tokens - made - 1  # drafts beyond this could never be emitted
         draft = self.drafter.propose(self.ids[: self.n], room).as_chain() if room > 0 else Draft.empty()
-        assert draft.depth <= max(room, 0), f"drafter proposed {draft.depth} tokens deep, more than the {room} asked for"
+        assert draft.depth <= max(room, 0), (
+            f"drafter proposed {draft.depth} tokens deep, more than the {room} asked for"
+        )
         return draft
 
     def block(self, draft: Draft, cached: int) -> _Block:
@@ -349,7 +359,10 @@ class _Row:
         tokens = torch.cat([self.ids[n - P : n], draft.tokens.cpu()] + ([side.tokens.cpu()] if side else []))
         if draft.parents is None and side is None:  # a chain: plain causal attention
             return _Block(tokens, torch.arange(n - P, n + k), torch.ones(P + k, P + k, dtype=torch.bool).tril(), P)
-        offsets = torch.tensor(depths(draft.parents), dtype=torch.long) if draft.parents is not None else torch.arange(1, k + 1)
+        offsets = (
+            torch.tensor(depths(draft.parents), dtype=torch.long) if draft.parents is not None
+            else torch.arange(1, k + 1)
+        )
         pos = torch.cat([torch.arange(n - P, n), n - 1 + offsets] + ([self._side_positions(side)] if side else []))
         return _Block(tokens, pos, self._visible(P, draft), P)
 
@@ -412,7 +425,9 @@ class _Row:
             at = self.history.draft(0, draft.tokens, tree)
         if self.cfg.greedy:
             logits = self.pipeline.process(logits, at)  # the processors that can move the argmax
-            return verify_greedy(draft.tokens, logits) if tree is None else verify_tree_greedy(draft.tokens.tolist(), tree, logits)
+            if tree is None:
+                return verify_greedy(draft.tokens, logits)
+            return verify_tree_greedy(draft.tokens.tolist(), tree, logits)
         p = self.pipeline.distributions(logits, at)  # [k + 1, V]
         if tree is None:
             return verify_sampling(draft.tokens, draft.probs, p, self.generator)

@@ -57,7 +57,9 @@ def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tens
     return Verdict(len(path), [tokens[i] for i in path] + [best[end + 1]])
 
 
-def verify_tree_sampling(tokens: list[int], parents: list[int], p: torch.Tensor, generator: torch.Generator | None) -> Verdict:
+def verify_tree_sampling(
+    tokens: list[int], parents: list[int], p: torch.Tensor, generator: torch.Generator | None
+) -> Verdict:
     """Recursive rejection sampling over deterministic children (SpecInfer multi-step speculative sampling with
     q one-hot): at each accepted node try its children in order, accepting child c with probability r(c) under
     the running residual r (initially p at that node) and else removing c from r; when all are rejected, or at

@@ -50,7 +50,9 @@ class Recipe:
 
     def __post_init__(self) -> None:
         if self.pre_tokenizer not in PRE_TOKENIZERS:
-            raise ParameterError(f"Unknown pre_tokenizer {self.pre_tokenizer!r}; choose one of {sorted(PRE_TOKENIZERS)}.")
+            raise ParameterError(
+                f"Unknown pre_tokenizer {self.pre_tokenizer!r}; choose one of {sorted(PRE_TOKENIZERS)}."
+            )
         if not 0.0 <= self.long_canvas <= 1.0:
             raise ParameterError(f"long_canvas is a share of the answers, between 0 and 1; got {self.long_canvas}.")
         if self.long_canvas and self.long_canvas_to % 16:

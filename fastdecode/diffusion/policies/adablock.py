@@ -39,7 +39,8 @@ class AdaBlockConfig(BlockConfig):
 
 
 def delimiter_ids(model: MaskedDiffusionLM, chars: str) -> torch.Tensor:
-    """Token ids whose text contains one of `chars` (backslash escapes such as \\n allowed); none without a tokenizer."""
+    """Token ids whose text contains one of `chars` (backslash escapes such as \\n allowed); none without a
+    tokenizer."""
     if "\\" in chars:
         chars = chars.encode().decode("unicode_escape")
     if model.tokenizer is None or not chars:
@@ -89,6 +90,7 @@ class AdaBlock:
 
 @register("dlm.adablock", kind="diffusion", config=AdaBlockConfig)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: AdaBlockConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """AdaBlock: each block ends at a confident delimiter of a look-ahead window (else block_length); threshold inside."""
+    """AdaBlock: each block ends at a confident delimiter of a look-ahead window (else block_length); threshold
+    inside."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     return denoise(model, batch, cfg, AdaBlock(model, cfg, batch.size), generator, "dlm.adablock")

@@ -67,4 +67,5 @@ class Coherent(Schedule):
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: CCDConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Coherent contextual decoding: commit positions whose top-entropy-rank prediction agrees across recent steps."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
-    return denoise(model, batch, cfg, Coherent(model.mask_token_id, cfg, batch.size, model.device), generator, "dlm.ccd")
+    policy = Coherent(model.mask_token_id, cfg, batch.size, model.device)
+    return denoise(model, batch, cfg, policy, generator, "dlm.ccd")

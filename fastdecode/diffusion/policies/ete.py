@@ -70,7 +70,8 @@ class ExploreExploit:
 
 @register("dlm.ete", kind="diffusion", config=ETEConfig)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: ETEConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """Explore-then-exploit: confident tokens committed across blocks; a stalled block also commits its most uncertain plausible token."""
+    """Explore-then-exploit: confident tokens committed across blocks; a stalled block also commits its most
+    uncertain plausible token."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     policy = ExploreExploit(model.mask_token_id, cfg, batch.size, model.device)
     return denoise(model, batch, cfg, policy, generator, "dlm.ete")

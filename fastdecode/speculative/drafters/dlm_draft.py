@@ -1,4 +1,5 @@
-"""spec.dlm_draft: a masked-diffusion LM drafts a whole block for an AR target, which verifies it (DEER, arXiv 2512.15176).
+"""spec.dlm_draft: a masked-diffusion LM drafts a whole block for an AR target, which verifies it (DEER, arXiv
+2512.15176).
 
 The draft model sees the context followed by k mask tokens and fills the block in `draft_steps` forwards
 (1 = DEER's single-step drafting: one forward for the whole block). The target verifies the block through the
@@ -113,13 +114,15 @@ class DiffusionDrafter(BaseDrafter):
         return target_distribution(logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)
 
     def _pick(self, q: torch.Tensor) -> torch.Tensor:
-        """`[c, V]` -> `[c]`: the argmax (ties to the lowest id) when greedy, else one independent draw x_i ~ q_i each."""
+        """`[c, V]` -> `[c]`: the argmax (ties to the lowest id) when greedy, else one independent draw x_i ~ q_i
+        each."""
         if self.cfg.greedy:
             return q.argmax(-1)
         return torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
 
 
-@register("spec.dlm_draft", kind="causal", config=DlmDraftConfig, lossless=True, needs_draft=True, draft_kind="diffusion")
+@register("spec.dlm_draft", kind="causal", config=DlmDraftConfig, lossless=True, needs_draft=True,
+          draft_kind="diffusion")
 def run(model: CausalLM, batch: PromptBatch, cfg: DlmDraftConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """DEER-style speculative decoding: a masked-diffusion draft model (pass draft=) fills a block of masks at once."""
     draft = ctx.draft

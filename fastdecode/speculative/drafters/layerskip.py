@@ -42,9 +42,12 @@ def parse_layers(text: str) -> tuple[int, ...]:
     """Parse "2,3,5" into (2, 3, 5); the empty string is no fixed set."""
     items = [s.strip() for s in text.split(",") if s.strip()]
     if not all(s.isdigit() for s in items):
-        raise ParameterError(f"Parameter skip_layers={text!r} is invalid: write layer indices separated by commas, e.g. '2,3,5'.")
+        raise ParameterError(
+            f"Parameter skip_layers={text!r} is invalid: write layer indices separated by commas, e.g. '2,3,5'."
+        )
     layers = tuple(int(s) for s in items)
-    check(0 not in layers, "skip_layers", text, "contains layer 0, which is never skipped (its KV cache tracks the length)")
+    check(0 not in layers, "skip_layers", text,
+          "contains layer 0, which is never skipped (its KV cache tracks the length)")
     check(len(set(layers)) == len(layers), "skip_layers", text, "names a layer twice")
     return layers
 
@@ -91,7 +94,8 @@ def check_layers(model: CausalLM) -> int:
     layers = getattr(owner, name)
     if len(layers) < 2:
         raise IncompatibleMethodError(
-            f"spec.layerskip needs at least 2 decoder layers (layer 0 always runs), but {model.name!r} has {len(layers)}."
+            f"spec.layerskip needs at least 2 decoder layers (layer 0 always runs), "
+            f"but {model.name!r} has {len(layers)}."
         )
     for i, layer in enumerate(layers):
         # attention must pick its cache slot by its own layer_idx, not by its place in the (shortened) list
@@ -137,7 +141,8 @@ class SkipSearch:
             return self.best
         for _ in range(64):
             if len(self.tried) % 2 and self.n < len(self.candidates):
-                out, into = self.rng.choice(sorted(self.best)), self.rng.choice(sorted(set(self.candidates) - self.best))
+                out = self.rng.choice(sorted(self.best))
+                into = self.rng.choice(sorted(set(self.candidates) - self.best))
                 s = (self.best - {out}) | {into}
             else:
                 s = frozenset(self.rng.sample(self.candidates, self.n))
