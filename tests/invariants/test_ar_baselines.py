@@ -76,7 +76,8 @@ def test_explicit_generator_is_used(causal):
 
 def test_sampling_at_temperature_zero_or_top_k_one_is_greedy(causal):
     greedy = fastdecode.generate(causal, PROMPTS[0], max_new_tokens=20).token_ids
-    assert fastdecode.generate(causal, PROMPTS[0], "ar.sample", temperature=0, max_new_tokens=20, seed=1).token_ids == greedy
+    sampled = fastdecode.generate(causal, PROMPTS[0], "ar.sample", temperature=0, max_new_tokens=20, seed=1)
+    assert sampled.token_ids == greedy
     assert fastdecode.generate(causal, PROMPTS[0], "ar.sample", top_k=1, max_new_tokens=20, seed=1).token_ids == greedy
 
 

@@ -37,7 +37,9 @@ class Oracle:
         self.answers[tuple(prompt)] = answers
         return prompt
 
-    def forward(self, canvas: torch.Tensor, attention_mask: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, canvas: torch.Tensor, attention_mask: torch.Tensor, at: torch.Tensor | None = None
+    ) -> torch.Tensor:
         B, L = canvas.shape
         logits = torch.zeros(B, L, VOCAB)
         for b in range(B):
@@ -69,8 +71,8 @@ def instances(oracle: Oracle, kind: str, count: int = 6, seed: int = 0) -> list[
             answers = [tuple(w if j == k else t for j, t in enumerate(x)) for k in range(n)]
         else:  # shuffle: any permutation
             answers = list(itertools.permutations(x))
-        prompts.append(oracle.task([40 + ["copy", "replace_index", "replace_random", "shuffle"].index(kind), *x, w, 36 + i],
-                                   answers))
+        kind_id = 40 + ["copy", "replace_index", "replace_random", "shuffle"].index(kind)
+        prompts.append(oracle.task([kind_id, *x, w, 36 + i], answers))
     return prompts
 
 

@@ -51,7 +51,8 @@ def test_batched_greedy_equals_ar_greedy(causal, baseline, params):
         assert s.draft_forwards >= 1
 
 
-@pytest.mark.parametrize("params", [{"context_window": 4, "search_steps": 6}, {"skip_layers": "2,4", "max_draft_tokens": 4}])
+@pytest.mark.parametrize("params", [{"context_window": 4, "search_steps": 6},
+                                    {"skip_layers": "2,4", "max_draft_tokens": 4}])
 def test_search_and_fixed_set_are_lossless_on_a_deeper_model(deep, params):
     ref = fastdecode.generate(deep, PROMPTS, "ar.greedy", max_new_tokens=30)
     out = fastdecode.generate(deep, PROMPTS, "spec.layerskip", max_new_tokens=30, **params)

@@ -152,8 +152,8 @@ def test_eos_inside_a_draft_stops_the_row(causal_dir, baseline):
     stop = baseline[2][3]  # inside the first draft of 5 (accepted in full by the self-draft)
     model.model.generation_config.eos_token_id = [1, stop]
     ref = fastdecode.generate(model, PROMPTS, "ar.greedy", max_new_tokens=40)
-    for method, kw in [("spec.draft_model", {"draft": model}), ("spec.pld", {}), ("spec.ngram", {}), ("spec.suffix", {}),
-                       ("spec.jacobi", {}), ("spec.recycling", {}), ("spec.lookahead", {})]:
+    for method, kw in [("spec.draft_model", {"draft": model}), ("spec.pld", {}), ("spec.ngram", {}),
+                       ("spec.suffix", {}), ("spec.jacobi", {}), ("spec.recycling", {}), ("spec.lookahead", {})]:
         out = fastdecode.generate(model, PROMPTS, method, max_new_tokens=40, trace=True, **kw)
         for b, (r, a) in enumerate(zip(out, ref, strict=True)):
             assert r.token_ids == a.token_ids and r.stats.finish_reason == a.stats.finish_reason
@@ -281,7 +281,8 @@ def test_tree_attention_accepts_the_full_true_path(causal, baseline):
     prompt = causal.encode(LONG)
     batch = encode_batch(causal, [prompt], 40)
     cfg = SpecConfig(max_new_tokens=40)
-    events = list(speculative(causal, batch, cfg, RunContext(), lambda g: OracleTree(baseline[2], len(prompt), 3, causal.vocab_size)))
+    events = list(speculative(causal, batch, cfg, RunContext(),
+                              lambda g: OracleTree(baseline[2], len(prompt), 3, causal.vocab_size)))
     assert [t for e in events for _, t in e.tokens[0]] == baseline[2]
     assert [e.accepted[0] for e in events] == [3] * 10  # every step: depth 3 accepted + 1 from the target
     assert [len(e.tokens[0]) for e in events] == [4] * 10

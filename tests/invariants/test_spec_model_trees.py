@@ -148,7 +148,8 @@ def paths(draft: Draft) -> list[tuple[int, ...]]:
     return out
 
 
-@pytest.mark.parametrize("cfg", [DynTreeConfig(total_tokens=12, depth=4, width=3), DynTreeConfig(total_tokens=30, depth=3, width=4)])
+@pytest.mark.parametrize("cfg", [DynTreeConfig(total_tokens=12, depth=4, width=3),
+                                 DynTreeConfig(total_tokens=30, depth=3, width=4)])
 def test_dyntree_equals_eagle2_built_from_plain_forwards(small_draft, cfg):
     """The batched tree-mask forwards (and the cache kept across steps, and the early stop) change nothing."""
     drafter = DynTreeDrafter(small_draft, cfg)
