@@ -14,7 +14,7 @@ from .errors import UnknownMethodError, close_names
 from .types import ModelKind, PromptBatch, StepEvent
 
 # A driver runs one method: it owns every model call and yields one event per step. Its config is an instance of the
-# method's own `config` class (register checks the pairing), hence Any here.
+# method's own `config` class, hence Any here (register's signature ties the two together for the type checker).
 Driver = Callable[[Any, PromptBatch, Any, "RunContext"], Iterator[StepEvent]]
 C = TypeVar("C", bound=MethodConfig)
 DriverOf = Callable[[Any, PromptBatch, C, "RunContext"], Iterator[StepEvent]]  # a driver taking config class C
