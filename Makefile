@@ -11,13 +11,18 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $@
 
-.PHONY: install demo test
+.PHONY: install demo lint test
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(BIN)/fastdecode demo
 
-test: $(VENV)/.installed
+# lint and types first (ruff and mypy, configured in pyproject.toml), then the test suite
+lint: $(VENV)/.installed
+	$(BIN)/ruff check fastdecode tools tests
+	$(BIN)/mypy fastdecode
+
+test: lint
 	$(BIN)/python -m pytest
 
 # The committed measurements: docs/results/*.jsonl and the generated tables docs/results/report.md (resumable: rerun

@@ -65,7 +65,8 @@ def coerce_value(name: str, value: Any, hint: Any) -> Any:
     if origin is typing.Literal:
         allowed = typing.get_args(hint)
         if value not in allowed:
-            raise ParameterError(f"Parameter {name}={value!r} is invalid: choose one of {', '.join(map(repr, allowed))}.")
+            choices = ", ".join(map(repr, allowed))
+            raise ParameterError(f"Parameter {name}={value!r} is invalid: choose one of {choices}.")
         return value
     try:
         if hint is bool:

@@ -7,14 +7,17 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .config import MethodConfig
 from .errors import UnknownMethodError, close_names
 from .types import ModelKind, PromptBatch, StepEvent
 
-# A driver runs one method: it owns every model call and yields one event per step.
-Driver = Callable[[Any, PromptBatch, MethodConfig, "RunContext"], Iterator[StepEvent]]
+# A driver runs one method: it owns every model call and yields one event per step. Its config is an instance of the
+# method's own `config` class, hence Any here (register's signature ties the two together for the type checker).
+Driver = Callable[[Any, PromptBatch, Any, "RunContext"], Iterator[StepEvent]]
+C = TypeVar("C", bound=MethodConfig)
+DriverOf = Callable[[Any, PromptBatch, C, "RunContext"], Iterator[StepEvent]]  # a driver taking config class C
 
 # The method families: every module under these packages is imported (discovered, not listed), so a new method file
 # registers itself by existing.
@@ -50,12 +53,12 @@ class Method:
 
 
 def register(
-    name: str, *, kind: ModelKind, config: type[MethodConfig], lossless: bool = False, needs_draft: bool = False,
+    name: str, *, kind: ModelKind, config: type[C], lossless: bool = False, needs_draft: bool = False,
     draft_kind: ModelKind = "causal",
-) -> Callable[[Driver], Driver]:
+) -> Callable[[DriverOf[C]], DriverOf[C]]:
     """Register `driver` under `name`; the first line of its docstring is the description."""
 
-    def wrap(driver: Driver) -> Driver:
+    def wrap(driver: DriverOf[C]) -> DriverOf[C]:
         if name in _METHODS:
             raise ValueError(f"method {name!r} is registered twice")
         doc = (driver.__doc__ or "").strip().splitlines()
@@ -79,7 +82,9 @@ def _load_builtins() -> None:
 def get_method(name: str) -> Method:
     _load_builtins()
     if name not in _METHODS:
-        raise UnknownMethodError(f"Unknown method {name!r}. {close_names(name, _METHODS)} (`fastdecode methods` lists them.)")
+        raise UnknownMethodError(
+            f"Unknown method {name!r}. {close_names(name, _METHODS)} (`fastdecode methods` lists them.)"
+        )
     return _METHODS[name]
 
 

@@ -9,7 +9,6 @@ import torch
 
 from .stats import Stats
 
-
 ModelKind = Literal["causal", "diffusion"]
 
 

@@ -9,10 +9,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import fastdecode
-
-torch.set_num_threads(1)  # tiny models run fastest on one thread, and tests then leave a core free
 from fastdecode.models.mdlm import MDLMConfig, MDLMForMaskedDiffusion
 from fastdecode.train.tokenizer import train_tokenizer
+
+torch.set_num_threads(1)  # tiny models run fastest on one thread, and tests then leave a core free
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",

@@ -30,7 +30,8 @@ def test_loads_through_fastdecode_and_auto_classes(name):
     tok = AutoTokenizer.from_pretrained(folder)
     text = 'Q: Sort this waiting line: ["Ann Lee", "Bob Moss"]\nA: def f(x):\n\treturn x  # ünïcode'
     assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == text
-    assert {tok.bos_token, tok.eos_token, tok.pad_token, tok.mask_token} == {"<|bos|>", "<|eos|>", "<|pad|>", "<|mask|>"}
+    special = {tok.bos_token, tok.eos_token, tok.pad_token, tok.mask_token}
+    assert special == {"<|bos|>", "<|eos|>", "<|pad|>", "<|mask|>"}
 
 
 @pytest.mark.parametrize("name", ZOO)

@@ -112,7 +112,8 @@ def main() -> int:
             f.write(json.dumps(row) + "\n")
     for row in rows:
         ratio = f"{row['over_width_1']:.2f}x" if one else ""
-        print(f"width {row['width']:3d}: {row['median_ms']:6.2f} ms {ratio:>7}  matmul {100 * row['matmul_share']:.0f} %")
+        share = 100 * row["matmul_share"]
+        print(f"width {row['width']:3d}: {row['median_ms']:6.2f} ms {ratio:>7}  matmul {share:.0f} %")
     return 0
 
 

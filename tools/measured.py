@@ -23,8 +23,8 @@ Keys:
                   equal (share of items equal to the baseline), ratio (tokens/s over REF's), fewer (REF's
                   forwards per item over LABEL's), drafting / verifying (share of wall time), draftfwd
                   (draft forwards per target forward), msfwd (wall ms per target forward; not for the baseline, whose
-                  rows may come from several runs), basems (wall ms per baseline forward in LABEL's run), stepcost (a step's
-                  wall time over a baseline step's), draftcost (one draft forward's wall time over a baseline
+                  rows may come from several runs), basems (wall ms per baseline forward in LABEL's run), stepcost
+                  (a step's wall time over a baseline step's), draftcost (one draft forward's wall time over a baseline
                   step's); tpf@TASK is one task's TPF
   cost:STEM|WIDTH|FIELD  a causal model's cached forward over WIDTH new tokens, from docs/results/cost/STEM.jsonl
                   (`tools/forward_cost.py`): ms (median wall ms), ratio (over a one-token forward), matmul (share
@@ -39,8 +39,8 @@ Keys:
                   with ar-small), mb / fp32_mb (megabytes of model.safetensors), changed (the tasks whose accuracy
                   moved, with the card's figure, or "none"), items (test items per task), sim / card_sim (code
                   similarity), minutes (the measurement's wall time)
-LABEL is the report's configuration label as in docs/results/report.md, e.g. `dlm.threshold (cache=dual, max_new_tokens=384)`, or a
-bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
+LABEL is the report's configuration label as in docs/results/report.md, e.g. `dlm.threshold (cache=dual,
+max_new_tokens=384)`, or a bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
 """
 
 from __future__ import annotations
@@ -288,7 +288,8 @@ def bf16_text(table: Table, spec: str) -> str:
         return ", ".join(moved) or "none"
 
     values = {"mean": lambda: pct(r["mean_bf16"]), "card_mean": lambda: pct(r["mean_card"]),
-              "bpb": lambda: f"{r['code_bits_per_byte_bf16']:.4f}", "card_bpb": lambda: f"{r['code_bits_per_byte_card']:.4f}",
+              "bpb": lambda: f"{r['code_bits_per_byte_bf16']:.4f}",
+              "card_bpb": lambda: f"{r['code_bits_per_byte_card']:.4f}",
               "agreement": lambda: pct(r["greedy_agreement_with_ar_small_bf16"]),
               "card_agreement": lambda: pct(r["greedy_agreement_with_ar_small_card"]),
               "mb": lambda: f"{r['bf16_megabytes']:.1f} MB", "fp32_mb": lambda: f"{r['fp32_megabytes']:.1f} MB",

@@ -49,7 +49,7 @@ def autoregressive(model: CausalLM, batch: PromptBatch, cfg: MethodConfig, pick:
         last = step == cfg.max_new_tokens - 1
         yield StepEvent(
             index=step,
-            tokens=tuple(((step, t),) if a else () for t, a in zip(token.tolist(), active)),
+            tokens=tuple(((step, t),) if a else () for t, a in zip(token.tolist(), active, strict=True)),
             finished=tuple(d or last for d in done.tolist()),
         )
         if last or bool(done.all()):

@@ -6,6 +6,7 @@ runs with whatever the zoo holds. `run_demo` takes any model paths, which is how
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ DRAFT_METHODS = ("hf.assisted", "spec.draft_model")
 # (dlm.freedave, lossless, is left out: on a CPU its batched draft forwards cost more wall time than they save)
 DIFFUSION_METHODS = ("dlm.baseline", "dlm.threshold")
 # spec.draft_model with hf.assisted's settings, so the two draft-model rows are like for like
-DEMO_PARAMS = {"spec.draft_model": {"num_draft_tokens": 20, "confidence_stop": 0.4},
+DEMO_PARAMS: dict[str, dict[str, float]] = {"spec.draft_model": {"num_draft_tokens": 20, "confidence_stop": 0.4},
                **{m: {"block_length": 16} for m in DIFFUSION_METHODS}}
 
 
@@ -60,13 +61,15 @@ def zoo_plan(available: Sequence[str] | None = None) -> tuple[list[DemoModel], l
             methods += [m for m in DRAFT_METHODS if m in registered]
             draft = "zoo:ar-tiny"
         else:
-            notes.append("zoo:ar-tiny is not bundled, so hf.assisted and spec.draft_model (which draft with it) are skipped; "
-                         "make it with `fastdecode train ar-tiny`.")
+            notes.append("zoo:ar-tiny is not bundled, so hf.assisted and spec.draft_model (which draft with it) "
+                         "are skipped; make it with `fastdecode train ar-tiny`.")
         plan.append(DemoModel("zoo:ar-small", tuple(methods), draft))
     else:
-        notes.append("zoo:ar-small is not bundled, so the causal methods are skipped; make it with `fastdecode train ar-small`.")
+        notes.append("zoo:ar-small is not bundled, so the causal methods are skipped; "
+                     "make it with `fastdecode train ar-small`.")
     if "dlm-small" not in names:
-        notes.append("zoo:dlm-small is not bundled, so the diffusion methods are skipped; make it with `fastdecode train dlm-small`.")
+        notes.append("zoo:dlm-small is not bundled, so the diffusion methods are skipped; "
+                     "make it with `fastdecode train dlm-small`.")
     elif "dlm.baseline" not in registered:
         notes.append("zoo:dlm-small is bundled but no diffusion method (dlm.baseline) is registered, so it is skipped.")
     else:
@@ -101,7 +104,7 @@ def run_demo(
     for m in models:
         params = {k: v for k, v in DEMO_PARAMS.items() if k in m.methods}
         run_bench(suite, m.model, list(m.methods), results, draft=m.draft, params=params, limit=limit, command=command,
-                  on_progress=(lambda p, m=m: on_progress(m, p)) if on_progress else None)
+                  on_progress=functools.partial(on_progress, m) if on_progress else None)
     report_path = out_dir / "report.md"
     report = build_report([results], out=report_path, plots_dir=out_dir, command=f"fastdecode report {results} "
                           f"--out {report_path} --plots {out_dir}")

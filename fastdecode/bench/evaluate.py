@@ -9,6 +9,7 @@ import torch
 
 from ..engine import generate
 from ..models.base import ModelAdapter
+from ..models.causal import CausalLM
 from .tasks import DEFAULT_TEST_SEED, TASKS, Item, Task, format_prompt
 
 DETERMINISTIC_LIST_TASKS = [n for n, t in TASKS.items() if t.family in ("lists", "letters") and t.deterministic]
@@ -31,13 +32,14 @@ def task_accuracy(
     for start in range(0, n, batch_size):
         chunk = items[start : start + batch_size]
         results = generate(model, [format_prompt(i.prompt) for i in chunk], method, **params)
-        total += sum(task.score(i, r.text) for i, r in zip(chunk, results))
+        assert isinstance(results, list)  # a list of prompts gives a list of results
+        total += sum(task.score(i, r.text) for i, r in zip(chunk, results, strict=True))
         if on_batch is not None:
             on_batch(len(chunk))
     return total / n
 
 
-def _teacher_forced(model: ModelAdapter, item: Item) -> tuple[torch.Tensor, list[int], int]:
+def _teacher_forced(model: CausalLM, item: Item) -> tuple[torch.Tensor, list[int], int]:
     """Logits `[T, V]` over prompt + reference, the ids, and where the reference starts."""
     prompt = model.encode(format_prompt(item.prompt))
     ids = prompt + model.tokenizer(item.reference, add_special_tokens=False)["input_ids"]
@@ -46,7 +48,7 @@ def _teacher_forced(model: ModelAdapter, item: Item) -> tuple[torch.Tensor, list
     return logits, ids, len(prompt)
 
 
-def bits_per_byte(model: ModelAdapter, items: Sequence[Item]) -> float:
+def bits_per_byte(model: CausalLM, items: Sequence[Item]) -> float:
     """Cross-entropy of the reference continuations in bits, divided by their UTF-8 bytes."""
     bits, nbytes = 0.0, 0
     for item in items:
@@ -58,12 +60,12 @@ def bits_per_byte(model: ModelAdapter, items: Sequence[Item]) -> float:
     return bits / nbytes
 
 
-def greedy_agreement(draft: ModelAdapter, target: ModelAdapter, items: Sequence[Item]) -> float:
+def greedy_agreement(draft: CausalLM, target: CausalLM, items: Sequence[Item]) -> float:
     """Share of reference positions where the two models' teacher-forced argmax tokens agree."""
     agree = total = 0
     for item in items:
         a, _, start = _teacher_forced(draft, item)
         b, _, _ = _teacher_forced(target, item)
-        agree += (a[start - 1 :].argmax(-1) == b[start - 1 :].argmax(-1)).sum().item()
+        agree += int((a[start - 1 :].argmax(-1) == b[start - 1 :].argmax(-1)).sum())
         total += a.shape[0] - start + 1
     return agree / total

@@ -52,14 +52,18 @@ class _Layer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        elif self.keys.shape[2] < self.owner.capacity:
-            self._grow(self.owner.capacity)
+        else:
+            assert self.keys is not None  # initialised
+            if self.keys.shape[2] < self.owner.capacity:
+                self._grow(self.owner.capacity)
+        assert self.keys is not None and self.values is not None
         o = self.owner
         T = key_states.shape[2]
         if o._start is not None:  # every row writes at the same column: a slice
             self.keys[:, :, o._start : o._start + T] = key_states
             self.values[:, :, o._start : o._start + T] = value_states
         else:  # ragged rows: each row's new keys go after its own stored entries
+            assert o._write is not None  # set with the ragged rows' columns
             idx = o._write[:, None, :, None]  # [B, 1, T, 1]
             self.keys.scatter_(2, idx.expand_as(key_states), key_states)
             self.values.scatter_(2, idx.expand_as(value_states), value_states)
@@ -90,8 +94,7 @@ class KVCache(Cache):
 
     def __init__(self, layer_types: list[str], batch: int = 1, capacity: int = 0, chunk: int = 256,
                  device: torch.device | str = "cpu") -> None:
-        layers = [_Layer(self, sliding=t == "sliding_attention") for t in layer_types]
-        super().__init__(layers=layers)
+        super().__init__(layers=[_Layer(self, sliding=t == "sliding_attention") for t in layer_types])
         self.batch = batch
         self.chunk = chunk
         self.capacity = max(capacity, 0)
@@ -130,7 +133,9 @@ class KVCache(Cache):
 
     def crop_rows(self, lengths: list[int]) -> None:
         """Row b keeps its first `lengths[b]` columns: the rollback of speculative decoding, no copies."""
-        if len(lengths) != self.batch or any(not 0 <= new <= old for new, old in zip(lengths, self.lengths)):
+        if len(lengths) != self.batch or any(
+            not 0 <= new <= old for new, old in zip(lengths, self.lengths, strict=True)
+        ):
             raise ValueError(f"cannot crop rows holding {self.lengths} to {lengths}")
         self.lengths = list(lengths)
         self._seen = self.length
@@ -225,7 +230,8 @@ class DynamicKVCache:
         """Remove the last `n` cached positions (0 <= n <= length)."""
         if n and not self.can_trim:  # first: a cache of state layers only has no length to check n against
             raise IncompatibleMethodError(
-                f"This model's cache ({type(self.hf).__name__}) cannot roll back; use a method that does not need trimming."
+                f"This model's cache ({type(self.hf).__name__}) cannot roll back; "
+                "use a method that does not need trimming."
             )
         if not 0 <= n <= self.length:
             raise ValueError(f"cannot trim {n} positions from a cache of length {self.length}")

@@ -88,6 +88,7 @@ class Forwarder:
             else:
                 q = self._columns(x[g], attention[g], rows[g], lo[g], hi[g])  # [G, Q]
                 r = rows[g]
+                assert self.kv is not None  # rows that are not refreshed have a cache
                 stored = self.kv if _all_rows(r, len(self.has_cache)) else [(k[r], v[r]) for k, v in self.kv]
                 part, kv = self.model.forward_columns(x[g], attention[g], q, stored, at=cols[g])
             if len(g) == len(rows):  # one group: nothing to merge
@@ -96,6 +97,7 @@ class Forwarder:
                 out = part.new_zeros((x.shape[0], *part.shape[1:])) if out is None else out
                 out[g] = part
             self._pending.append((g, kv, q, full))
+        assert out is not None  # every row is in one of the two groups
         return out
 
     @torch.inference_mode()  # the stored K/V are the model's inference tensors, updated in place here
@@ -118,7 +120,7 @@ class Forwarder:
             else:
                 if self.kv is None:
                     self.kv = [(k.new_zeros((B, *k.shape[1:])), v.new_zeros((B, *v.shape[1:]))) for k, v in kv]
-                for (K, V), (k, v) in zip(self.kv, kv):
+                for (K, V), (k, v) in zip(self.kv, kv, strict=True):
                     K[r], V[r] = k[sel], v[sel]
             if full:
                 self.has_cache[r], self.ref_block[r], self.ref_step[r] = True, block[e], step[e]
@@ -129,13 +131,16 @@ class Forwarder:
             if full:
                 self.cached[r] = x[e] != self.mask_id
             else:
-                self.cached[r] |= torch.zeros_like(x[e], dtype=torch.bool).scatter_(1, q[sel], True) & (x[e] != self.mask_id)
+                assert q is not None  # a partial forward recomputed the columns q
+                fresh = torch.zeros_like(x[e], dtype=torch.bool).scatter_(1, q[sel], True)
+                self.cached[r] |= fresh & (x[e] != self.mask_id)
 
     def _columns(self, x: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor,
                  hi: torch.Tensor) -> torch.Tensor:
         """`[G, Q]` the columns a cached forward recomputes, padded per row by repeating one of its own."""
         T = x.shape[1]
         if self.mode == "delayed":
+            assert self.cached is not None  # rows with a cache were committed by a full forward first
             need = ~self.cached[rows] & attention.bool()  # masks and tokens committed since the last forward
             need |= x == self.mask_id
             Q = int(need.sum(-1).max())

@@ -44,7 +44,7 @@ class Canvas:
         offset = lo[i] + j
         self.x[rows[i], self.P + offset] = tokens[i, j]
         pairs: list[list] = [[] for _ in range(len(rows))]
-        for a, o, t in zip(i.tolist(), offset.tolist(), tokens[i, j].tolist()):
+        for a, o, t in zip(i.tolist(), offset.tolist(), tokens[i, j].tolist(), strict=True):
             pairs[a].append((o, t))
         return pairs
 

@@ -24,7 +24,8 @@ class DiffusionConfig(MethodConfig):
 
     temperature: float = 0.0  # 0: argmax; > 0: Gumbel-max sampling in float64
     seed: int | None = None  # None draws from torch's global RNG; a seed makes the run repeat
-    cache: CacheKind = "none"  # K/V reuse: prefix / dual (Fast-dLLM), suffix (masks after the view), delayed (dKV-Cache)
+    # K/V reuse: prefix / dual (Fast-dLLM), suffix (masks after the view), delayed (dKV-Cache)
+    cache: CacheKind = "none"
     cache_refresh: int | None = None  # a full refresh at least every n steps; None: only at block changes (prefix,
     #   dual, suffix), every 8 steps (delayed); 1: every step, exactly the uncached result
 

@@ -49,5 +49,5 @@ def _run(model: CausalLM, batch: PromptBatch, cfg: AssistedConfig, draft: Causal
     try:
         yield from hf_driver(model, batch, {"max_new_tokens": cfg.max_new_tokens}, assistant=draft.model)
     finally:
-        for k, v in saved.items():
-            setattr(gen, k, v)
+        for k, old in saved.items():
+            setattr(gen, k, old)

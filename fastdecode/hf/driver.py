@@ -52,7 +52,9 @@ class _Watcher:
     """Forward hooks on the target (and assistant) module; removed, and the assistant restored, on exit."""
 
     def __init__(self, target: torch.nn.Module, assistant: torch.nn.Module | None, prompt_len: int) -> None:
-        self.target, self.assistant = target, assistant
+        self.target = target
+        # a transformers model (or None), typed Any: its `generate` is replaced on the instance while drafting
+        self.assistant: Any = assistant
         self.run = Run()
         self._prompt_len = prompt_len
         self._drafting = 0  # > 0 while the assistant's generate() runs
@@ -64,6 +66,7 @@ class _Watcher:
             self._draft_forwards += 1
             return
         ids = kwargs.get("input_ids", args[0] if args else None)  # [1, T]
+        assert ids is not None  # transformers' generate passes the ids to every forward
         T = int(ids.shape[1])
         drafted = T - self._prompt_len if not self.run.steps else T - 1  # the first forward also holds the prompt
         candidates = ids[0, T - drafted :]  # [c]
@@ -110,10 +113,12 @@ def check_assisted(model: CausalLM, method: str, role: str = "model") -> None:
         )
 
 
-def generate_one(model: CausalLM, prompt: list[int], gen_kwargs: dict[str, Any], assistant: torch.nn.Module | None) -> Run:
+def generate_one(
+    model: CausalLM, prompt: list[int], gen_kwargs: dict[str, Any], assistant: torch.nn.Module | None
+) -> Run:
     """Greedy `model.model.generate()` on one unpadded prompt."""
     ids = torch.tensor([prompt], dtype=torch.long, device=model.device)  # [1, L]
-    target = model.model
+    target: Any = model.model  # a transformers model with generate() (torch types module attributes as Tensor | Module)
     generate = type(target).generate.__get__(target)  # the class's method, never the drafting wrapper
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the library never prints; transformers warns about generation flags

@@ -20,7 +20,8 @@ class PromptLookupConfig(MethodConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.num_tokens >= 1, "num_tokens", self.num_tokens, "must be at least 1")
-        check(self.max_matching_ngram_size >= 1, "max_matching_ngram_size", self.max_matching_ngram_size, "must be at least 1")
+        check(self.max_matching_ngram_size >= 1, "max_matching_ngram_size", self.max_matching_ngram_size,
+              "must be at least 1")
 
 
 @register("hf.prompt_lookup", kind="causal", config=PromptLookupConfig, lossless=True)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
+from transformers import PreTrainedConfig
 
 from ..errors import PromptError
 
@@ -25,7 +26,7 @@ class ModelAdapter:
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, name: str = "") -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.config = model.config
+        self.config = cast(PreTrainedConfig, model.config)  # torch types module attributes as Tensor | Module
         self.name = name or getattr(self.config, "_name_or_path", "") or type(model).__name__
 
     # -- properties -------------------------------------------------------------------------

@@ -7,7 +7,8 @@ first step, with the layer type or attention kind that blocks it named in the me
 - `attention_free(model)`: no layer attends over a KV cache (pure state-space models: Mamba, Mamba2);
 - `uses_alibi(model)`: ALiBi attention that reads key positions from a 2D padding mask (Bloom, Falcon with alibi, MPT);
 - `sliding_windows(model)`: the window of every sliding-window layer (Mistral, Gemma 2/3, Qwen2 with windows);
-- `layer_types(model)`: transformers' per-layer cache types ("full_attention", "sliding_attention", "linear_attention", ...).
+- `layer_types(model)`: transformers' per-layer cache types ("full_attention", "sliding_attention",
+  "linear_attention", ...).
 
 Each takes a `CausalLM` adapter or a bare `transformers` model.
 """
@@ -32,7 +33,7 @@ def _module(model: Any) -> nn.Module:
 
 
 def _text_config(model: Any) -> Any:
-    config = _module(model).config
+    config: Any = _module(model).config  # a transformers config (torch types module attributes as Tensor | Module)
     return config.get_text_config(decoder=True)
 
 
@@ -68,7 +69,8 @@ def state_layer_types(model: Any) -> list[str]:
 
 
 def _is_mixer(module: nn.Module) -> bool:
-    """A state-space / linear-attention mixer: it owns the decay parameter `A_log` (Mamba, Mamba2, hybrids, GatedDeltaNet)."""
+    """A state-space / linear-attention mixer: it owns the decay parameter `A_log` (Mamba, Mamba2, hybrids,
+    GatedDeltaNet)."""
     return "A_log" in dict(module.named_parameters(recurse=False))
 
 

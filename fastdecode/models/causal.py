@@ -91,6 +91,11 @@ class CausalLM(ModelAdapter):
                 attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
                 visible: torch.Tensor | None = None, *, hidden: Literal[True]) -> CausalOutput: ...
 
+    @overload
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
+                attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
+                visible: torch.Tensor | None = None, *, hidden: bool) -> torch.Tensor | CausalOutput: ...
+
     @torch.inference_mode()
     def forward(
         self,

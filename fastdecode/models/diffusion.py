@@ -19,7 +19,9 @@ class MaskedDiffusionLM(ModelAdapter):
 
     kind = "diffusion"
 
-    def __init__(self, model: torch.nn.Module, tokenizer=None, name: str = "", *, mask_token_id: int, shifted: bool) -> None:
+    def __init__(
+        self, model: torch.nn.Module, tokenizer=None, name: str = "", *, mask_token_id: int, shifted: bool
+    ) -> None:
         super().__init__(model, tokenizer, name)
         self.mask_token_id = mask_token_id
         self.shifted = shifted
@@ -77,6 +79,7 @@ class MaskedDiffusionLM(ModelAdapter):
         query = torch.where(torch.arange(Q, device=canvas.device) < n, order, order[:, :1])  # pad with a needed one
         slot = torch.zeros(B, L, dtype=torch.long, device=canvas.device)
         slot.scatter_(1, order, torch.arange(Q, device=canvas.device).expand(B, Q))  # column -> its place in query
+        assert kv is not None, "recomputing some columns needs the cache of the others"
         past = [LayerKV(k, v) for k, v in kv]
         out = self.model(input_ids=canvas.gather(1, query), attention_mask=attention_mask, cache=past,
                          query_index=query, use_cache=True, logits_index=slot.gather(1, out_pos))
@@ -95,7 +98,8 @@ class MaskedDiffusionLM(ModelAdapter):
 
     def describe(self) -> dict:
         d = super().describe()
-        d.update(mask_token_id=self.mask_token_id, logits="shifted (Dream)" if self.shifted else "same position (LLaDA)")
+        logits = "shifted (Dream)" if self.shifted else "same position (LLaDA)"
+        d.update(mask_token_id=self.mask_token_id, logits=logits)
         return d
 
 

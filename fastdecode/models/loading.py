@@ -11,8 +11,8 @@ import torch
 import transformers
 from safetensors import safe_open
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
-from transformers.utils import logging as hf_logging
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.utils import logging as hf_logging
 
 from ..errors import DeviceError, ModelLoadError, close_names
 from . import mdlm  # noqa: F401  (registers the zoo's diffusion architecture with the Auto classes)

@@ -46,7 +46,14 @@ class MDLMConfig(PretrainedConfig):
         self.rope_theta = rope_theta
         self.mask_token_id = mask_token_id
         self.logits_shift = logits_shift  # False: logits at the same position (LLaDA); True: shifted (Dream)
-        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+        # transformers types the config __init__ from its dataclass fields; at run time it takes any keyword
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)  # type: ignore[call-arg]
+
+
+def _cached_length(cache: list[LayerKV] | None) -> int:
+    """Canvas columns the cache holds (a forward with `query_index` has checked that there is one)."""
+    assert cache is not None and cache[0].k is not None
+    return cache[0].k.shape[2]
 
 
 class RMSNorm(nn.Module):
@@ -121,7 +128,8 @@ class Attention(nn.Module):
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         if kv is not None and index is None:  # the whole canvas: remember its K/V
             kv.k, kv.v = k, v
-        elif kv is not None:  # some columns: write their fresh K/V in, attend to every column of the canvas
+        elif kv is not None and index is not None:  # some columns: write their fresh K/V in, attend to the whole canvas
+            assert kv.k is not None and kv.v is not None, "a partial forward needs the canvas's K/V"
             at = index[:, None, :, None].expand(-1, self.kvh, -1, self.d)  # [B, KVH, Q, D]
             kv.k, kv.v = kv.k.scatter(2, at, k), kv.v.scatter(2, at, v)
             k, v = kv.k, kv.v  # [B, KVH, L, D]
@@ -226,9 +234,11 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
         x = self.model.embed_tokens(input_ids)
         full_mask = attention_mask is not None and attention_mask.dim() == 4
         if full_mask and position_ids is None:
-            raise ValueError("a [B, 1, Q, L] attention_mask needs position_ids (positions restart in every packed example)")
+            raise ValueError(
+                "a [B, 1, Q, L] attention_mask needs position_ids (positions restart in every packed example)"
+            )
         if position_ids is None:
-            L = input_ids.shape[1] if query_index is None else cache[0].k.shape[2]
+            L = input_ids.shape[1] if query_index is None else _cached_length(cache)
             if attention_mask is None:
                 position_ids = torch.arange(L, device=input_ids.device).expand(input_ids.shape[0], L)
             else:

@@ -59,7 +59,7 @@ class History:
         tokens = tokens.to(self.seen.device)
         self.seen[rows, tokens] = True
         for proc, states in self.states.items():
-            for r, t in zip(rows.tolist(), tokens.tolist()):
+            for r, t in zip(rows.tolist(), tokens.tolist(), strict=True):
                 states[r] = proc.advance(states[r], t)
 
     def extend(self, row: int, tokens: Sequence[int]) -> None:

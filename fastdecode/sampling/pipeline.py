@@ -12,7 +12,7 @@ position). Processors that need no history ignore `at` (and accept None); those 
 
 Who calls what:
 
-    pipe = LogitsPipeline.from_config(cfg)                    # cfg: temperature, top_k, top_p, min_p, repetition_penalty
+    pipe = LogitsPipeline.from_config(cfg)    # cfg: temperature, top_k, top_p, min_p, repetition_penalty
     hist = pipe.history(ids [R, L], vocab_size, mask=None)    # committed tokens of R sequences; hist.extend / append
     # ar picker, one logit row per sequence:
     tokens = pipe.pick(logits [R, V], hist.rows(), generator)              # [R]

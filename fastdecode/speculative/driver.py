@@ -14,14 +14,14 @@ from typing import Protocol
 
 import torch
 
-from ..sampling.samplers import make_generator
 from ..cache import KVCache
-from ..sampling.config import SamplingConfig
-from ..sampling.pipeline import LogitsPipeline
 from ..errors import IncompatibleMethodError
 from ..models.capabilities import sliding_windows, state_layer_types, uses_alibi
-from ..models.causal import CausalLM
+from ..models.causal import CausalLM, CausalOutput
 from ..registry import RunContext
+from ..sampling.config import SamplingConfig
+from ..sampling.pipeline import LogitsPipeline
+from ..sampling.samplers import make_generator
 from ..types import PromptBatch, StepEvent
 from .tree import ancestor_mask, depths, verify_tree_greedy, verify_tree_rsd, verify_tree_sampling
 from .verification import Verification
@@ -83,9 +83,13 @@ class Drafter(Protocol):
     reads the target's hidden states sets `needs_hidden = True` and finds them in `Verification.hidden`; drafters
     that may propose trees or side tokens (verified under a custom attention mask) set `tree_drafts`."""
 
-    forwards: int
     needs_hidden: bool
     tree_drafts: bool
+
+    @property
+    def forwards(self) -> int:
+        """Model forwards run so far (read only: a plain attribute or a property both satisfy it)."""
+        ...
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         """Draft a chain of at most k tokens, or a tree at most k deep, to follow `context` (`[N]` long, on the CPU)."""
@@ -154,7 +158,9 @@ def check_tree_attention(model: CausalLM, role: str = "target") -> None:
         )
 
 
-def speculative(model: CausalLM, batch: PromptBatch, cfg: SpecConfig, ctx: RunContext, new_drafter: DrafterFactory) -> Iterator[StepEvent]:
+def speculative(
+    model: CausalLM, batch: PromptBatch, cfg: SpecConfig, ctx: RunContext, new_drafter: DrafterFactory
+) -> Iterator[StepEvent]:
     """Check the model, then return the generator of step events (errors surface before the first step).
 
     On the preallocated cache every row of the batch is verified in one target forward per step (rows with their
@@ -250,15 +256,17 @@ class _Group:
         blocks: list[_Block | None] = []
         draft_s: list[float] = []
         before = [r.drafter.forwards for r in self.rows]
-        for row, cached in zip(self.rows, base):
+        for row, cached in zip(self.rows, base, strict=True):
             if row.done:
-                drafts.append(None), blocks.append(None), draft_s.append(0.0)
+                drafts.append(None)
+                blocks.append(None)
+                draft_s.append(0.0)
                 continue
             t0 = _clock(model)
-            draft = row.propose()
+            proposed = row.propose()
             draft_s.append(_clock(model) - t0)
-            drafts.append(draft)
-            blocks.append(row.block(draft, cached))
+            drafts.append(proposed)
+            blocks.append(row.block(proposed, cached))
 
         # 2. one forward over every row's block, padded to the longest (padding sees only itself)
         t1 = _clock(model)
@@ -276,7 +284,13 @@ class _Group:
             pos[b, n:] = blk.positions[-1]
         first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
         device = model.device
-        needs = any(getattr(r.drafter, "needs_hidden", False) for r, blk in zip(self.rows, blocks) if blk is not None)
+        needs = any(
+            getattr(r.drafter, "needs_hidden", False)
+            for r, blk in zip(self.rows, blocks, strict=True)
+            if blk is not None
+        )
+        mask: torch.Tensor | None
+        visible: torch.Tensor | None
         if isinstance(self.cache, KVCache):
             mask, visible = real.to(device), vis.to(device)
         else:  # one row on transformers' cache: no padding; a chain needs no mask (ALiBi models take no other)
@@ -284,13 +298,14 @@ class _Group:
             mask, visible = None, (None if chain else vis.to(device))
         fwd = model.forward(inp.to(device), pos.to(device), self.cache, mask, num_logits=T - first,
                             visible=visible, hidden=needs)
-        logits, hidden = (fwd.logits, fwd.hidden) if needs else (fwd, None)  # [B, T - first, V], [B, T, H]
+        # [B, T - first, V], [B, T, H]
+        logits, hidden = (fwd.logits, fwd.hidden) if isinstance(fwd, CausalOutput) else (fwd, None)
         shared = _clock(model) - t1
 
         # 3. each row verifies its slice, keeps its tokens and rolls its part of the cache back
         outs: dict[int, _Out] = {}
         keep = list(base)
-        for b, (row, draft, blk) in enumerate(zip(self.rows, drafts, blocks)):
+        for b, (row, draft, blk) in enumerate(zip(self.rows, drafts, blocks, strict=True)):
             if draft is None or blk is None:
                 continue
             t2 = _clock(model)
@@ -309,7 +324,9 @@ class _Group:
 class _Row:
     """One sequence: its context and its drafter (its cache entries live in its group's cache)."""
 
-    def __init__(self, model: CausalLM, prompt: list[int], cfg: SpecConfig, drafter: Drafter, generator: torch.Generator | None) -> None:
+    def __init__(
+        self, model: CausalLM, prompt: list[int], cfg: SpecConfig, drafter: Drafter, generator: torch.Generator | None
+    ) -> None:
         self.model, self.cfg, self.drafter, self.generator = model, cfg, drafter, generator
         self.eos = model.eos_token_ids
         self.prompt = prompt
@@ -320,14 +337,18 @@ class _Row:
         # the request's logits pipeline; the History of committed tokens only when a processor reads it
         self.pipeline = LogitsPipeline.from_config(cfg)
         keep = self.pipeline.uses_history or self.pipeline.stateful
-        self.history = self.pipeline.history(torch.tensor([prompt]).to(model.device), model.vocab_size) if keep else None
+        self.history = (
+            self.pipeline.history(torch.tensor([prompt]).to(model.device), model.vocab_size) if keep else None
+        )
         self.in_history = len(prompt)  # context tokens the History holds (it catches up in `_verify`)
 
     def propose(self) -> Draft:
         made = self.n - self.prompt_len
         room = self.cfg.max_new_tokens - made - 1  # drafts beyond this could never be emitted
         draft = self.drafter.propose(self.ids[: self.n], room).as_chain() if room > 0 else Draft.empty()
-        assert draft.depth <= max(room, 0), f"drafter proposed {draft.depth} tokens deep, more than the {room} asked for"
+        assert draft.depth <= max(room, 0), (
+            f"drafter proposed {draft.depth} tokens deep, more than the {room} asked for"
+        )
         return draft
 
     def block(self, draft: Draft, cached: int) -> _Block:
@@ -338,7 +359,10 @@ class _Row:
         tokens = torch.cat([self.ids[n - P : n], draft.tokens.cpu()] + ([side.tokens.cpu()] if side else []))
         if draft.parents is None and side is None:  # a chain: plain causal attention
             return _Block(tokens, torch.arange(n - P, n + k), torch.ones(P + k, P + k, dtype=torch.bool).tril(), P)
-        offsets = torch.tensor(depths(draft.parents), dtype=torch.long) if draft.parents is not None else torch.arange(1, k + 1)
+        offsets = (
+            torch.tensor(depths(draft.parents), dtype=torch.long) if draft.parents is not None
+            else torch.arange(1, k + 1)
+        )
         pos = torch.cat([torch.arange(n - P, n), n - 1 + offsets] + ([self._side_positions(side)] if side else []))
         return _Block(tokens, pos, self._visible(P, draft), P)
 
@@ -386,7 +410,7 @@ class _Row:
         allow[:P, :P] = torch.ones(P, P, dtype=torch.bool).tril()
         tree = ancestor_mask(draft.parents) if draft.parents is not None else torch.ones(k, k, dtype=torch.bool).tril()
         allow[P : P + k, P : P + k] = tree
-        if S:
+        if draft.side is not None and S:
             allow[P + k :, P + k :] = draft.side.mask
         return allow
 
@@ -401,7 +425,9 @@ class _Row:
             at = self.history.draft(0, draft.tokens, tree)
         if self.cfg.greedy:
             logits = self.pipeline.process(logits, at)  # the processors that can move the argmax
-            return verify_greedy(draft.tokens, logits) if tree is None else verify_tree_greedy(draft.tokens.tolist(), tree, logits)
+            if tree is None:
+                return verify_greedy(draft.tokens, logits)
+            return verify_tree_greedy(draft.tokens.tolist(), tree, logits)
         p = self.pipeline.distributions(logits, at)  # [k + 1, V]
         if tree is None:
             return verify_sampling(draft.tokens, draft.probs, p, self.generator)

@@ -49,7 +49,7 @@ def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tens
     ok = [False] * len(tokens)
     depth = depths(parents)
     end, end_depth = -1, 0
-    for i, (t, p) in enumerate(zip(tokens, parents)):
+    for i, (t, p) in enumerate(zip(tokens, parents, strict=True)):
         ok[i] = t == best[p + 1] and (p < 0 or ok[p])
         if ok[i] and depth[i] > end_depth:
             end, end_depth = i, depth[i]
@@ -57,7 +57,9 @@ def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tens
     return Verdict(len(path), [tokens[i] for i in path] + [best[end + 1]])
 
 
-def verify_tree_sampling(tokens: list[int], parents: list[int], p: torch.Tensor, generator: torch.Generator | None) -> Verdict:
+def verify_tree_sampling(
+    tokens: list[int], parents: list[int], p: torch.Tensor, generator: torch.Generator | None
+) -> Verdict:
     """Recursive rejection sampling over deterministic children (SpecInfer multi-step speculative sampling with
     q one-hot): at each accepted node try its children in order, accepting child c with probability r(c) under
     the running residual r (initially p at that node) and else removing c from r; when all are rejected, or at

@@ -35,13 +35,15 @@ def write_card(folder: Path, recipe: Recipe, command: str, minutes: float, threa
     lines = [
         f"# {recipe.name}", "", recipe.description + ".", "",
         "## Reproduce", "", "```bash", command, "```", "",
-        f"Trained in {minutes:.1f} minutes on this project's 2-core CPU machine ({threads} torch thread{'s' if threads != 1 else ''}), "
+        f"Trained in {minutes:.1f} minutes on this project's 2-core CPU machine "
+        f"({threads} torch thread{'s' if threads != 1 else ''}), "
         f"{recipe.steps} steps of about {recipe.batch_tokens} tokens"
         + (f" (rows of {recipe.pack_len} tokens packed with whole examples)" if recipe.pack_len else "")
         + (", bfloat16 autocast" if recipe.bf16 else "")
         + f", AdamW lr {recipe.lr}, warm-up {recipe.warmup}, cosine to 10%.",
         "", "## Shape", "",
-        f"hidden {recipe.hidden_size}, layers {recipe.num_layers}, heads {recipe.num_heads} (kv {recipe.num_kv_heads}), "
+        f"hidden {recipe.hidden_size}, layers {recipe.num_layers}, "
+        f"heads {recipe.num_heads} (kv {recipe.num_kv_heads}), "
         f"MLP {recipe.intermediate_size}, vocabulary {recipe.vocab_size}, positions 512, objective `{recipe.objective}`"
         + (f", initialised from `{recipe.init_from}`" if recipe.init_from else "") + ".",
         "", "## Data mixture (train seeds only; the first test prompts of every task are removed)", "",

@@ -16,7 +16,17 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from ..bench.tasks import TASKS
 from ..bench.tasks.code import training_sources
 from ..models.mdlm import MDLMConfig, MDLMForMaskedDiffusion
-from .data import DEFAULT_MIXTURE, Example, Packed, batches, collate, collate_packed, encode, item_stream, packed_batches
+from .data import (
+    DEFAULT_MIXTURE,
+    Example,
+    Packed,
+    batches,
+    collate,
+    collate_packed,
+    encode,
+    item_stream,
+    packed_batches,
+)
 from .recipes import Recipe
 from .tokenizer import SPECIAL_TOKENS, train_tokenizer
 
@@ -24,7 +34,9 @@ Progress = Callable[[int, int, float], None]  # (step, total, loss)
 MAX_POSITIONS = 512
 
 
-def tokenizer_corpus(seed: int, mixture: dict[str, float], n_items: int = 6000, code_chars: int = 3_000_000) -> list[str]:
+def tokenizer_corpus(
+    seed: int, mixture: dict[str, float], n_items: int = 6000, code_chars: int = 3_000_000
+) -> list[str]:
     """Texts the BPE is trained on: task prompts and answers plus training-module source."""
     items = itertools.islice(item_stream(mixture, seed), n_items)
     texts = [f"{i.prompt}\n{i.reference}" for i in items]
@@ -47,7 +59,8 @@ def build_model(recipe: Recipe, tokenizer) -> torch.nn.Module:
     )
     if recipe.objective == "ar":
         return LlamaForCausalLM(LlamaConfig(**shape))
-    return MDLMForMaskedDiffusion(MDLMConfig(mask_token_id=tokenizer.mask_token_id, logits_shift=recipe.logits_shift, **shape))
+    config = MDLMConfig(mask_token_id=tokenizer.mask_token_id, logits_shift=recipe.logits_shift, **shape)
+    return MDLMForMaskedDiffusion(config)
 
 
 def lr_at(step: int, recipe: Recipe) -> float:
@@ -152,8 +165,8 @@ def train(recipe: Recipe, tokenizer, seed: int, init: torch.nn.Module | None = N
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=recipe.lr, betas=(0.9, 0.95))
+    groups = [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=recipe.lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(seed)
     stream = _batches(recipe, tokenizer, seed)
     if recipe.curriculum_steps:
@@ -197,7 +210,8 @@ def _loss(recipe: Recipe, model, batch, mask_id: int, gen: torch.Generator) -> t
     if isinstance(batch, Packed):
         if recipe.objective == "ar":
             return ar_loss(model, batch.ids, batch.mask, batch.answer, batch.positions)
-        return mdlm_loss(model, batch.ids, batch.mask, batch.answer, mask_id, gen, positions=batch.positions, doc=batch.doc)
+        return mdlm_loss(model, batch.ids, batch.mask, batch.answer, mask_id, gen, positions=batch.positions,
+                         doc=batch.doc)
     ids, attention, answer = batch
     if recipe.objective == "ar":
         return ar_loss(model, ids, attention, answer)

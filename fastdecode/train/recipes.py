@@ -6,6 +6,7 @@ import dataclasses
 import json
 import typing
 from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 from ..config import coerce_value
 from ..errors import FastDecodeError, ParameterError, close_names
@@ -49,7 +50,9 @@ class Recipe:
 
     def __post_init__(self) -> None:
         if self.pre_tokenizer not in PRE_TOKENIZERS:
-            raise ParameterError(f"Unknown pre_tokenizer {self.pre_tokenizer!r}; choose one of {sorted(PRE_TOKENIZERS)}.")
+            raise ParameterError(
+                f"Unknown pre_tokenizer {self.pre_tokenizer!r}; choose one of {sorted(PRE_TOKENIZERS)}."
+            )
         if not 0.0 <= self.long_canvas <= 1.0:
             raise ParameterError(f"long_canvas is a share of the answers, between 0 and 1; got {self.long_canvas}.")
         if self.long_canvas and self.long_canvas_to % 16:
@@ -64,7 +67,13 @@ COPY_CURRICULUM = {"lists.copy": 1.0, "letters.copy": 1.0, "lists.reverse": 1.0,
 SLOW_TASKS = {"lists.sort": 6.0, "letters.sort": 2.5, "letters.repeat": 2.0}
 
 # every recipe: 6 rows of 384 tokens packed with whole examples of the whole mixture, bfloat16 matrix products
-PACKED = dict(pack_len=384, batch_tokens=6 * 384, bf16=True)
+class _Packing(TypedDict):
+    pack_len: int
+    batch_tokens: int
+    bf16: bool
+
+
+PACKED = _Packing(pack_len=384, batch_tokens=6 * 384, bf16=True)
 
 RECIPES = {
     r.name: r
@@ -76,9 +85,10 @@ RECIPES = {
                curriculum_steps=500, curriculum=COPY_CURRICULUM, tokenizer_from="ar-small", **PACKED,
                description="the drafter for speculative decoding"),
         Recipe("dlm-small", "mdlm", 320, 6, 5, 5, 864, steps=4600, lr=1e-3, init_from="ar-small", logits_shift=True,
-               tokenizer_from="ar-small", warmup=100, mixture={**SLOW_TASKS, "code.complete": 0.2, "puzzles.sudoku": 1.5},
-               **PACKED,
-               description="a masked-diffusion LM (bidirectional attention, mask token, Dream-style shifted logits) initialised from ar-small"),
+               tokenizer_from="ar-small", warmup=100,
+               mixture={**SLOW_TASKS, "code.complete": 0.2, "puzzles.sudoku": 1.5}, **PACKED,
+               description="a masked-diffusion LM (bidirectional attention, mask token, Dream-style shifted logits) "
+                           "initialised from ar-small"),
     ]
 }
 
@@ -92,15 +102,18 @@ def get_recipe(name: str) -> Recipe:
 def override(recipe: Recipe, settings: dict[str, str]) -> Recipe:
     """A recipe with fields replaced from `name=value` strings (JSON for dicts), for recipe trials."""
     hints = typing.get_type_hints(Recipe)
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}  # each value coerced to its field's type
     for name, value in settings.items():
         if name not in hints or name == "name":
-            raise ParameterError(f"Unknown recipe field {name!r}. {close_names(name, [f.name for f in dataclasses.fields(Recipe)])}")
+            fields = [f.name for f in dataclasses.fields(Recipe)]
+            raise ParameterError(f"Unknown recipe field {name!r}. {close_names(name, fields)}")
         if typing.get_origin(hints[name]) is dict:
             try:
                 changes[name] = {str(k): float(v) for k, v in json.loads(value).items()}
             except (ValueError, AttributeError):
-                raise ParameterError(f"Recipe field {name} takes a JSON object, e.g. '{{\"lists.copy\": 1}}'.") from None
+                raise ParameterError(
+                    f"Recipe field {name} takes a JSON object, e.g. '{{\"lists.copy\": 1}}'."
+                ) from None
         else:
             changes[name] = coerce_value(name, value, hints[name])
     return dataclasses.replace(recipe, **changes)

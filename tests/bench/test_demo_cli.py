@@ -35,8 +35,10 @@ def test_demo_plan_skips_missing_models():
     assert [m.model for m in plan] == ["zoo:ar-small"] and "hf.assisted" not in plan[0].methods
     assert any("ar-tiny" in n for n in notes)
     plan, notes = zoo_plan(["ar-small", "ar-tiny", "dlm-small"])
-    assert [(m.model, m.draft) for m in plan] == [("zoo:ar-small", "zoo:ar-tiny"), ("zoo:dlm-small", None)] and not notes
-    assert {"ar.greedy", "hf.greedy", "hf.prompt_lookup", "hf.assisted", "spec.pld", "spec.draft_model"} <= set(plan[0].methods)
+    assert [(m.model, m.draft) for m in plan] == [("zoo:ar-small", "zoo:ar-tiny"), ("zoo:dlm-small", None)]
+    assert not notes
+    expected = {"ar.greedy", "hf.greedy", "hf.prompt_lookup", "hf.assisted", "spec.pld", "spec.draft_model"}
+    assert expected <= set(plan[0].methods)
     assert plan[1].methods[0] == "dlm.baseline" and "dlm.threshold" in plan[1].methods
 
 
@@ -56,19 +58,21 @@ def test_bench_and_report_commands(target_dir, tmp_path):
 
 def test_list_options_take_several_values():
     argv = ["fastdecode", "bench", "--methods", "a", "b", "--seeds", "1000000", "1000001", "--limit", "2", "--out", "x"]
-    assert expand_list_options(argv) == ["fastdecode", "bench", "--methods", "a", "--methods", "b", "--seeds", "1000000",
-                                         "--seeds", "1000001", "--limit", "2", "--out", "x"]
+    assert expand_list_options(argv) == ["fastdecode", "bench", "--methods", "a", "--methods", "b",
+                                         "--seeds", "1000000", "--seeds", "1000001", "--limit", "2", "--out", "x"]
     assert expand_list_options(["fastdecode", "report", "a", "b"]) == ["fastdecode", "report", "a", "b"]
 
 
 def test_cli_refuses_training_seeds_and_unknown_suites(target_dir, tmp_path):
     def run(*args):
         env = {**os.environ, "FASTDECODE_DEBUG": "0"}
-        return subprocess.run([sys.executable, "-m", "fastdecode", *args], capture_output=True, text=True, env=env, timeout=120)
+        return subprocess.run([sys.executable, "-m", "fastdecode", *args], capture_output=True, text=True, env=env,
+                              timeout=120)
 
     common = ["--model", str(target_dir), "--methods", "hf.greedy", "ar.greedy", "--out", str(tmp_path / "r.jsonl")]
     p = run("bench", "--suite", "quick", *common, "--seeds", "1000000", "12")
-    assert p.returncode == 2 and "Seed 12 is not a test seed" in " ".join(p.stderr.split()) and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "Seed 12 is not a test seed" in " ".join(p.stderr.split())
+    assert "Traceback" not in p.stderr
     p = run("bench", "--suite", "quik", *common)
     assert p.returncode == 2 and "Did you mean 'quick'" in p.stderr
     assert not (tmp_path / "r.jsonl").exists()

@@ -7,7 +7,8 @@ import pytest
 import fastdecode
 from fastdecode.bench.tasks import DEFAULT_TEST_SEED, TASKS, format_prompt
 
-PROMPTS = ["the quick brown", "def add(a, b):", format_prompt(TASKS["letters.reverse"].items(DEFAULT_TEST_SEED, 1)[0].prompt)]
+PROMPTS = ["the quick brown", "def add(a, b):",
+           format_prompt(TASKS["letters.reverse"].items(DEFAULT_TEST_SEED, 1)[0].prompt)]
 
 
 def check_stats(result, max_new_tokens: int) -> None:
@@ -48,9 +49,10 @@ def test_same_tokens_as_ar_greedy(target, draft, prompt, method, kwargs):
 def test_batch_equals_one_by_one(target, draft):
     one = [fastdecode.generate(target, p, "hf.assisted", draft=draft, max_new_tokens=12) for p in PROMPTS]
     batch = fastdecode.generate(target, PROMPTS, "hf.assisted", draft=draft, max_new_tokens=12)
-    for a, b in zip(one, batch):
+    for a, b in zip(one, batch, strict=True):
         assert a.token_ids == b.token_ids
-        assert (a.stats.forwards, a.stats.proposed, a.stats.accepted) == (b.stats.forwards, b.stats.proposed, b.stats.accepted)
+        assert (a.stats.forwards, a.stats.proposed, a.stats.accepted) == (
+            b.stats.forwards, b.stats.proposed, b.stats.accepted)
 
 
 def test_assisted_needs_a_draft(target):

@@ -27,7 +27,8 @@ def test_methods(target):
     answers = {}
     for task in TASKS.values():
         item = task.items(DEFAULT_TEST_SEED, 1)[0]
-        answers[tuple(target.encode(format_prompt(item.prompt)))] = target.tokenizer(item.reference, add_special_tokens=False)["input_ids"]
+        reference = target.tokenizer(item.reference, add_special_tokens=False)["input_ids"]
+        answers[tuple(target.encode(format_prompt(item.prompt)))] = reference
     eos = min(target.eos_token_ids)
 
     @registry.register("test.oracle", kind="causal", config=MethodConfig)
@@ -46,7 +47,8 @@ def test_methods(target):
 
 def test_oracle_scores_one_and_wrong_scores_zero(target, tmp_path, test_methods):
     out = tmp_path / "scores.jsonl"
-    run_bench(SUITE, target, ["test.oracle", "test.wrong"], out, params={"ar.greedy": {"max_new_tokens": 2}}, warmup=False)
+    run_bench(SUITE, target, ["test.oracle", "test.wrong"], out, params={"ar.greedy": {"max_new_tokens": 2}},
+              warmup=False)
     rows = read_rows(out)
     oracle = {r["task"]: r for r in rows if r["method"] == "test.oracle"}
     wrong = {r["task"]: r for r in rows if r["method"] == "test.wrong"}

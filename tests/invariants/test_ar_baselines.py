@@ -31,7 +31,7 @@ def test_greedy_equals_transformers_generate(causal, prompt):
 def test_batched_greedy_equals_one_by_one(causal):
     batched = fastdecode.generate(causal, PROMPTS, "ar.greedy", max_new_tokens=30)
     assert len({len(r.prompt_ids) for r in batched}) > 1  # really different lengths, so left padding is used
-    for prompt, b in zip(PROMPTS, batched):
+    for prompt, b in zip(PROMPTS, batched, strict=True):
         single = fastdecode.generate(causal, prompt, "ar.greedy", max_new_tokens=30)
         assert b.token_ids == single.token_ids
         assert b.stats.new_tokens == single.stats.new_tokens == b.stats.forwards
@@ -44,7 +44,7 @@ def test_greedy_stops_at_eos_and_counts_it(causal_dir):
     stop = free_run[0].token_ids[5]
     model.model.generation_config.eos_token_id = [1, stop]
     stopped = fastdecode.generate(model, PROMPTS, max_new_tokens=20)
-    for free, r in zip(free_run, stopped):
+    for free, r in zip(free_run, stopped, strict=True):
         cut = free.token_ids.index(stop) + 1 if stop in free.token_ids else len(free.token_ids)
         assert r.token_ids == free.token_ids[:cut]
         assert r.stats.new_tokens == r.stats.forwards == cut
@@ -76,7 +76,8 @@ def test_explicit_generator_is_used(causal):
 
 def test_sampling_at_temperature_zero_or_top_k_one_is_greedy(causal):
     greedy = fastdecode.generate(causal, PROMPTS[0], max_new_tokens=20).token_ids
-    assert fastdecode.generate(causal, PROMPTS[0], "ar.sample", temperature=0, max_new_tokens=20, seed=1).token_ids == greedy
+    sampled = fastdecode.generate(causal, PROMPTS[0], "ar.sample", temperature=0, max_new_tokens=20, seed=1)
+    assert sampled.token_ids == greedy
     assert fastdecode.generate(causal, PROMPTS[0], "ar.sample", top_k=1, max_new_tokens=20, seed=1).token_ids == greedy
 
 

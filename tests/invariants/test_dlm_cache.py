@@ -1,4 +1,5 @@
-"""Caches for masked diffusion: the model's partial forward, refresh-every-step exactness, what each cache recomputes."""
+"""Caches for masked diffusion: the model's partial forward, refresh-every-step exactness, what each cache
+recomputes."""
 
 from __future__ import annotations
 
@@ -44,9 +45,11 @@ def test_partial_forward_with_exact_cached_kv_equals_the_full_forward(diffusion,
     assert torch.equal(logits, full)  # the caching full forward is the plain one
     cols = torch.tensor([[5, 6, 7, 11], [4, 9, 9, 10]])  # duplicates are allowed (padding)
     part, kv2 = model.forward_columns(canvas, attention, cols, kv)
-    torch.testing.assert_close(part, full.gather(1, cols[..., None].expand(-1, -1, full.shape[-1])), rtol=1e-5, atol=1e-5)
-    for (k, v), (k2, v2) in zip(kv, kv2):
+    expected = full.gather(1, cols[..., None].expand(-1, -1, full.shape[-1]))
+    torch.testing.assert_close(part, expected, rtol=1e-5, atol=1e-5)
+    for (k, v), (k2, v2) in zip(kv, kv2, strict=True):
         torch.testing.assert_close(k2, k, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v2, v, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shifted", [False, True])

@@ -37,13 +37,15 @@ class Oracle:
         self.answers[tuple(prompt)] = answers
         return prompt
 
-    def forward(self, canvas: torch.Tensor, attention_mask: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, canvas: torch.Tensor, attention_mask: torch.Tensor, at: torch.Tensor | None = None
+    ) -> torch.Tensor:
         B, L = canvas.shape
         logits = torch.zeros(B, L, VOCAB)
         for b in range(B):
             prompt = canvas[b, : L - self.n][attention_mask[b, : L - self.n].bool()].tolist()
             gen = canvas[b, L - self.n :].tolist()
-            fits = [a for a in self.answers[tuple(prompt)] if all(g in (MASK, t) for g, t in zip(gen, a))]
+            fits = [a for a in self.answers[tuple(prompt)] if all(g in (MASK, t) for g, t in zip(gen, a, strict=True))]
             for i, g in enumerate(gen):
                 if g == MASK and fits:
                     p = torch.bincount(torch.tensor([a[i] for a in fits]), minlength=VOCAB).double() / len(fits)
@@ -51,7 +53,7 @@ class Oracle:
         return logits if at is None else logits.gather(1, at[..., None].expand(-1, -1, VOCAB))
 
     def accuracy(self, prompts: list[list[int]], results) -> float:
-        ok = [tuple(r.token_ids) in self.answers[tuple(p)] for p, r in zip(prompts, results)]
+        ok = [tuple(r.token_ids) in self.answers[tuple(p)] for p, r in zip(prompts, results, strict=True)]
         return sum(ok) / len(ok)
 
 
@@ -69,8 +71,8 @@ def instances(oracle: Oracle, kind: str, count: int = 6, seed: int = 0) -> list[
             answers = [tuple(w if j == k else t for j, t in enumerate(x)) for k in range(n)]
         else:  # shuffle: any permutation
             answers = list(itertools.permutations(x))
-        prompts.append(oracle.task([40 + ["copy", "replace_index", "replace_random", "shuffle"].index(kind), *x, w, 36 + i],
-                                   answers))
+        kind_id = 40 + ["copy", "replace_index", "replace_random", "shuffle"].index(kind)
+        prompts.append(oracle.task([kind_id, *x, w, 36 + i], answers))
     return prompts
 
 

@@ -91,8 +91,8 @@ def test_rows_roll_back_independently(causal):
     cache.crop_rows([width + 1, width])
     assert cache.lengths == [width + 1, width]
     # row 0 then has one junk token (9) at its next position; feed row 0 [7, 8] after it, row 1 [7, 8] directly
-    out = causal.forward(torch.tensor([[7, 8], [7, 8]]), torch.tensor(cache.next_positions())[:, None] + torch.arange(2),
-                         cache)
+    positions = torch.tensor(cache.next_positions())[:, None] + torch.arange(2)
+    out = causal.forward(torch.tensor([[7, 8], [7, 8]]), positions, cache)
     torch.testing.assert_close(out[1], alone[1], rtol=1e-5, atol=1e-5)
     ref = causal.new_cache()
     p = prompts[0]

@@ -46,7 +46,7 @@ def test_lossless_method_equals_its_baseline(models, name):
     draft = {"draft": drafts[method.draft_kind]} if method.needs_draft else {}
     out = fastdecode.generate(model, PROMPTS, name, max_new_tokens=n, memory=DrafterMemory(), **draft)
     assert [r.token_ids for r in out] == [r.token_ids for r in base]
-    for r, b in zip(out, base):
+    for r, b in zip(out, base, strict=True):
         s = r.stats
         assert s.new_tokens == len(r.token_ids) and s.finish_reason == b.stats.finish_reason
         assert s.accepted <= s.proposed and sum(s.accepted_per_position) == s.accepted

@@ -65,7 +65,8 @@ def oracle(target, shifted: bool = False, max_positions: int | None = None, adap
 @pytest.fixture(scope="module")
 def dream(tmp_path_factory, tokenizer, save_diffusion_model):
     """A tiny random MDLM with Dream's shifted logits."""
-    return fastdecode.load(save_diffusion_model(tmp_path_factory.mktemp("tiny-dream"), tokenizer, seed=2, logits_shift=True))
+    folder = save_diffusion_model(tmp_path_factory.mktemp("tiny-dream"), tokenizer, seed=2, logits_shift=True)
+    return fastdecode.load(folder)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +99,7 @@ def test_batched_greedy_equals_ar_greedy(causal, diffusion, dream, baseline, dra
 
 def test_batched_stats_equal_one_by_one(causal, diffusion):
     batched = fastdecode.generate(causal, PROMPTS, "spec.dlm_draft", draft=diffusion, draft_steps=2, max_new_tokens=30)
-    for prompt, b in zip(PROMPTS, batched):
+    for prompt, b in zip(PROMPTS, batched, strict=True):
         s = fastdecode.generate(causal, prompt, "spec.dlm_draft", draft=diffusion, draft_steps=2, max_new_tokens=30)
         assert b.token_ids == s.token_ids
         assert (b.stats.forwards, b.stats.proposed, b.stats.accepted, b.stats.accepted_per_position) == (
@@ -148,8 +149,9 @@ def test_eos_inside_a_draft_stops_the_row(causal_dir, baseline):
     model.model.generation_config.eos_token_id = [1, stop]
     ref = fastdecode.generate(model, PROMPTS, "ar.greedy", max_new_tokens=40)
     for d, steps in [(oracle(model), 1), (oracle(model, shifted=True), 3)]:
-        out = fastdecode.generate(model, PROMPTS, "spec.dlm_draft", draft=d, draft_steps=steps, max_new_tokens=40, trace=True)
-        for b, (r, a) in enumerate(zip(out, ref)):
+        out = fastdecode.generate(model, PROMPTS, "spec.dlm_draft", draft=d, draft_steps=steps, max_new_tokens=40,
+                                  trace=True)
+        for b, (r, a) in enumerate(zip(out, ref, strict=True)):
             assert r.token_ids == a.token_ids and r.stats.finish_reason == a.stats.finish_reason
             assert [t for e in r.trace for _, t in e.tokens[b]] == r.token_ids  # nothing after the EOS is emitted
         assert out[2].token_ids == baseline[2][:4] and out[2].stats.forwards == 1 and out[2].stats.accepted == 4
@@ -159,7 +161,8 @@ def test_eos_inside_a_draft_stops_the_row(causal_dir, baseline):
 @pytest.mark.parametrize("steps", [1, 2])
 def test_max_new_tokens_inside_a_draft(causal, diffusion, baseline, n, steps):
     for d in (oracle(causal), diffusion):
-        out = fastdecode.generate(causal, PROMPTS, "spec.dlm_draft", draft=d, draft_steps=steps, max_new_tokens=n, trace=True)
+        out = fastdecode.generate(causal, PROMPTS, "spec.dlm_draft", draft=d, draft_steps=steps, max_new_tokens=n,
+                                  trace=True)
         for b, r in enumerate(out):
             assert r.token_ids == baseline[b][:n]
             assert sum(len(e.tokens[b]) for e in r.trace) == len(r.token_ids) <= n
@@ -175,7 +178,8 @@ def test_the_context_window_bounds_the_draft_canvas(causal, baseline):
     assert context_window(oracle(causal), DlmDraftConfig(context_window=5)) == 5
     assert context_window(oracle(causal), DlmDraftConfig()) is None
     windowed = oracle(causal)
-    fastdecode.generate(causal, PROMPTS, "spec.dlm_draft", draft=windowed, context_window=3, num_draft_tokens=2, max_new_tokens=9)
+    fastdecode.generate(causal, PROMPTS, "spec.dlm_draft", draft=windowed, context_window=3, num_draft_tokens=2,
+                        max_new_tokens=9)
     assert max(windowed.model.seen) == 5
 
 
@@ -207,23 +211,28 @@ def test_sampled_drafts_carry_their_commit_distributions(diffusion, steps):
 
 def test_seeded_sampling_repeats_and_seeds_differ(causal, diffusion):
     for steps in (1, 3):
-        def run(seed):
-            return [r.token_ids for r in fastdecode.generate(causal, PROMPTS, "spec.dlm_draft", draft=diffusion,
-                                                             draft_steps=steps, temperature=1.5, seed=seed, max_new_tokens=24)]
+        def run(seed, steps=steps):
+            out = fastdecode.generate(causal, PROMPTS, "spec.dlm_draft", draft=diffusion, draft_steps=steps,
+                                      temperature=1.5, seed=seed, max_new_tokens=24)
+            return [r.token_ids for r in out]
         assert run(7) == run(7)
         assert run(7) != run(8)
 
 
 def test_missing_causal_or_mismatched_drafts_are_refused(causal, diffusion, tokenizer):
-    with pytest.raises(IncompatibleMethodError, match="needs a draft model.*masked-diffusion LM.*--draft zoo:dlm-small"):
+    with pytest.raises(IncompatibleMethodError,
+                       match="needs a draft model.*masked-diffusion LM.*--draft zoo:dlm-small"):
         fastdecode.generate(causal, "the", "spec.dlm_draft")
-    with pytest.raises(IncompatibleMethodError, match="must be a masked-diffusion LM, not a causal model.*--draft zoo:dlm-small"):
+    with pytest.raises(IncompatibleMethodError,
+                       match="must be a masked-diffusion LM, not a causal model.*--draft zoo:dlm-small"):
         fastdecode.generate(causal, "the", "spec.dlm_draft", draft=causal)
-    with pytest.raises(IncompatibleMethodError, match="must be a causal LM"):  # other draft methods still want a causal one
+    # other draft methods still want a causal one
+    with pytest.raises(IncompatibleMethodError, match="must be a causal LM"):
         fastdecode.generate(causal, "the", "spec.draft_model", draft=diffusion)
     smaller = MDLMForMaskedDiffusion(MDLMConfig(**{**diffusion.model.config.to_dict(), "vocab_size": 100}))
     with pytest.raises(IncompatibleMethodError, match="same tokenizer"):
-        fastdecode.generate(causal, "the", "spec.dlm_draft", draft=MaskedDiffusionLM(smaller, mask_token_id=MASK, shifted=False))
+        fastdecode.generate(causal, "the", "spec.dlm_draft",
+                            draft=MaskedDiffusionLM(smaller, mask_token_id=MASK, shifted=False))
     other = train_tokenizer(["a completely different corpus of words and numbers 42"] * 8, vocab_size=len(tokenizer))
     renamed = MaskedDiffusionLM(diffusion.model, other, "renamed", mask_token_id=MASK, shifted=False)
     with pytest.raises(IncompatibleMethodError, match="other ids.*same tokenizer"):
@@ -248,14 +257,16 @@ def test_bad_parameters_are_refused(causal, diffusion, params, message):
 
 def test_a_block_the_draft_positions_cannot_hold_is_refused(causal):
     with pytest.raises(ParameterError, match="num_draft_tokens=12.*at most 11"):
-        fastdecode.generate(causal, "the", "spec.dlm_draft", draft=oracle(causal, max_positions=12), num_draft_tokens=12)
+        fastdecode.generate(causal, "the", "spec.dlm_draft", draft=oracle(causal, max_positions=12),
+                            num_draft_tokens=12)
 
 
 def test_cli_generate_loads_a_diffusion_draft(causal_dir, diffusion_dir, causal):
     env = {**os.environ, "FASTDECODE_DEBUG": "0"}
-    p = subprocess.run([sys.executable, "-m", "fastdecode", "generate", "-m", str(causal_dir), "--draft", str(diffusion_dir),
-                        "--method", "spec.dlm_draft", "-p", "the quick", "--max-new-tokens", "12", "--param",
-                        "draft_steps=2", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "fastdecode", "generate", "-m", str(causal_dir),
+                        "--draft", str(diffusion_dir), "--method", "spec.dlm_draft", "-p", "the quick",
+                        "--max-new-tokens", "12", "--param", "draft_steps=2", "--json"],
+                       capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stderr
     row = json.loads(p.stdout)
     assert row["token_ids"] == fastdecode.generate(causal, "the quick", max_new_tokens=12).token_ids

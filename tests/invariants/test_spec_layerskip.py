@@ -10,7 +10,13 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForC
 
 import fastdecode
 from fastdecode.errors import IncompatibleMethodError, ParameterError
-from fastdecode.speculative.drafters.layerskip import LayerSkipConfig, LayerSkipDrafter, SkipSearch, decoder_layers, skipping
+from fastdecode.speculative.drafters.layerskip import (
+    LayerSkipConfig,
+    LayerSkipDrafter,
+    SkipSearch,
+    decoder_layers,
+    skipping,
+)
 from fastdecode.speculative.verification import Verification
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
@@ -45,7 +51,8 @@ def test_batched_greedy_equals_ar_greedy(causal, baseline, params):
         assert s.draft_forwards >= 1
 
 
-@pytest.mark.parametrize("params", [{"context_window": 4, "search_steps": 6}, {"skip_layers": "2,4", "max_draft_tokens": 4}])
+@pytest.mark.parametrize("params", [{"context_window": 4, "search_steps": 6},
+                                    {"skip_layers": "2,4", "max_draft_tokens": 4}])
 def test_search_and_fixed_set_are_lossless_on_a_deeper_model(deep, params):
     ref = fastdecode.generate(deep, PROMPTS, "ar.greedy", max_new_tokens=30)
     out = fastdecode.generate(deep, PROMPTS, "spec.layerskip", max_new_tokens=30, **params)
@@ -126,7 +133,7 @@ def test_eos_inside_a_draft_stops_the_row(causal_dir, baseline):
     ref = fastdecode.generate(model, PROMPTS, "ar.greedy", max_new_tokens=40)
     out = fastdecode.generate(model, PROMPTS, "spec.layerskip", max_new_tokens=40, trace=True, confidence_stop=0.0,
                               max_draft_tokens=6)
-    for b, (r, a) in enumerate(zip(out, ref)):
+    for b, (r, a) in enumerate(zip(out, ref, strict=True)):
         assert r.token_ids == a.token_ids and r.stats.finish_reason == a.stats.finish_reason
         assert [t for e in r.trace for _, t in e.tokens[b]] == r.token_ids  # nothing after the EOS is emitted
     assert out[2].token_ids == baseline[2][:4]

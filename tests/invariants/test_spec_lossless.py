@@ -12,7 +12,6 @@ from fastdecode.engine import encode_batch
 from fastdecode.errors import IncompatibleMethodError, ParameterError
 from fastdecode.registry import RunContext
 from fastdecode.speculative.drafters.draft_model import DraftModelConfig, ModelDrafter
-from fastdecode.speculative.drafters.ngram import NgramConfig
 from fastdecode.speculative.drafters.recycling import RecyclingConfig, template_nodes
 from fastdecode.speculative.driver import BaseDrafter, Draft, SpecConfig, speculative
 from fastdecode.speculative.memory import DrafterMemory, forget, memory_of
@@ -128,7 +127,7 @@ def test_recycling_sampled_runs_repeat_from_the_same_matrix(causal):
 
 def test_batched_stats_equal_one_by_one(causal, other_draft):
     batched = fastdecode.generate(causal, PROMPTS, "spec.draft_model", draft=other_draft, max_new_tokens=30)
-    for prompt, b in zip(PROMPTS, batched):
+    for prompt, b in zip(PROMPTS, batched, strict=True):
         s = fastdecode.generate(causal, prompt, "spec.draft_model", draft=other_draft, max_new_tokens=30)
         assert b.token_ids == s.token_ids
         assert (b.stats.forwards, b.stats.proposed, b.stats.accepted, b.stats.accepted_per_position) == (
@@ -153,10 +152,10 @@ def test_eos_inside_a_draft_stops_the_row(causal_dir, baseline):
     stop = baseline[2][3]  # inside the first draft of 5 (accepted in full by the self-draft)
     model.model.generation_config.eos_token_id = [1, stop]
     ref = fastdecode.generate(model, PROMPTS, "ar.greedy", max_new_tokens=40)
-    for method, kw in [("spec.draft_model", {"draft": model}), ("spec.pld", {}), ("spec.ngram", {}), ("spec.suffix", {}),
-                       ("spec.jacobi", {}), ("spec.recycling", {}), ("spec.lookahead", {})]:
+    for method, kw in [("spec.draft_model", {"draft": model}), ("spec.pld", {}), ("spec.ngram", {}),
+                       ("spec.suffix", {}), ("spec.jacobi", {}), ("spec.recycling", {}), ("spec.lookahead", {})]:
         out = fastdecode.generate(model, PROMPTS, method, max_new_tokens=40, trace=True, **kw)
-        for b, (r, a) in enumerate(zip(out, ref)):
+        for b, (r, a) in enumerate(zip(out, ref, strict=True)):
             assert r.token_ids == a.token_ids and r.stats.finish_reason == a.stats.finish_reason
             streamed = [t for e in r.trace for _, t in e.tokens[b]]
             assert streamed == r.token_ids  # nothing after the EOS is ever emitted
@@ -181,8 +180,9 @@ def test_max_new_tokens_inside_a_draft(causal, baseline, n):
 
 def test_seeded_sampling_repeats_and_seeds_differ(causal, other_draft):
     for method, kw in [("spec.draft_model", {"draft": other_draft}), ("spec.pld", {}), ("spec.lookahead", {})]:
-        run = lambda seed: [r.token_ids for r in fastdecode.generate(  # noqa: E731
-            causal, PROMPTS, method, temperature=1.5, seed=seed, max_new_tokens=24, **kw)]
+        def run(seed, method=method, kw=kw):
+            return [r.token_ids for r in fastdecode.generate(
+                causal, PROMPTS, method, temperature=1.5, seed=seed, max_new_tokens=24, **kw)]
         assert run(7) == run(7)
         assert run(7) != run(8)
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
@@ -281,7 +281,8 @@ def test_tree_attention_accepts_the_full_true_path(causal, baseline):
     prompt = causal.encode(LONG)
     batch = encode_batch(causal, [prompt], 40)
     cfg = SpecConfig(max_new_tokens=40)
-    events = list(speculative(causal, batch, cfg, RunContext(), lambda g: OracleTree(baseline[2], len(prompt), 3, causal.vocab_size)))
+    events = list(speculative(causal, batch, cfg, RunContext(),
+                              lambda g: OracleTree(baseline[2], len(prompt), 3, causal.vocab_size)))
     assert [t for e in events for _, t in e.tokens[0]] == baseline[2]
     assert [e.accepted[0] for e in events] == [3] * 10  # every step: depth 3 accepted + 1 from the target
     assert [len(e.tokens[0]) for e in events] == [4] * 10

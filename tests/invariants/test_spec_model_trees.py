@@ -99,7 +99,7 @@ def test_self_draft_accepts_the_first_path_in_full(causal, baseline, cfg):
     batch = encode_batch(causal, [causal.encode(LONG)], cfg.max_new_tokens)
     events = list(speculative(causal, batch, cfg, RunContext(), lambda g: recorder))
     assert [t for e in events for _, t in e.tokens[0]] == baseline[2]
-    for event, draft in zip(events, recorder.drafts):
+    for event, draft in zip(events, recorder.drafts, strict=True):
         check_tree(draft.tokens.tolist(), draft.parents)
         assert event.accepted[0] == first_path(draft)
     full_depth = isinstance(cfg, RSDConfig) or cfg.width == 1
@@ -129,11 +129,11 @@ def reference_dyntree(model, context: list[int], cfg: DynTreeConfig) -> list[tup
     """EAGLE-2's tree with plain forwards of every path and no early stop: the kept nodes as token paths."""
     nodes: list[tuple[tuple[int, ...], float]] = []  # (token path, score), in creation order
     level = [((), 0.0)]
-    for d in range(cfg.depth):
+    for _ in range(cfg.depth):
         new = []
         for path, score in level:
             ids, lq = reference_children(model, context + list(path), cfg.width)
-            new += [(path + (x,), score + s) for x, s in zip(ids, lq)]
+            new += [(path + (x,), score + s) for x, s in zip(ids, lq, strict=True)]
         nodes += new
         order = sorted(range(len(new)), key=lambda i: -new[i][1])
         level = [new[i] for i in order[: cfg.width]]
@@ -148,7 +148,8 @@ def paths(draft: Draft) -> list[tuple[int, ...]]:
     return out
 
 
-@pytest.mark.parametrize("cfg", [DynTreeConfig(total_tokens=12, depth=4, width=3), DynTreeConfig(total_tokens=30, depth=3, width=4)])
+@pytest.mark.parametrize("cfg", [DynTreeConfig(total_tokens=12, depth=4, width=3),
+                                 DynTreeConfig(total_tokens=30, depth=3, width=4)])
 def test_dyntree_equals_eagle2_built_from_plain_forwards(small_draft, cfg):
     """The batched tree-mask forwards (and the cache kept across steps, and the early stop) change nothing."""
     drafter = DynTreeDrafter(small_draft, cfg)
@@ -192,7 +193,7 @@ def test_eos_inside_a_draft_stops_the_row(causal_dir, baseline, method, params):
     model.model.generation_config.eos_token_id = [1, stop]
     ref = fastdecode.generate(model, PROMPTS, "ar.greedy", max_new_tokens=40)
     out = fastdecode.generate(model, PROMPTS, method, draft=model, max_new_tokens=40, trace=True, **params)
-    for b, (r, a) in enumerate(zip(out, ref)):
+    for b, (r, a) in enumerate(zip(out, ref, strict=True)):
         assert r.token_ids == a.token_ids and r.stats.finish_reason == a.stats.finish_reason
         assert [t for e in r.trace for _, t in e.tokens[b]] == r.token_ids  # nothing after the EOS is emitted
     if method == "spec.rsd" or params:  # the first path is 5 (rsd) or 8 (chain) deep and accepted in full

@@ -25,7 +25,8 @@ def penalised(causal):
 def test_the_penalty_changes_greedy_output_and_ar_sample_agrees(causal, penalised):
     plain = [r.token_ids for r in fastdecode.generate(causal, PROMPTS, "ar.greedy", max_new_tokens=40)]
     assert plain != penalised[1.1] and plain != penalised[PENALTY]  # otherwise the tests below prove nothing
-    sampled = fastdecode.generate(causal, PROMPTS, "ar.sample", temperature=0, max_new_tokens=40, repetition_penalty=PENALTY)
+    sampled = fastdecode.generate(causal, PROMPTS, "ar.sample", temperature=0, max_new_tokens=40,
+                                  repetition_penalty=PENALTY)
     assert [r.token_ids for r in sampled] == penalised[PENALTY]
 
 

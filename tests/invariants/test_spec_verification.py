@@ -54,7 +54,7 @@ def test_observe_gets_counts_tokens_and_logits_by_part(causal, truth):
     events = run(causal, drafter, prompt)
     assert [t for e in events for _, t in e.tokens[0]] == out
     assert len(drafter.seen) == len(events) - 1  # the last step finishes the row instead
-    for (n, v), event in zip(drafter.seen, events):
+    for (_, v), event in zip(drafter.seen, events[:-1], strict=True):
         k = v.num_draft
         assert v.hidden is None and v.node_hidden is None and v.context_hidden is None  # not asked for
         assert v.accepted == event.accepted[0] == min(k, 2) and v.tokens == tuple(t for _, t in event.tokens[0])

@@ -45,28 +45,35 @@ ARCHS = {
     "qwen3": lambda: T.Qwen3ForCausalLM(_decoder(T.Qwen3Config, head_dim=8)),
     "mistral-window": lambda: T.MistralForCausalLM(_decoder(T.MistralConfig, sliding_window=WINDOW)),
     "gemma2": lambda: T.Gemma2ForCausalLM(_gemma(T.Gemma2Config)),
-    "gemma3": lambda: T.Gemma3ForCausalLM(_gemma(T.Gemma3TextConfig, layer_types=["sliding_attention", "full_attention"])),
+    "gemma3": lambda: T.Gemma3ForCausalLM(_gemma(T.Gemma3TextConfig,
+                                                 layer_types=["sliding_attention", "full_attention"])),
     "phi3": lambda: T.Phi3ForCausalLM(_decoder(T.Phi3Config)),
-    "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, initializer_range=INIT, **COMMON)),
+    "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256,
+                                                   initializer_range=INIT, **COMMON)),
     "gpt-neox": lambda: T.GPTNeoXForCausalLM(_decoder(T.GPTNeoXConfig, num_key_value_heads=4)),
     "opt": lambda: T.OPTForCausalLM(T.OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
-                                                word_embed_proj_dim=32, max_position_embeddings=256, init_std=INIT, **COMMON)),
+                                                word_embed_proj_dim=32, max_position_embeddings=256, init_std=INIT,
+                                                **COMMON)),
     "falcon": lambda: T.FalconForCausalLM(T.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                         max_position_embeddings=256, initializer_range=INIT, **COMMON)),
+                                                         max_position_embeddings=256, initializer_range=INIT,
+                                                         **COMMON)),
     "olmo2": lambda: T.Olmo2ForCausalLM(_decoder(T.Olmo2Config)),
     "mixtral": lambda: T.MixtralForCausalLM(_decoder(T.MixtralConfig, num_local_experts=4, num_experts_per_tok=2)),
-    "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(hidden_size=32, n_layer=2, n_head=4, initializer_range=INIT, **COMMON)),
+    "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(hidden_size=32, n_layer=2, n_head=4, initializer_range=INIT,
+                                                      **COMMON)),
     "mamba": lambda: T.MambaForCausalLM(T.MambaConfig(hidden_size=32, state_size=8, num_hidden_layers=2, expand=2,
-                                                      conv_kernel=4, initializer_range=INIT, use_mambapy=False, **COMMON)),
-    "mamba2": lambda: T.Mamba2ForCausalLM(T.Mamba2Config(hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, num_heads=8,
-                                                         head_dim=8, n_groups=1, conv_kernel=4, chunk_size=16,
-                                                         initializer_range=INIT, **COMMON)),
-    "jamba": lambda: T.JambaForCausalLM(_decoder(T.JambaConfig, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
-                                                 expert_layer_offset=1, num_experts=2, num_experts_per_tok=1, mamba_d_state=8,
-                                                 mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4)),
-    "falcon-h1": lambda: T.FalconH1ForCausalLM(_decoder(T.FalconH1Config, head_dim=8, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8,
-                                                       mamba_d_state=8, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2,
-                                                       mamba_chunk_size=16)),
+                                                      conv_kernel=4, initializer_range=INIT, use_mambapy=False,
+                                                      **COMMON)),
+    "mamba2": lambda: T.Mamba2ForCausalLM(T.Mamba2Config(hidden_size=32, state_size=8, num_hidden_layers=2, expand=2,
+                                                         num_heads=8, head_dim=8, n_groups=1, conv_kernel=4,
+                                                         chunk_size=16, initializer_range=INIT, **COMMON)),
+    "jamba": lambda: T.JambaForCausalLM(_decoder(T.JambaConfig, attn_layer_period=2, attn_layer_offset=1,
+                                                 expert_layer_period=2, expert_layer_offset=1, num_experts=2,
+                                                 num_experts_per_tok=1, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+                                                 mamba_dt_rank=4)),
+    "falcon-h1": lambda: T.FalconH1ForCausalLM(_decoder(T.FalconH1Config, head_dim=8, mamba_d_ssm=64, mamba_n_heads=8,
+                                                       mamba_d_head=8, mamba_d_state=8, mamba_n_groups=1,
+                                                       mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16)),
 }
 SLIDING = {"mistral-window", "gemma2", "gemma3"}
 STATE = {"mamba": "MambaMixer", "mamba2": "Mamba2Mixer", "jamba": "JambaMambaMixer", "falcon-h1": "FalconH1Mixer"}
@@ -95,7 +102,8 @@ def hf_generate(name: str, prompts: list[list[int]]) -> list[list[int]]:
     ids = torch.tensor([[2] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.inference_mode():
-        out = model(name).model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=N, eos_token_id=EOS, pad_token_id=2)
+        out = model(name).model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=N, eos_token_id=EOS,
+                                         pad_token_id=2)
     return out[:, width:].tolist()
 
 
@@ -184,7 +192,8 @@ def test_lossless_method_equals_ar_greedy_or_is_refused_up_front(name, method, p
 
 
 def test_refusals_name_the_cause_in_full():
-    with pytest.raises(IncompatibleMethodError, match=r"recurrent state-space layers \(MambaMixer \(linear_attention\)\)"):
+    with pytest.raises(IncompatibleMethodError,
+                       match=r"recurrent state-space layers \(MambaMixer \(linear_attention\)\)"):
         _run("mamba", "spec.pld", {}, PROMPT)
     with pytest.raises(IncompatibleMethodError, match=r"FalconH1Mixer \(hybrid\)"):
         _run("falcon-h1", "spec.ngram", {}, PROMPT)

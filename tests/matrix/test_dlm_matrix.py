@@ -26,7 +26,8 @@ def test_method_with_cache_runs_and_stats_are_consistent(diffusion, name, cache)
         assert s.accepted >= s.new_tokens  # every position through the first EOS was committed
         assert s.wall_s > 0 and s.tokens_per_s > 0 and s.prompt_tokens == len(r.prompt_ids)
         assert all(t not in diffusion.eos_token_ids for t in r.token_ids[:-1])
-        assert s.finish_reason in ("eos", "length") and (s.finish_reason == "eos") == (r.token_ids[-1] in diffusion.eos_token_ids)
+        assert s.finish_reason in ("eos", "length")
+        assert (s.finish_reason == "eos") == (r.token_ids[-1] in diffusion.eos_token_ids)
 
 
 def test_every_dlm_method_shares_the_cache_parameters():

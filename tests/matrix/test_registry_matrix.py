@@ -37,6 +37,8 @@ def test_methods_needing_a_draft_refuse_to_run_without_one(name, causal, diffusi
     with pytest.raises(fastdecode.IncompatibleMethodError, match="needs a draft model"):
         fastdecode.generate(causal, "the", name, max_new_tokens=4)
     kind = fastdecode.get_method(name).draft_kind
-    wrong, expected = (causal, "must be a masked-diffusion LM") if kind == "diffusion" else (diffusion, "must be a causal LM")
+    wrong, expected = (
+        (causal, "must be a masked-diffusion LM") if kind == "diffusion" else (diffusion, "must be a causal LM")
+    )
     with pytest.raises(fastdecode.IncompatibleMethodError, match=expected):
         fastdecode.generate(causal, "the", name, max_new_tokens=4, draft=wrong)

@@ -88,7 +88,7 @@ def exact_law(table: Table, temperature: float, block: int) -> dict[tuple[int, .
             logits = table.small(torch.tensor([gen]))[0].double()  # [N, k]
         draw, conf = (logits / temperature).softmax(-1), logits.softmax(-1)
         for x0 in itertools.product(range(len(TOKENS)), repeat=len(view)):
-            p = float(torch.prod(torch.stack([draw[j, t] for j, t in zip(view, x0)])))
+            p = float(torch.prod(torch.stack([draw[j, t] for j, t in zip(view, x0, strict=True)])))
             best = max(range(len(view)), key=lambda m: (float(conf[view[m], x0[m]]), -m))  # lowest offset on ties
             nxt = list(gen)
             nxt[view[best]] = TOKENS[x0[best]]

@@ -69,7 +69,8 @@ def coupled(causal, marginals, halves):
 @pytest.fixture(scope="module")
 def cells_law(causal, prompt, marginals, halves):
     """`[6]` exact law of (h, c): h the half of the first token (A, B), c whether the second is a, b or another
-    token, given the first is not EOS. Keeping x_2 after x_1 moves mass to (A, a) and (B, b), away from (A, b), (B, a)."""
+    token, given the first is not EOS. Keeping x_2 after x_1 moves mass to (A, a) and (B, b), away from (A, b),
+    (B, a)."""
     p1 = marginals[0]
     rows = []
     for half in halves.values():

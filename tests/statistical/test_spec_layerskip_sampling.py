@@ -4,8 +4,9 @@ sampling_stats)."""
 
 from __future__ import annotations
 
+from sampling_stats import PROCESSORS, N, chi_square_p_value, first_two
+
 import fastdecode
-from sampling_stats import N, PROCESSORS, chi_square_p_value, first_two
 
 
 def test_layerskip_sampling_matches_the_target(causal, prompt, marginals):

@@ -5,9 +5,10 @@ against exact marginals, with a draft model close to the target so that acceptan
 from __future__ import annotations
 
 import pytest
-from sampling_stats import N, PROCESSORS, chi_square_p_value
+from sampling_stats import PROCESSORS, N, chi_square_p_value
 
 import fastdecode
+
 
 @pytest.mark.parametrize("method,params", [
     ("spec.rsd", {"branches": "3,2"}),

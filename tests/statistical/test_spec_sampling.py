@@ -3,9 +3,8 @@ emitted tokens against exact marginals, for a model drafter (real q) and a deter
 
 from __future__ import annotations
 
-import pytest
 import torch
-from sampling_stats import N, PROCESSORS, chi_square_p_value, first_two, next_distribution
+from sampling_stats import PROCESSORS, N, chi_square_p_value, first_two, next_distribution
 
 import fastdecode
 from fastdecode.engine import encode_batch

@@ -22,7 +22,7 @@ def test_export_defaults_to_bfloat16_and_keeps_the_trained_model(causal, tmp_pat
     assert _dtypes(tmp_path / "bf16") == {torch.bfloat16} and _dtypes(tmp_path / "fp32") == {torch.float32}
     assert all(p.dtype == torch.float32 for p in causal.model.parameters())
     back = fastdecode.load(tmp_path / "bf16", device="cpu", dtype="float32")
-    for (name, a), b in zip(causal.model.state_dict().items(), back.model.state_dict().values()):
+    for (name, a), b in zip(causal.model.state_dict().items(), back.model.state_dict().values(), strict=True):
         assert b.dtype == torch.float32 and torch.equal(b, a.to(torch.bfloat16).float()), name
 
 

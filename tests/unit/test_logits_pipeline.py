@@ -9,7 +9,17 @@ import pytest
 import torch
 
 from fastdecode import sampling
-from fastdecode.sampling import History, LogitsPipeline, MinP, Positions, RepetitionPenalty, SuppressTokens, Temperature, TopK, TopP
+from fastdecode.sampling import (
+    History,
+    LogitsPipeline,
+    MinP,
+    Positions,
+    RepetitionPenalty,
+    SuppressTokens,
+    Temperature,
+    TopK,
+    TopP,
+)
 
 NEG = float("-inf")
 

@@ -104,7 +104,8 @@ def test_causal_forward_returns_the_last_hidden_states_only_when_asked(causal):
     assert torch.allclose(rest.hidden, ref.hidden_states[-1][:, 3:], atol=1e-5)
     # GPT-2 applies its final norm (ln_f) outside the layers too: hidden_states[-1] is after it
     torch.manual_seed(0)
-    gpt2 = fastdecode.CausalLM(GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=2, n_positions=64)))
+    config = GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    gpt2 = fastdecode.CausalLM(GPT2LMHeadModel(config))
     x = torch.tensor([[3, 4, 5, 6]])
     g = gpt2.forward(x, torch.arange(4)[None], hidden=True)
     with torch.inference_mode():

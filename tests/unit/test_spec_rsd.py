@@ -58,7 +58,7 @@ def sampled_tree(g: torch.Generator, b1: int = 3, b2: int = 2):
     for i in range(len(nodes)):
         x = nodes[i][0]
         nodes += [(y, i, Q2[x], P3) for y in gumbel_top_k(Q2[x][None], b2, g)[0]]
-    tokens, parents, q_rows, p_rows = zip(*nodes)
+    tokens, parents, q_rows, p_rows = zip(*nodes, strict=True)
     return list(tokens), list(parents), torch.stack([P1, *p_rows]), torch.stack(q_rows)
 
 

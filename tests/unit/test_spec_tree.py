@@ -6,10 +6,21 @@ import pytest
 import torch
 
 from fastdecode.speculative.drafters.recycling import (
-    RecyclingConfig, RecyclingDrafter, new_matrix, template_nodes, tree_template,
+    RecyclingConfig,
+    RecyclingDrafter,
+    new_matrix,
+    template_nodes,
+    tree_template,
+)
+from fastdecode.speculative.tree import (
+    ancestor_mask,
+    check_tree,
+    children,
+    depths,
+    verify_tree_greedy,
+    verify_tree_sampling,
 )
 from fastdecode.speculative.verification import Verification
-from fastdecode.speculative.tree import ancestor_mask, check_tree, children, depths, verify_tree_greedy, verify_tree_sampling
 
 #        root
 #       /    \

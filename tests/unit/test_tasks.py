@@ -16,12 +16,13 @@ from fastdecode.bench.tasks import (
     TRAIN_SEEDS,
     Item,
     UnknownTaskError,
+    code,
     format_prompt,
     get_task,
     is_test_seed,
     list_tasks,
+    puzzles,
 )
-from fastdecode.bench.tasks import code, puzzles
 from fastdecode.bench.tasks._lists import parse_list, render_list
 from fastdecode.bench.tasks.base import task_rng
 from fastdecode.bench.tasks.lists import last_name
@@ -279,7 +280,7 @@ def test_sudoku_puzzles_have_unique_solutions() -> None:
         puzzle, solution = item.data["puzzle"], item.data["solution"]
         assert 4 <= puzzle.count(0) <= 10
         assert list(puzzles.iter_solutions(puzzle)) == [tuple(solution)]
-        assert all(p in (0, s) for p, s in zip(puzzle, solution))
+        assert all(p in (0, s) for p, s in zip(puzzle, solution, strict=True))
         assert item.prompt.endswith(puzzles.grid_to_text(puzzle))
 
 
@@ -300,7 +301,7 @@ def test_latin_square_scorer() -> None:
         rows = [line.split(",") for line in item.reference.split("\n")]
         symbols = item.data["symbols"]
         assert puzzles.is_latin(rows, symbols) and "[" + ", ".join(symbols) + "]" in item.prompt
-        other = [list(col) for col in zip(*rows[::-1])]  # rotated: a different valid square
+        other = [list(col) for col in zip(*rows[::-1], strict=True)]  # rotated: a different valid square
         assert score(item, "\n".join(",".join(r) for r in other)) == 1.0
         assert score(item, "\n".join(", ".join(r) for r in rows)) == 1.0
         assert score(item, "\n".join(",".join(r) for r in [rows[0], *rows[:3]])) == 0.0  # repeated row

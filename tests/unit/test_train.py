@@ -11,7 +11,7 @@ import torch
 
 import fastdecode
 from fastdecode.bench.tasks import TASKS, format_prompt
-from fastdecode.train.data import DEFAULT_MIXTURE, batches, collate, encode, item_stream, held_out_prompts
+from fastdecode.train.data import DEFAULT_MIXTURE, batches, collate, encode, held_out_prompts, item_stream
 from fastdecode.train.loop import ar_loss, build_model, examples, mdlm_loss, train, training_canvas
 from fastdecode.train.recipes import RECIPES, Recipe
 
@@ -93,7 +93,8 @@ def test_ar_loss_equals_full_logits_cross_entropy_on_answer_tokens(tokenizer):
     answer[2, 7:] = False
     logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
     target = ids[:, 1:].masked_fill(~answer[:, 1:], -100)
-    full = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+    full = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                             ignore_index=-100)
     torch.testing.assert_close(ar_loss(model, ids, attention, answer), full)
 
 
@@ -108,7 +109,8 @@ def test_curriculum_draws_only_its_tasks_first(tokenizer, monkeypatch):
 
     seen = []
     real_collate = loop.collate
-    monkeypatch.setattr(loop, "collate", lambda batch, *a: seen.append({e.task for e in batch}) or real_collate(batch, *a))
+    monkeypatch.setattr(loop, "collate",
+                        lambda batch, *a: seen.append({e.task for e in batch}) or real_collate(batch, *a))
     recipe = Recipe("c", "ar", 32, 1, 2, 1, 64, steps=6, lr=1e-3, warmup=1, batch_tokens=512,
                     curriculum={"letters.copy": 1.0}, curriculum_steps=3)
     train(recipe, tokenizer, seed=0)
@@ -163,7 +165,8 @@ def test_words_pre_tokenizer_gives_a_name_one_token_wherever_it_stands():
 
     lists = ['["Kevin Evans", "Mike Walker"]', '["Mike Walker", "Kevin Evans"]', "[H, C, B]", "[C, H, B]"] * 50
     words = train_tokenizer(lists, 300, "words")
-    pieces = words.convert_ids_to_tokens(words('["Mike Walker", "Kevin Evans"]\n[C, H]', add_special_tokens=False)["input_ids"])
+    ids = words('["Mike Walker", "Kevin Evans"]\n[C, H]', add_special_tokens=False)["input_ids"]
+    pieces = words.convert_ids_to_tokens(ids)
     assert pieces.count("Mike") == 1 and pieces.count("Kevin") == 1 and "C" in pieces and "H" in pieces
     joined = train_tokenizer(lists, 300, "joined")  # the bundled models' splitting: the first item differs
     assert "Mike" not in joined.convert_ids_to_tokens(joined('["Mike Walker"]', add_special_tokens=False)["input_ids"])
@@ -243,7 +246,8 @@ def test_packed_mdlm_rows_see_only_their_own_example(tokenizer, shift):
     if shift:  # Dream's convention: output i-1 scores token i
         full = torch.cat([full[:1], full[:-1]])
     ce = torch.nn.functional.cross_entropy(full, packed.ids[0], reduction="none")
-    per_example = [(ce * masked / p)[packed.doc[0] == d].sum() / packed.answer[0][packed.doc[0] == d].sum() for d in range(3)]
+    per_example = [(ce * masked / p)[packed.doc[0] == d].sum() / packed.answer[0][packed.doc[0] == d].sum()
+                   for d in range(3)]
     torch.testing.assert_close(loss, sum(per_example) / 3)
     with pytest.raises(ValueError, match="position_ids"):
         model(input_ids=packed.ids, attention_mask=packed.mask)

@@ -67,7 +67,7 @@ def replace_random_score(original: Sequence[str], word: str, output: str) -> flo
     pred = parse_list(output)
     if pred is None or len(pred) != len(original):
         return 0.0
-    diffs = [i for i, (a, b) in enumerate(zip(original, pred)) if a != b]
+    diffs = [i for i, (a, b) in enumerate(zip(original, pred, strict=True)) if a != b]
     return float(len(diffs) == 1 and pred[diffs[0]] == word)
 
 

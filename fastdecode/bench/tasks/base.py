@@ -17,7 +17,8 @@ PROMPT_TEMPLATE = "Q: {prompt}\nA: "  # the one prompt format every zoo model is
 FAMILIES = ("lists", "letters", "puzzles", "code")
 CANVAS_ITEMS = 1000  # training items whose answers size a diffusion canvas
 CANVAS_MARGIN = 4  # tokens of slack beyond the longest of them
-_canvas_cache: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()  # tokenizer -> task -> canvas
+# tokenizer -> task -> canvas
+_canvas_cache: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
 
 
 def format_prompt(prompt: str) -> str:

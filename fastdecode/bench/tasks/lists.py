@@ -51,7 +51,7 @@ def sample_people(rng: random.Random) -> list[str]:
     """3-8 people; first names and last names are each distinct within the line."""
     n = rng.randint(MIN_PEOPLE, MAX_PEOPLE)
     firsts, lasts = rng.sample(FIRST_NAMES, n), rng.sample(LAST_NAMES, n)
-    return [f"{first} {last}" for first, last in zip(firsts, lasts)]
+    return [f"{first} {last}" for first, last in zip(firsts, lasts, strict=True)]
 
 
 def fresh_person(rng: random.Random, line: Sequence[str]) -> str:

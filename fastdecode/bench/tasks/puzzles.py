@@ -126,7 +126,7 @@ def square_rows(text: str, symbols: Sequence[str]) -> Optional[list[list[str]]]:
 def is_latin(rows: Sequence[Sequence[str]], symbols: Sequence[str]) -> bool:
     """True when every row and every column holds each symbol exactly once."""
     wanted = set(symbols)
-    lines = [*rows, *zip(*rows)]
+    lines = [*rows, *zip(*rows, strict=False)]  # ragged rows (any caller's) fail the length check below
     return len(rows) == len(wanted) and all(
         len(line) == len(wanted) and set(line) == wanted for line in lines
     )

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ...sampling.samplers import make_generator
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
+from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
 from ..policy import BlockConfig, Step, View, first_mask, in_block
@@ -39,7 +39,8 @@ class AdaBlockConfig(BlockConfig):
 
 
 def delimiter_ids(model: MaskedDiffusionLM, chars: str) -> torch.Tensor:
-    """Token ids whose text contains one of `chars` (backslash escapes such as \\n allowed); none without a tokenizer."""
+    """Token ids whose text contains one of `chars` (backslash escapes such as \\n allowed); none without a
+    tokenizer."""
     if "\\" in chars:
         chars = chars.encode().decode("unicode_escape")
     if model.tokenizer is None or not chars:
@@ -68,7 +69,7 @@ class AdaBlock:
         return View(lo, hi, self.count[rows])
 
     def commit(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, lo = step.rows, step.view.lo
+        rows = step.rows
         new = self.deciding[rows]
         if new.any():
             self.hi[rows[new]] = self._block_end(step)[new]
@@ -89,6 +90,7 @@ class AdaBlock:
 
 @register("dlm.adablock", kind="diffusion", config=AdaBlockConfig)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: AdaBlockConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """AdaBlock: each block ends at a confident delimiter of a look-ahead window (else block_length); threshold inside."""
+    """AdaBlock: each block ends at a confident delimiter of a look-ahead window (else block_length); threshold
+    inside."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     return denoise(model, batch, cfg, AdaBlock(model, cfg, batch.size), generator, "dlm.adablock")

@@ -14,14 +14,14 @@ from typing import Literal
 
 import torch
 
-from ...sampling.samplers import make_generator
 from ...config import check
 from ...errors import ParameterError
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
+from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import StepsConfig, Step, View, block_view
+from ..policy import Step, StepsConfig, View, block_view
 from ..rules import select_topk
 from ..scores import confidence, num_transfer_tokens, random_score
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ...sampling.samplers import make_generator
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
+from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import StepsConfig, Step, columns
+from ..policy import Step, StepsConfig, columns
 from ..rules import consistent, select_topk
 from ..scores import neg_entropy
 from .baseline import Schedule
@@ -67,4 +67,5 @@ class Coherent(Schedule):
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: CCDConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Coherent contextual decoding: commit positions whose top-entropy-rank prediction agrees across recent steps."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
-    return denoise(model, batch, cfg, Coherent(model.mask_token_id, cfg, batch.size, model.device), generator, "dlm.ccd")
+    policy = Coherent(model.mask_token_id, cfg, batch.size, model.device)
+    return denoise(model, batch, cfg, policy, generator, "dlm.ccd")

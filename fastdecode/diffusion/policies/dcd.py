@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ...sampling.samplers import make_generator
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
+from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
 from ..policy import DiffusionConfig, Step, View, first_mask

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ...sampling.samplers import make_generator
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
+from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
 from ..policy import BlockConfig, Step, View, block_view, in_block
@@ -70,7 +70,8 @@ class ExploreExploit:
 
 @register("dlm.ete", kind="diffusion", config=ETEConfig)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: ETEConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """Explore-then-exploit: confident tokens committed across blocks; a stalled block also commits its most uncertain plausible token."""
+    """Explore-then-exploit: confident tokens committed across blocks; a stalled block also commits its most
+    uncertain plausible token."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     policy = ExploreExploit(model.mask_token_id, cfg, batch.size, model.device)
     return denoise(model, batch, cfg, policy, generator, "dlm.ete")

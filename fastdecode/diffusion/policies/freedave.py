@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ...sampling.samplers import make_generator
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
+from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..cache import Forwarder
 from ..driver import Canvas, event, finished, make_step
@@ -105,7 +105,7 @@ class FreeDave:
 
     def run(self) -> Iterator[StepEvent]:
         c, index = self.canvas, 0
-        states = dict(zip(c.live.tolist(), self.evaluate(c.gen(), c.live, index)))  # the priming forward
+        states = dict(zip(c.live.tolist(), self.evaluate(c.gen(), c.live, index), strict=True))  # the priming forward
         self.forward.keep()
         spent = {r: 1 for r in states}  # forwards each row used this round
         while c.live.numel():
@@ -116,12 +116,12 @@ class FreeDave:
             if entries:  # every draft of every row in one batched forward
                 rows = torch.tensor([r for r, _ in entries], device=c.device)
                 gens = torch.stack([plans[r].drafts[i] for r, i in entries])
-                evaluated = dict(zip(entries, self.evaluate(gens, rows, index)))
+                evaluated = dict(zip(entries, self.evaluate(gens, rows, index), strict=True))
             kept, pairs, finish = [], [], []
             for r in live:
                 p, j = plans[r], accepted(r, plans[r], evaluated)
                 c.x[r, c.P :] = p.drafts[j]
-                pairs.append(list(zip(p.offsets[: j + 1].tolist(), p.tokens[: j + 1].tolist())))
+                pairs.append(list(zip(p.offsets[: j + 1].tolist(), p.tokens[: j + 1].tolist(), strict=True)))
                 finish.append(bool(p.done[j]))
                 if not finish[-1]:
                     states[r] = evaluated[(r, j)]

@@ -17,14 +17,14 @@ from typing import Literal
 
 import torch
 
-from ...sampling.samplers import make_generator
 from ...config import check
 from ...errors import ParameterError
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
+from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import StepsConfig, Step, View, in_block, to_end
+from ..policy import Step, StepsConfig, View, in_block, to_end
 from ..rules import prophet_exit, select_topk
 from ..scores import logit_gap
 from .baseline import Guided, Schedule

@@ -1,4 +1,5 @@
-"""spec.dlm_draft: a masked-diffusion LM drafts a whole block for an AR target, which verifies it (DEER, arXiv 2512.15176).
+"""spec.dlm_draft: a masked-diffusion LM drafts a whole block for an AR target, which verifies it (DEER, arXiv
+2512.15176).
 
 The draft model sees the context followed by k mask tokens and fills the block in `draft_steps` forwards
 (1 = DEER's single-step drafting: one forward for the whole block). The target verifies the block through the
@@ -51,8 +52,9 @@ def context_window(draft: MaskedDiffusionLM, cfg: DlmDraftConfig) -> int | None:
     """The most context tokens one draft canvas holds (None: all): the draft's positions less the block, at most
     `context_window`. Refuses a block that leaves the draft model no position for context."""
     limit = draft.max_positions
-    room = None if limit is None else limit - cfg.num_draft_tokens
-    if room is not None:
+    room: int | None = None
+    if limit is not None:
+        room = limit - cfg.num_draft_tokens
         check(room >= 1, "num_draft_tokens", cfg.num_draft_tokens,
               f"leaves no context in the draft model's {limit} positions: use at most {limit - 1}")
     sizes = [s for s in (room, cfg.context_window) if s]
@@ -102,6 +104,7 @@ class DiffusionDrafter(BaseDrafter):
         if self.cfg.greedy:
             return Draft(tokens)  # greedy verification is exact for any draft
         m = in_order_prefix(step_of)
+        assert probs is not None  # sampling: set by the first commit
         return Draft(tokens[:m], probs[:m])
 
     def _distribution(self, logits: torch.Tensor) -> torch.Tensor:
@@ -111,13 +114,15 @@ class DiffusionDrafter(BaseDrafter):
         return target_distribution(logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)
 
     def _pick(self, q: torch.Tensor) -> torch.Tensor:
-        """`[c, V]` -> `[c]`: the argmax (ties to the lowest id) when greedy, else one independent draw x_i ~ q_i each."""
+        """`[c, V]` -> `[c]`: the argmax (ties to the lowest id) when greedy, else one independent draw x_i ~ q_i
+        each."""
         if self.cfg.greedy:
             return q.argmax(-1)
         return torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
 
 
-@register("spec.dlm_draft", kind="causal", config=DlmDraftConfig, lossless=True, needs_draft=True, draft_kind="diffusion")
+@register("spec.dlm_draft", kind="causal", config=DlmDraftConfig, lossless=True, needs_draft=True,
+          draft_kind="diffusion")
 def run(model: CausalLM, batch: PromptBatch, cfg: DlmDraftConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """DEER-style speculative decoding: a masked-diffusion draft model (pass draft=) fills a block of masks at once."""
     draft = ctx.draft

@@ -33,6 +33,8 @@ class DraftModelConfig(SpecConfig):
 class ModelDrafter(ModelChainDrafter):
     """Drafts autoregressively with the draft model, keeping its own KV cache in step with the accepted context."""
 
+    cfg: DraftModelConfig
+
     def __init__(self, draft: CausalLM, cfg: DraftModelConfig, generator: torch.Generator | None) -> None:
         super().__init__(draft, cfg, generator, cfg.confidence_stop)
         self.length = cfg.num_draft_tokens  # current draft length (changes under the heuristic schedule)

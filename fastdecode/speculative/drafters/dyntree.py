@@ -53,9 +53,9 @@ class _Candidates:
         logq = logits.float().log_softmax(-1)  # [B, V]
         top = logq.topk(min(width, logq.shape[-1]), dim=-1)
         new = []
-        for parent, ids, lq in zip(beam, top.indices.tolist(), top.values.clamp(max=0.0).tolist()):
+        for parent, ids, lq in zip(beam, top.indices.tolist(), top.values.clamp(max=0.0).tolist(), strict=True):
             base = self.scores[parent] if parent >= 0 else 0.0
-            for x, s in zip(ids, lq):
+            for x, s in zip(ids, lq, strict=True):
                 new.append(len(self.tokens))
                 self.tokens.append(x)
                 self.parents.append(parent)

@@ -42,9 +42,12 @@ def parse_layers(text: str) -> tuple[int, ...]:
     """Parse "2,3,5" into (2, 3, 5); the empty string is no fixed set."""
     items = [s.strip() for s in text.split(",") if s.strip()]
     if not all(s.isdigit() for s in items):
-        raise ParameterError(f"Parameter skip_layers={text!r} is invalid: write layer indices separated by commas, e.g. '2,3,5'.")
+        raise ParameterError(
+            f"Parameter skip_layers={text!r} is invalid: write layer indices separated by commas, e.g. '2,3,5'."
+        )
     layers = tuple(int(s) for s in items)
-    check(0 not in layers, "skip_layers", text, "contains layer 0, which is never skipped (its KV cache tracks the length)")
+    check(0 not in layers, "skip_layers", text,
+          "contains layer 0, which is never skipped (its KV cache tracks the length)")
     check(len(set(layers)) == len(layers), "skip_layers", text, "names a layer twice")
     return layers
 
@@ -91,7 +94,8 @@ def check_layers(model: CausalLM) -> int:
     layers = getattr(owner, name)
     if len(layers) < 2:
         raise IncompatibleMethodError(
-            f"spec.layerskip needs at least 2 decoder layers (layer 0 always runs), but {model.name!r} has {len(layers)}."
+            f"spec.layerskip needs at least 2 decoder layers (layer 0 always runs), "
+            f"but {model.name!r} has {len(layers)}."
         )
     for i, layer in enumerate(layers):
         # attention must pick its cache slot by its own layer_idx, not by its place in the (shortened) list
@@ -137,7 +141,8 @@ class SkipSearch:
             return self.best
         for _ in range(64):
             if len(self.tried) % 2 and self.n < len(self.candidates):
-                out, into = self.rng.choice(sorted(self.best)), self.rng.choice(sorted(set(self.candidates) - self.best))
+                out = self.rng.choice(sorted(self.best))
+                into = self.rng.choice(sorted(set(self.candidates) - self.best))
                 s = (self.best - {out}) | {into}
             else:
                 s = frozenset(self.rng.sample(self.candidates, self.n))
@@ -157,7 +162,11 @@ class SkipSearch:
 class LayerSkipDrafter(ModelChainDrafter):
     """Drafts with the target minus a skip set, keeping its own KV cache for that set in step with the context."""
 
-    def __init__(self, model: CausalLM, num_layers: int, cfg: LayerSkipConfig, generator: torch.Generator | None) -> None:
+    cfg: LayerSkipConfig
+
+    def __init__(
+        self, model: CausalLM, num_layers: int, cfg: LayerSkipConfig, generator: torch.Generator | None
+    ) -> None:
         super().__init__(model, cfg, generator, cfg.confidence_stop)
         fixed = parse_layers(cfg.skip_layers)
         if fixed:
@@ -182,12 +191,14 @@ class LayerSkipDrafter(ModelChainDrafter):
 
     def _search_step(self, context: torch.Tensor) -> None:
         """Score one candidate set on the first `context_window` generated tokens; adopt it if it is the best."""
+        assert self.search is not None and self._prompt_len is not None  # called while a search runs, after a propose
         s, W, P = self.search.next(), self.cfg.context_window, self._prompt_len
         end = P + W - 1  # positions P-1 .. P+W-2 predict the generated tokens 0 .. W-1
         cache = self.model.new_cache()
         ids = context[:end][None].to(self.model.device)
         with skipping(self.model, s):
-            logits = self.model.forward(ids, torch.arange(end, device=ids.device)[None], cache, num_logits=W)[0]  # [W, V]
+            positions = torch.arange(end, device=ids.device)[None]
+            logits = self.model.forward(ids, positions, cache, num_logits=W)[0]  # [W, V]
         self.forwards += 1
         score = float((logits.argmax(-1).cpu() == context[P : P + W]).float().mean())
         if self.search.record(s, score):

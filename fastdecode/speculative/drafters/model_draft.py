@@ -4,6 +4,8 @@ layers). The tree drafters that run a draft model share `model_tree.py` instead.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from ...models.causal import CausalLM
@@ -12,7 +14,9 @@ from ..verification import Verification
 from ..verify import target_distribution
 
 
-def pick_token(logits: torch.Tensor, cfg: SpecConfig, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def pick_token(
+    logits: torch.Tensor, cfg: SpecConfig, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A chain drafter's next token from its `[V]` logits: the argmax when greedy; when sampling, x ~ q with the
     target's processors applied, and q itself (verification needs it)."""
     if cfg.greedy:
@@ -26,7 +30,9 @@ class ModelChainDrafter(BaseDrafter):
     context: `propose` feeds the context the cache has not seen, then each drafted token; `observe` drops the
     rejected drafts from the cache. Subclasses choose the draft length and wrap the loop (`draft_chain`)."""
 
-    def __init__(self, model: CausalLM, cfg: SpecConfig, generator: torch.Generator | None, confidence_stop: float = 0.0) -> None:
+    def __init__(
+        self, model: CausalLM, cfg: SpecConfig, generator: torch.Generator | None, confidence_stop: float = 0.0
+    ) -> None:
         self.model, self.cfg, self.generator = model, cfg, generator
         self.confidence_stop = confidence_stop  # end the draft after a token whose max-probability is below this
         self.eos = model.eos_token_ids
@@ -59,7 +65,8 @@ class ModelChainDrafter(BaseDrafter):
         self._base, self._drafted = n, len(tokens)
         if not tokens:
             return Draft.empty()
-        q = torch.stack(probs) if probs[0] is not None else None  # [k, V]
+        # [k, V]; pick_token gives q for every token (sampling) or for none (greedy)
+        q = torch.stack(cast(list[torch.Tensor], probs)) if probs[0] is not None else None
         return Draft(torch.stack(tokens).cpu(), q)
 
     def observe(self, verification: Verification) -> None:

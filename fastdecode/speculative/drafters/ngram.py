@@ -11,8 +11,8 @@ from ...config import check
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..lookup import longest_match
 from ..driver import BaseDrafter, Draft, SpecConfig, speculative
+from ..lookup import longest_match
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from ...config import check
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..lookup import longest_match
 from ..driver import BaseDrafter, Draft, SpecConfig, speculative
+from ..lookup import longest_match
 
 
 @dataclass(frozen=True)
@@ -38,5 +38,6 @@ class PromptLookup(BaseDrafter):
 
 @register("spec.pld", kind="causal", config=PromptLookupConfig, lossless=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: PromptLookupConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """Prompt lookup decoding: copy the tokens that followed the last n-gram's earlier occurrence (3 -> 1, 10 tokens)."""
+    """Prompt lookup decoding: copy the tokens that followed the last n-gram's earlier occurrence (3 -> 1, 10
+    tokens)."""
     return speculative(model, batch, cfg, ctx, lambda generator: PromptLookup(cfg))

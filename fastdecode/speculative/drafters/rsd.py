@@ -35,7 +35,8 @@ class RSDConfig(SpecConfig):
         super().__post_init__()
         widths = parse_branches(self.branches)
         nodes = sum(_level_sizes(widths))
-        check(nodes <= MAX_NODES, "branches", self.branches, f"makes a tree of {nodes} nodes; keep it at most {MAX_NODES}")
+        check(nodes <= MAX_NODES, "branches", self.branches,
+              f"makes a tree of {nodes} nodes; keep it at most {MAX_NODES}")
 
 
 def parse_branches(text: str) -> list[int]:
@@ -68,7 +69,10 @@ def gumbel_top_k(q: torch.Tensor, k: int, generator: torch.Generator | None) -> 
     e = torch.empty(q.shape, device=q.device, dtype=torch.float64).exponential_(generator=generator)  # [L, V]
     keys = q.double() / e.clamp(min=torch.finfo(torch.float64).tiny)  # q / E; tokens with q = 0 stay at 0
     top = keys.topk(min(k, q.shape[-1]), dim=-1)
-    return [[x for x, key in zip(idx, val) if key > 0] for idx, val in zip(top.indices.tolist(), top.values.tolist())]
+    return [
+        [x for x, key in zip(idx, val, strict=True) if key > 0]
+        for idx, val in zip(top.indices.tolist(), top.values.tolist(), strict=True)
+    ]
 
 
 class RSDDrafter(BaseDrafter):
@@ -95,7 +99,7 @@ class RSDDrafter(BaseDrafter):
         for depth, b in enumerate(widths):
             q, picks = self._children(logits, b)
             new = []
-            for row, (parent, kids) in enumerate(zip(level, picks)):
+            for row, (parent, kids) in enumerate(zip(level, picks, strict=True)):
                 for x in kids:
                     new.append(len(tokens))
                     tokens.append(x)
