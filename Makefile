@@ -83,14 +83,15 @@ results-cost: $(VENV)/.installed
 # (docs/zoo.md, "Weights in bfloat16"; about 20 minutes on one thread)
 # the engine: ar.greedy against transformers' generate() (hf.greedy) and the best lossless speculative methods on
 # the code suite, one invocation, rows interleaved item by item (the report divides by the same run's ar.greedy);
-# then a batch of 8 prompts in one call against the same prompts one at a time (tools/batch_speed.py). llama.cpp is
-# not a reference method yet (see docs/RESULTS.md).
+# then a batch of 8 prompts in one call against the same prompts one at a time (tools/batch_speed.py); its own folder,
+# so that its rows do not pool with the suites' files. llama.cpp is not a reference method yet (docs/RESULTS.md).
 .PHONY: results-engine
 results-engine: $(VENV)/.installed
 	$(BENCH) --suite code --model zoo:ar-small --methods hf.greedy spec.suffix spec.ngram spec.pld \
-		--limit 20 --out $(RESULTS)/engine.jsonl
+		--limit 20 --out $(RESULTS)/engine/engine.jsonl
 	$(BIN)/python tools/batch_speed.py --model zoo:ar-small --suite code --limit 16 --batch 8 \
-		--methods ar.greedy spec.suffix spec.pld --out $(RESULTS)/cost/batch.jsonl
+		--methods ar.greedy spec.suffix spec.pld --out $(RESULTS)/engine/batch.jsonl
+	$(BIN)/fastdecode report $(RESULTS)/engine/engine.jsonl --out $(RESULTS)/engine/report.md
 
 .PHONY: results-zoo-bf16
 results-zoo-bf16: $(VENV)/.installed

@@ -39,6 +39,11 @@ Keys:
                   with ar-small), mb / fp32_mb (megabytes of model.safetensors), changed (the tasks whose accuracy
                   moved, with the card's figure, or "none"), items (test items per task), sim / card_sim (code
                   similarity), minutes (the measurement's wall time)
+  engine:LABEL|FIELD  the engine run (`make results-engine`), from docs/results/engine/engine.jsonl: speedup
+                  (LABEL's tokens/s over ar.greedy's in the same run), inverse (ar.greedy's over LABEL's), tpf, tps
+  batch:METHOD|FIELD  a batch in one call against the same prompts one at a time, from
+                  docs/results/engine/batch.jsonl (`tools/batch_speed.py`): speedup, batched / single (tokens/s),
+                  batch (rows per call), equal (whether the outputs were equal)
 LABEL is the report's configuration label as in docs/results/report.md, e.g. `dlm.threshold (cache=dual,
 max_new_tokens=384)`, or a bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
 """
@@ -300,6 +305,40 @@ def bf16_text(table: Table, spec: str) -> str:
     return values[field]()
 
 
+@functools.cache
+def engine_summaries(results: Path) -> dict[str, Summary]:
+    """The engine run's configurations by label (its own file: its rows must not pool with the suites' files)."""
+    return {s.label: s for s in summarize(read_rows(results / "engine" / "engine.jsonl"))}
+
+
+def engine_text(table: Table, spec: str) -> str:
+    label, field = spec.split("|")
+    found = engine_summaries(table.results)
+    if label not in found:
+        raise SystemExit(f"no configuration {label!r} in the engine run; known: {sorted(found)}")
+    s = found[label]
+    values = {"speedup": lambda: f"{s.speedup:.2f}×", "inverse": lambda: f"{1 / s.speedup:.2f}×",
+              "tpf": lambda: f"{s.tpf:.2f}", "tps": lambda: f"{s.tokens_per_s:.0f}"}
+    if field not in values:
+        raise SystemExit(f"bad engine figure {spec!r}: FIELD is one of {sorted(values)}")
+    return values[field]()
+
+
+def batch_text(table: Table, spec: str) -> str:
+    method, field = spec.split("|")
+    path = table.results / "engine" / "batch.jsonl"
+    rows = [r for r in cost_rows(path) if r["method"] == method]
+    if not rows:
+        raise SystemExit(f"{path} has no row for {method}; rerun `make results-engine`")
+    r = rows[-1]
+    values = {"speedup": lambda: f"{r['speedup']:.2f}×", "batched": lambda: f"{r['tokens_per_s_batched']:.0f}",
+              "single": lambda: f"{r['tokens_per_s_one_by_one']:.0f}", "batch": lambda: str(r["batch"]),
+              "equal": lambda: "equal" if r["equal_outputs"] else "NOT equal"}
+    if field not in values:
+        raise SystemExit(f"bad batch figure {spec!r}: FIELD is one of {sorted(values)}")
+    return values[field]()
+
+
 def render(key: str, table: dict) -> str:
     kind, _, label = key.partition(":")
     if kind == "dlm":
@@ -324,6 +363,10 @@ def render(key: str, table: dict) -> str:
         return copy_bound_text(table, label)
     if kind == "bf16":
         return bf16_text(table, label)
+    if kind == "engine":
+        return engine_text(table, label)
+    if kind == "batch":
+        return batch_text(table, label)
     raise SystemExit(f"unknown figure key {key!r}")
 
 
