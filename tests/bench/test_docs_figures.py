@@ -110,9 +110,10 @@ def test_copy_bound_reads_baseline_rows(causal, causal_dir, tmp_path):
     item = TASKS["lists.copy"].items(1_000_000, 1)[0]
     prompt = causal.encode(format_prompt(item.prompt))
     row = {"suite": "parallel-lists", "model": str(causal_dir), "task": "lists.copy", "seed": 1_000_000, "item": 0,
+           "method": "ar.greedy", "score": 1.0, "new_tokens": 12, "forwards": 12, "wall_s": 0.1,
            "is_baseline": True, "prompt_tokens": len(prompt), "token_ids": prompt[-12:]}
     results, cost, out = tmp_path / "r.jsonl", tmp_path / "c.jsonl", tmp_path / "b.jsonl"
-    results.write_text(json.dumps(row) + "\n" + json.dumps({**row, "is_baseline": False}) + "\n")
+    results.write_text(json.dumps(row) + "\n" + json.dumps({**row, "is_baseline": False, "method": "spec.pld"}) + "\n")
     cost.write_text("".join(json.dumps({"width": w, "over_width_1": r}) + "\n" for w, r in [(1, 1.0), (16, 1.5)]))
     run = subprocess.run([sys.executable, str(ROOT / "tools" / "copy_bound.py"), "--results", str(results),
                           "--cost", str(cost), "--out", str(out)], capture_output=True, text=True)
