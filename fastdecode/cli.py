@@ -185,7 +185,8 @@ def bench(
 
         try:
             # --kind is the target's (a draft's kind is detected): load the target here when it is given
-            target = fastdecode.load(model, kind=kind, **load_kwargs) if kind else model
+            target = (fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+                      if kind else model)
             summary = run_bench(suite, target, methods, out_path, draft=draft, params=split_params(param), seeds=seeds,
                                 limit=limit, warmup=warmup, command=command, load_kwargs=load_kwargs, on_progress=on_progress)
         except KeyboardInterrupt:

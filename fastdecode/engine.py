@@ -6,7 +6,7 @@ import numbers
 import time
 from collections.abc import Iterator, Sequence
 from os import PathLike
-from typing import Any, Union
+from typing import Any, Union, overload
 
 import torch
 
@@ -49,6 +49,14 @@ def stream(
     batch = encode_batch(model, prompts, cfg.max_new_tokens)
     ctx = RunContext(generator=generator, draft=draft, memory=memory)
     return _run(model, spec, cfg, batch, ctx, trace)
+
+
+@overload
+def generate(model: ModelAdapter, prompts: Prompt, method: str = ..., **kwargs: Any) -> Result: ...
+
+
+@overload
+def generate(model: ModelAdapter, prompts: Sequence[Prompt], method: str = ..., **kwargs: Any) -> list[Result]: ...
 
 
 def generate(
@@ -160,7 +168,7 @@ def _token_ids(model: ModelAdapter, prompt: Any, where: str) -> list[int]:
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
             raise PromptError(f"{where}: the item at position {j} is {type(t).__name__}, not a token id; "
                               "a prompt is text or a list of ints.")
-        if not 0 <= t < vocab:
+        if not 0 <= int(t) < vocab:
             raise PromptError(f"{where}: token id {int(t)} at position {j} is outside the vocabulary (0 to {vocab - 1}) "
                               f"of {model.name!r}: encode the prompt with this model's tokenizer.")
     return [int(t) for t in prompt]
