@@ -379,16 +379,16 @@ def run_bench(
 def _check_request(suite: Suite, entries: Sequence[Entry], params: Mapping[str, Mapping[str, Any]] | None,
                    seeds: Sequence[int] | None, limit: int | None) -> dict[str, dict[str, Any]]:
     """Refuse bad names, stray parameters and training seeds before any model is loaded."""
-    params = {m: dict(p) for m, p in (params or {}).items()}
+    checked = {m: dict(p) for m, p in (params or {}).items()}
     names = [e.method for e in entries]
-    for name in [*names, *params]:
+    for name in [*names, *checked]:
         get_method(name)
-    unused = sorted(set(params) - set(names) - set(BASELINES.values()))
+    unused = sorted(set(checked) - set(names) - set(BASELINES.values()))
     if unused:
         given = " ".join(e.text for e in entries)
         raise BenchError(f"--param given for {', '.join(unused)}, which is not in --methods {given}.")
     suite.plan(list(seeds) if seeds else None, limit)
-    return params
+    return checked
 
 
 def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, target: ModelAdapter,
@@ -462,7 +462,7 @@ def _preflight(target: ModelAdapter, assistant: ModelAdapter | None, jobs: list[
             short = {"max_new_tokens": 1}
         except ValueError:
             short = {}
-        _generate(target, assistant, job, **short)
+        _generate(target, assistant, job, memory=None, **short)
 
 
 def _row(job: Job, target: ModelAdapter, assistant: ModelAdapter | None,

@@ -226,6 +226,7 @@ def time_table(group: Sequence[Summary]) -> list[str]:
         return []
     lines = ["| method | drafting | verification | other (roll-back, bookkeeping) |", "|---|---:|---:|---:|"]
     for s in timed:
+        assert s.draft_share is not None and s.verify_share is not None  # a timed run sets both
         other = max(0.0, 1 - s.draft_share - s.verify_share)
         lines.append(f"| {s.label} | {_pct(s.draft_share)} | {_pct(s.verify_share)} | {_pct(other)} |")
     return lines

@@ -202,7 +202,8 @@ def load(
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # the library never prints
     try:
-        model, info = auto.from_pretrained(
+        # transformers types from_pretrained as returning the model alone, also with output_loading_info=True
+        model, info = auto.from_pretrained(  # type: ignore[misc]
             folder, dtype=dt, use_safetensors=True, trust_remote_code=trust_remote_code, output_loading_info=True
         )
     except (OSError, ValueError, RuntimeError, KeyError) as e:
