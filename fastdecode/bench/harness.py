@@ -525,7 +525,7 @@ def measure_overhead(model: str | ModelAdapter, suite: str = "quick", method: st
         rows = read_rows(Path(tmp) / "0.jsonl")
         start = time.perf_counter()
         with (Path(tmp) / "again.jsonl").open("a", encoding="utf-8") as handle:
-            for job, row in zip(jobs, rows):
+            for job, row in zip(jobs, rows, strict=True):  # one row per job
                 job.task.score(job.item, row["output"])
                 handle.write(json.dumps(row) + "\n")
                 handle.flush()

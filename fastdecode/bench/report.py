@@ -352,7 +352,7 @@ def plot(group: Sequence[Summary], folder: Path) -> list[Path]:
     labels = [s.label for s in group]
     speed = [s.speedup or 0.0 for s in group]
     bars = ax.barh(range(len(group)), speed, color=[colors(i % 10) for i in range(len(group))], edgecolor="black", linewidth=0.6)
-    for bar, s in zip(bars, group):
+    for bar, s in zip(bars, group, strict=True):
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {s.speedup or 0:.2f}× ({s.tokens_per_s:.0f} tok/s)",
                 va="center", fontsize=8)
     ax.axvline(1.0, color="black", linestyle="--", linewidth=1, label="baseline = 1×")

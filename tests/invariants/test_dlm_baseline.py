@@ -175,7 +175,7 @@ def test_batched_equals_one_by_one(diffusion, monkeypatch, block_length, with_eo
     events = list(fastdecode.stream(diffusion, PROMPTS, "dlm.baseline", **kw))
     batched = events[-1].results
     assert len({len(r.prompt_ids) for r in batched}) > 1  # really different lengths, so left padding is used
-    for b, (prompt, r) in enumerate(zip(PROMPTS, batched)):
+    for b, (prompt, r) in enumerate(zip(PROMPTS, batched, strict=True)):
         single = fastdecode.generate(diffusion, prompt, "dlm.baseline", **kw)
         assert r.token_ids == single.token_ids
         assert r.stats.forwards == single.stats.forwards and r.stats.accepted == single.stats.accepted

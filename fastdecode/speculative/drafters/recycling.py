@@ -40,7 +40,7 @@ class RecyclingConfig(SpecConfig):
         check(self.top_k_candidates >= 1, "top_k_candidates", self.top_k_candidates, "must be at least 1")
         if self.template not in STATIC_TREES:
             budgets = parse_template(self.template)
-            check(all(a >= b for a, b in zip(budgets, budgets[1:])), "template", self.template,
+            check(all(a >= b for a, b in zip(budgets, budgets[1:], strict=False)), "template", self.template,
                   "must not increase with depth")
 
 
