@@ -163,7 +163,8 @@ def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: BaselineConfig, ctx: 
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     eos, eot = end_tokens(model) if cfg.logits_eos_inf or cfg.confidence_eos_eot_inf else ([], [])
     if (cfg.logits_eos_inf or cfg.confidence_eos_eot_inf) and not eos:
-        raise ParameterError(f"logits_eos_inf / confidence_eos_eot_inf need the model's EOS id; {model.name!r} has none.")
+        raise ParameterError(f"logits_eos_inf / confidence_eos_eot_inf need the model's EOS id; "
+                             f"{model.name!r} has none.")
     quiet = sorted(set(eos + eot)) if cfg.confidence_eos_eot_inf else []
     policy = LowConfidence(cfg, model.mask_token_id, batch.size, model.device, generator, quiet)
     net: DenoisingModel = model
