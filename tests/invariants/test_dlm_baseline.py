@@ -113,7 +113,8 @@ def eos_stop(model, prompt: str, **kw) -> tuple[int, int]:
 @pytest.mark.parametrize("steps", [GEN, GEN // 2])
 @pytest.mark.parametrize("prompt", PROMPTS[:2])
 def test_equals_llada_generate(diffusion, prompt, block_length, steps):
-    r = fastdecode.generate(diffusion, prompt, "dlm.baseline", max_new_tokens=GEN, block_length=block_length, steps=steps)
+    r = fastdecode.generate(diffusion, prompt, "dlm.baseline", max_new_tokens=GEN, block_length=block_length,
+                            steps=steps)
     ids = torch.tensor([r.prompt_ids])
     ref = llada_generate(model_logits(diffusion), ids, None, steps, GEN, block_length or GEN, diffusion.mask_token_id)
     assert r.token_ids == through_eos(ref[0, ids.shape[1]:].tolist(), diffusion.eos_token_ids)
