@@ -4,8 +4,9 @@ from .errors import exit_on_interrupt_while_starting
 
 exit_on_interrupt_while_starting()  # the command line: Ctrl-C while torch loads exits 130, without a traceback
 
-from .engine import generate, stream
-from .errors import (
+# after that call on purpose (these import torch and transformers), hence the noqa: E402
+from .engine import generate, stream  # noqa: E402
+from .errors import (  # noqa: E402
     ArgumentError,
     DeviceError,
     FastDecodeError,
@@ -15,10 +16,10 @@ from .errors import (
     PromptError,
     UnknownMethodError,
 )
-from .models import CausalLM, MaskedDiffusionLM, load
-from .registry import Method, get_method, list_methods
-from .stats import Stats
-from .types import Finished, Result, StepEvent
+from .models import CausalLM, MaskedDiffusionLM, load  # noqa: E402
+from .registry import Method, get_method, list_methods  # noqa: E402
+from .stats import Stats  # noqa: E402
+from .types import Finished, Result, StepEvent  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -29,7 +30,8 @@ def methods(kind: str | None = None) -> list[Method]:
 
 
 __all__ = [
-    "ArgumentError", "CausalLM", "DeviceError", "FastDecodeError", "Finished", "IncompatibleMethodError", "MaskedDiffusionLM", "Method",
-    "ModelLoadError", "ParameterError", "PromptError", "Result", "Stats", "StepEvent", "UnknownMethodError",
+    "ArgumentError", "CausalLM", "DeviceError", "FastDecodeError", "Finished", "IncompatibleMethodError",
+    "MaskedDiffusionLM", "Method", "ModelLoadError", "ParameterError", "PromptError", "Result", "Stats", "StepEvent",
+    "UnknownMethodError",
     "__version__", "generate", "get_method", "load", "methods", "stream",
 ]

@@ -13,15 +13,28 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Fast decoding for language models, measured one way.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Fast decoding for language models, measured one way."
+)
 out = Console()
 err = Console(stderr=True)
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model folder or zoo:NAME.")]
-RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run modelling code shipped in the model folder (LLaDA, Dream).")]
+RemoteOpt = Annotated[
+    bool, typer.Option("--trust-remote-code", help="Run modelling code shipped in the model folder (LLaDA, Dream).")
+]
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (default: cuda if present).")]
-KindOpt = Annotated[Optional[str], typer.Option("--kind", help="causal or diffusion: overrides what config.json says (default: detected).")]
-DtypeOpt = Annotated[Optional[str], typer.Option(help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on CPU).")]
+KindOpt = Annotated[
+    Optional[str],
+    typer.Option("--kind", help="causal or diffusion: overrides what config.json says (default: detected)."),
+]
+DtypeOpt = Annotated[
+    Optional[str], typer.Option(help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on CPU).")
+]
+DraftOpt = Annotated[
+    Optional[str],
+    typer.Option(help="Draft model folder or zoo:NAME, for methods that take one (a diffusion LM for spec.dlm_draft)."),
+]
 
 
 @app.command()
@@ -32,7 +45,7 @@ def generate(
     param: Annotated[list[str], typer.Option("--param", help="Method parameter name=value; repeatable.")] = [],  # noqa: B006
     max_new_tokens: Annotated[Optional[int], typer.Option(help="Shortcut for --param max_new_tokens=N.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print results as JSON lines.")] = False,
-    draft: Annotated[Optional[str], typer.Option(help="Draft model folder or zoo:NAME, for methods that take one (a diffusion LM for spec.dlm_draft).")] = None,
+    draft: DraftOpt = None,
     trust_remote_code: RemoteOpt = False,
     kind: KindOpt = None,
     device: DeviceOpt = None,
@@ -48,11 +61,14 @@ def generate(
     fastdecode.get_method(method)  # fail on a bad method name before loading the model
     with err.status(f"loading {model}"):
         m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-        d = fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code) if draft else None
+        d = (fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code)
+             if draft else None)
     results = fastdecode.generate(m, list(prompt), method, draft=d, **params)
     for r in results:
         if as_json:
-            out.print_json(json.dumps({"text": r.text, "token_ids": r.token_ids, "method": r.method, "stats": r.stats.to_dict()}))
+            out.print_json(json.dumps(
+                {"text": r.text, "token_ids": r.token_ids, "method": r.method, "stats": r.stats.to_dict()}
+            ))
         else:
             out.print(r.text, markup=False, highlight=False)
             err.print(f"[dim]{r.method}: {r.stats.summary()}[/dim]")
@@ -141,7 +157,8 @@ def _print_summaries(summaries, title: str) -> None:
             table.add_column(col, justify="left" if col == "method" else "right")
         for s in group:
             table.add_row(s.label + (" (baseline)" if s.is_baseline else ""), f"{s.accuracy:.0%}", f"{s.tpf:.2f}",
-                          f"{s.forwards_per_item:.1f}", f"{s.tokens_per_s:.0f}", f"{s.speedup:.2f}×" if s.speedup else "—",
+                          f"{s.forwards_per_item:.1f}", f"{s.tokens_per_s:.0f}",
+                          f"{s.speedup:.2f}×" if s.speedup else "—",
                           f"{s.equal_rate:.0%}" if s.equal_rate is not None else "—", str(s.items))
         out.print(table)
 
@@ -150,14 +167,23 @@ def _print_summaries(summaries, title: str) -> None:
 def bench(
     suite: Annotated[str, typer.Option(help="Suite: parallel-lists, puzzles, code or quick.")],
     model: ModelOpt,
-    methods: Annotated[list[str], typer.Option("--methods", help="Methods to run: --methods m1 m2 ... (the baseline is added); m:name=value,... is a configuration of its own, e.g. dlm.baseline:cache=dual.")],
+    methods: Annotated[list[str], typer.Option(
+        "--methods", help="Methods to run: --methods m1 m2 ... (the baseline is added); m:name=value,... is a "
+        "configuration of its own, e.g. dlm.baseline:cache=dual.")],
     out_path: Annotated[str, typer.Option("--out", help="Results JSONL; re-running with the same file resumes it.")],
-    draft: Annotated[Optional[str], typer.Option(help="Draft model folder or zoo:NAME, for methods that take one (a diffusion LM for spec.dlm_draft).")] = None,
-    param: Annotated[list[str], typer.Option("--param", help="method.name=value, e.g. ar.sample.seed=1; repeatable.")] = [],  # noqa: B006
+    draft: DraftOpt = None,
+    param: Annotated[
+        list[str], typer.Option("--param", help="method.name=value, e.g. ar.sample.seed=1; repeatable.")
+    ] = [],  # noqa: B006
     limit: Annotated[Optional[int], typer.Option(help="At most N items per task.")] = None,
-    seeds: Annotated[Optional[list[int]], typer.Option("--seeds", help="Test seeds (>= 1000000) to draw items from: --seeds S1 S2 ...")] = None,
+    seeds: Annotated[
+        Optional[list[int]],
+        typer.Option("--seeds", help="Test seeds (>= 1000000) to draw items from: --seeds S1 S2 ..."),
+    ] = None,
     warmup: Annotated[bool, typer.Option(help="One unrecorded generation per method first.")] = True,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice); recorded in each row.")] = None,
+    threads: Annotated[
+        Optional[int], typer.Option(help="torch CPU threads (default: torch's choice); recorded in each row.")
+    ] = None,
     trust_remote_code: RemoteOpt = False,
     kind: KindOpt = None,
     device: DeviceOpt = None,
@@ -185,9 +211,11 @@ def bench(
 
         try:
             # --kind is the target's (a draft's kind is detected): load the target here when it is given
-            target = fastdecode.load(model, kind=kind, **load_kwargs) if kind else model
+            target = (fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+                      if kind else model)
             summary = run_bench(suite, target, methods, out_path, draft=draft, params=split_params(param), seeds=seeds,
-                                limit=limit, warmup=warmup, command=command, load_kwargs=load_kwargs, on_progress=on_progress)
+                                limit=limit, warmup=warmup, command=command, load_kwargs=load_kwargs,
+                                on_progress=on_progress)
         except KeyboardInterrupt:
             bar.stop()
             err.print(f"interrupted: the rows finished so far are in {out_path}; run the same command again to resume.")
@@ -203,7 +231,9 @@ def bench(
 @app.command()
 def report(
     files: Annotated[list[str], typer.Argument(help="Results JSONL files from `fastdecode bench`.")],
-    out_path: Annotated[Optional[str], typer.Option("--out", help="Write the Markdown here (e.g. docs/RESULTS.md).")] = None,
+    out_path: Annotated[
+        Optional[str], typer.Option("--out", help="Write the Markdown here (e.g. docs/RESULTS.md).")
+    ] = None,
     plots: Annotated[Optional[str], typer.Option(help="Folder for the PNG plots.")] = None,
 ) -> None:
     """Tables (accuracy, TPF, tokens/s, speed-up, = baseline), the leaderboard figure and plots from bench results."""
@@ -224,8 +254,12 @@ def report(
 @app.command()
 def demo(
     limit: Annotated[Optional[int], typer.Option(help="At most N items per task (default: the quick suite's).")] = None,
-    out_dir: Annotated[str, typer.Option("--out", help="Folder for results.jsonl, report.md and the plots.")] = "runs/demo",
-    resume: Annotated[bool, typer.Option(help="Keep the rows of an earlier demo run instead of measuring again.")] = False,
+    out_dir: Annotated[
+        str, typer.Option("--out", help="Folder for results.jsonl, report.md and the plots.")
+    ] = "runs/demo",
+    resume: Annotated[
+        bool, typer.Option(help="Keep the rows of an earlier demo run instead of measuring again.")
+    ] = False,
 ) -> None:
     """Run the quick suite on the bundled zoo models with the baselines and reference methods; print the table."""
     from fastdecode.bench.demo import require_models, run_demo, zoo_plan
@@ -251,11 +285,15 @@ def demo(
 @app.command()
 def train(
     name: Annotated[str, typer.Argument(help="Zoo model: ar-small, ar-tiny or dlm-small.")],
-    out_dir: Annotated[Optional[str], typer.Option("--out", help="Output folder (default: the package's zoo/NAME).")] = None,
+    out_dir: Annotated[
+        Optional[str], typer.Option("--out", help="Output folder (default: the package's zoo/NAME).")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Training seed.")] = 0,
     threads: Annotated[int, typer.Option(help="torch CPU threads (results depend on it).")] = 1,
     steps: Annotated[Optional[int], typer.Option(help="Override the recipe's step count (for trials).")] = None,
-    set_: Annotated[list[str], typer.Option("--set", help="Override a recipe field for a trial, e.g. --set lr=0.002.")] = [],  # noqa: B006
+    set_: Annotated[
+        list[str], typer.Option("--set", help="Override a recipe field for a trial, e.g. --set lr=0.002.")
+    ] = [],  # noqa: B006
     eval_items: Annotated[int, typer.Option(help="Test items per task for the model card.")] = 50,
 ) -> None:
     """Reproduce a zoo model from its recipe and a seed, then evaluate it and write its card."""
@@ -300,7 +338,8 @@ def train(
 
 
 def expand_list_options(argv: list[str]) -> list[str]:
-    """`bench --methods a b --seeds 1 2` -> `--methods a --methods b --seeds 1 --seeds 2` (click takes one value per option)."""
+    """Click takes one value per option: `bench --methods a b --seeds 1 2` -> `--methods a --methods b --seeds 1
+    --seeds 2`."""
     if "bench" not in argv[1:2]:
         return argv
     out: list[str] = []
@@ -365,7 +404,8 @@ def main() -> None:
     except Exception as e:  # anything unexpected: one line, never a bare traceback
         if debug:
             raise
-        _say("internal error:", "bold red", f"{type(e).__name__}: {e}\n(set FASTDECODE_DEBUG=1 for the traceback and please report it)")
+        _say("internal error:", "bold red",
+             f"{type(e).__name__}: {e}\n(set FASTDECODE_DEBUG=1 for the traceback and please report it)")
         sys.exit(1)
 
 

@@ -6,7 +6,7 @@ import numbers
 import time
 from collections.abc import Iterator, Sequence
 from os import PathLike
-from typing import Any, Union
+from typing import Any, Union, overload
 
 import torch
 
@@ -42,13 +42,22 @@ def stream(
     if draft is not None:
         _check_model(draft, "draft=")
     if not isinstance(method, str):
-        raise ArgumentError(f"method must be a method name such as 'ar.greedy' (see fastdecode.methods()), not {type(method).__name__}.")
+        raise ArgumentError("method must be a method name such as 'ar.greedy' (see fastdecode.methods()), "
+                            f"not {type(method).__name__}.")
     spec = resolve(model, method)
     check_draft(spec, model, draft)
     cfg = build_config(spec.config, params, method)
     batch = encode_batch(model, prompts, cfg.max_new_tokens)
     ctx = RunContext(generator=generator, draft=draft, memory=memory)
     return _run(model, spec, cfg, batch, ctx, trace)
+
+
+@overload
+def generate(model: ModelAdapter, prompts: Prompt, method: str = ..., **kwargs: Any) -> Result: ...
+
+
+@overload
+def generate(model: ModelAdapter, prompts: Sequence[Prompt], method: str = ..., **kwargs: Any) -> list[Result]: ...
 
 
 def generate(
@@ -93,7 +102,8 @@ _DRAFT_KINDS = {"causal": ("a causal LM", "zoo:ar-tiny"), "diffusion": ("a maske
 
 
 def check_draft(spec: Method, model: ModelAdapter, draft: ModelAdapter | None) -> None:
-    """A method that takes a draft needs one: of the kind it drafts with, with the target's vocabulary, on its device."""
+    """A method that takes a draft needs one: of the kind it drafts with, with the target's vocabulary, on its
+    device."""
     if not spec.needs_draft:
         return
     kind, example = _DRAFT_KINDS[spec.draft_kind]
@@ -111,7 +121,8 @@ def check_draft(spec: Method, model: ModelAdapter, draft: ModelAdapter | None) -
         differs = (f"vocabulary ({draft.vocab_size} tokens) differs from the target's ({model.vocab_size})"
                    if draft.vocab_size != model.vocab_size else "tokenizer gives some of the target's tokens other ids")
         raise IncompatibleMethodError(
-            f"The draft's {differs}; {spec.name!r} needs the same tokenizer: pick a draft trained with the target's tokenizer."
+            f"The draft's {differs}; {spec.name!r} needs the same tokenizer: "
+            "pick a draft trained with the target's tokenizer."
         )
     if draft.device != model.device:
         raise IncompatibleMethodError(
@@ -149,7 +160,8 @@ def _token_ids(model: ModelAdapter, prompt: Any, where: str) -> list[int]:
                               "(e.g. iconv -f latin1 -t utf-8), or pass token ids.")
         return model.encode(prompt)
     if isinstance(prompt, (bytes, bytearray)):
-        raise PromptError(f"{where} is bytes: decode it to text first (prompt.decode('utf-8')), or pass a list of token ids.")
+        raise PromptError(f"{where} is bytes: decode it to text first (prompt.decode('utf-8')), "
+                          "or pass a list of token ids.")
     if not isinstance(prompt, (list, tuple)):
         raise PromptError(f"{where} is {type(prompt).__name__}, not text or a list of token ids: pass a string, "
                           "a list of ints, or a list of those for a batch.")
@@ -160,9 +172,9 @@ def _token_ids(model: ModelAdapter, prompt: Any, where: str) -> list[int]:
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
             raise PromptError(f"{where}: the item at position {j} is {type(t).__name__}, not a token id; "
                               "a prompt is text or a list of ints.")
-        if not 0 <= t < vocab:
-            raise PromptError(f"{where}: token id {int(t)} at position {j} is outside the vocabulary (0 to {vocab - 1}) "
-                              f"of {model.name!r}: encode the prompt with this model's tokenizer.")
+        if not 0 <= int(t) < vocab:
+            raise PromptError(f"{where}: token id {int(t)} at position {j} is outside the vocabulary "
+                              f"(0 to {vocab - 1}) of {model.name!r}: encode the prompt with this model's tokenizer.")
     return [int(t) for t in prompt]
 
 
@@ -170,7 +182,8 @@ def encode_batch(model: ModelAdapter, prompts: Prompt | Sequence[Prompt], max_ne
     """Check, tokenise and left-pad the prompts."""
     prompts = _plain(prompts)
     if isinstance(prompts, (list, tuple)) and not prompts:
-        raise PromptError("No prompts given: pass a prompt (text or a list of token ids) or a non-empty list of prompts.")
+        raise PromptError("No prompts given: pass a prompt (text or a list of token ids) "
+                          "or a non-empty list of prompts.")
     items = list(prompts) if _is_batch(prompts) else [prompts]
     rows = []
     for i, p in enumerate(items):
@@ -226,7 +239,9 @@ class _Collector:
                 self.done[b] = True
 
 
-def _run(model: ModelAdapter, spec: Method, cfg: Any, batch: PromptBatch, ctx: RunContext, trace: bool) -> Iterator[Event]:
+def _run(
+    model: ModelAdapter, spec: Method, cfg: Any, batch: PromptBatch, ctx: RunContext, trace: bool
+) -> Iterator[Event]:
     collector = _Collector(batch)
     cuda = model.device.type == "cuda"
     if cuda:

@@ -52,7 +52,7 @@ class ResultsFileWarning(FastDecodeWarning):
 def running_as_command_line() -> bool:
     """Whether this process is the `fastdecode` command (console script or `python -m fastdecode`)."""
     argv = list(getattr(sys, "orig_argv", sys.argv))
-    if any(a == "-m" and b == "fastdecode" for a, b in zip(argv, argv[1:])):
+    if any(a == "-m" and b == "fastdecode" for a, b in zip(argv, argv[1:], strict=False)):
         return True
     return len(argv) > 1 and os.path.basename(argv[1]) in ("fastdecode", "fastdecode.exe")
 

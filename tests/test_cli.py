@@ -13,11 +13,13 @@ import pytest
 
 def run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "FASTDECODE_DEBUG": "0"}
-    return subprocess.run([sys.executable, "-m", "fastdecode", *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([sys.executable, "-m", "fastdecode", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
 
 
 def test_generate_prints_text_and_stats(causal_dir):
-    p = run("generate", "--model", str(causal_dir), "--method", "ar.greedy", "--prompt", "the quick", "--param", "max_new_tokens=6")
+    p = run("generate", "--model", str(causal_dir), "--method", "ar.greedy", "--prompt", "the quick",
+            "--param", "max_new_tokens=6")
     assert p.returncode == 0, p.stderr
     assert "ar.greedy:" in p.stderr and "forwards" in p.stderr and "tok/s" in p.stderr
 

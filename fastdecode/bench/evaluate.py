@@ -32,7 +32,6 @@ def task_accuracy(
     for start in range(0, n, batch_size):
         chunk = items[start : start + batch_size]
         results = generate(model, [format_prompt(i.prompt) for i in chunk], method, **params)
-        assert isinstance(results, list)  # a list of prompts gives a list of results
         total += sum(task.score(i, r.text) for i, r in zip(chunk, results, strict=True))
         if on_batch is not None:
             on_batch(len(chunk))

@@ -39,7 +39,9 @@ from .tasks.code import first_line_exact
 SCHEMA = 1
 BASELINES = {"causal": "ar.greedy", "diffusion": "dlm.baseline"}
 # scores beyond the task's own scorer, by task name (all in [0, 1])
-EXTRA_SCORES: dict[str, dict[str, Callable[[Item, str], float]]] = {"code.complete": {"first_line_exact": first_line_exact}}
+EXTRA_SCORES: dict[str, dict[str, Callable[[Item, str], float]]] = {
+    "code.complete": {"first_line_exact": first_line_exact},
+}
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ def check_out(path: str | Path) -> Path:
     for parent in p.parents:
         if parent.exists():
             if not parent.is_dir():
-                raise BenchError(f"The results file {p} would be inside {parent}, which is a file: pass a path in a folder.")
+                raise BenchError(f"The results file {p} would be inside {parent}, which is a file: "
+                                 "pass a path in a folder.")
             break
     return p
 
@@ -128,7 +131,8 @@ def _read_key(row: Mapping[str, Any]) -> str:
 
 def _lines(numbers: Sequence[int]) -> str:
     shown = ", ".join(map(str, numbers[:10]))
-    return f"line {shown}" if len(numbers) == 1 else f"lines {shown}" + (f" and {len(numbers) - 10} more" if len(numbers) > 10 else "")
+    more = f" and {len(numbers) - 10} more" if len(numbers) > 10 else ""
+    return f"line {shown}" if len(numbers) == 1 else f"lines {shown}{more}"
 
 
 def _scan(path: Path) -> tuple[list[dict[str, Any]], int, bool]:
@@ -156,7 +160,8 @@ def _scan(path: Path) -> tuple[list[dict[str, Any]], int, bool]:
         except ValueError:
             if last or all(not rest.strip() for rest in lines[n:]):
                 break  # a row cut off by a hard kill: ignored, and cut off before the next row is appended
-            raise BenchError(f"{path} line {n} is not a JSON row; the file is damaged. Move it away or fix that line.") from None
+            raise BenchError(f"{path} line {n} is not a JSON row; the file is damaged. "
+                             "Move it away or fix that line.") from None
         valid += len(line) + (0 if last else 1)
         unterminated = last
         if not _is_row(row):
@@ -274,7 +279,8 @@ def split_params(items: Sequence[str]) -> dict[str, dict[str, str]]:
         key, sep, value = item.partition("=")
         method, dot, name = key.strip().rpartition(".")
         if not sep or not dot or not method or not name:
-            raise BenchError(f"Cannot read --param {item!r}: write it as method.name=value, e.g. --param ar.sample.seed=1.")
+            raise BenchError(f"Cannot read --param {item!r}: write it as method.name=value, "
+                             "e.g. --param ar.sample.seed=1.")
         out.setdefault(method, {})[name] = value.strip()
     return out
 
@@ -379,16 +385,16 @@ def run_bench(
 def _check_request(suite: Suite, entries: Sequence[Entry], params: Mapping[str, Mapping[str, Any]] | None,
                    seeds: Sequence[int] | None, limit: int | None) -> dict[str, dict[str, Any]]:
     """Refuse bad names, stray parameters and training seeds before any model is loaded."""
-    params = {m: dict(p) for m, p in (params or {}).items()}
+    checked = {m: dict(p) for m, p in (params or {}).items()}
     names = [e.method for e in entries]
-    for name in [*names, *params]:
+    for name in [*names, *checked]:
         get_method(name)
-    unused = sorted(set(params) - set(names) - set(BASELINES.values()))
+    unused = sorted(set(checked) - set(names) - set(BASELINES.values()))
     if unused:
         given = " ".join(e.text for e in entries)
         raise BenchError(f"--param given for {', '.join(unused)}, which is not in --methods {given}.")
     suite.plan(list(seeds) if seeds else None, limit)
-    return params
+    return checked
 
 
 def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, target: ModelAdapter,
@@ -462,7 +468,7 @@ def _preflight(target: ModelAdapter, assistant: ModelAdapter | None, jobs: list[
             short = {"max_new_tokens": 1}
         except ValueError:
             short = {}
-        _generate(target, assistant, job, **short)
+        _generate(target, assistant, job, memory=None, **short)
 
 
 def _row(job: Job, target: ModelAdapter, assistant: ModelAdapter | None,
@@ -525,7 +531,7 @@ def measure_overhead(model: str | ModelAdapter, suite: str = "quick", method: st
         rows = read_rows(Path(tmp) / "0.jsonl")
         start = time.perf_counter()
         with (Path(tmp) / "again.jsonl").open("a", encoding="utf-8") as handle:
-            for job, row in zip(jobs, rows):
+            for job, row in zip(jobs, rows, strict=True):  # one row per job
                 job.task.score(job.item, row["output"])
                 handle.write(json.dumps(row) + "\n")
                 handle.flush()

@@ -2,7 +2,8 @@
 
 Per suite and model, each method configuration gets: accuracy (mean score), TPF (sum new tokens / sum
 forwards), forwards per item, tokens/s (sum tokens / sum wall time), speed-up over the baseline measured
-in the same bench run (the same file for rows from before runs were named), and the share of items whose tokens equal the baseline's.
+in the same bench run (the same file for rows from before runs were named), and the share of items whose tokens
+equal the baseline's.
 """
 
 from __future__ import annotations
@@ -99,7 +100,9 @@ def _labels(configs: Sequence[tuple[str, str, str]]) -> dict[tuple[str, str, str
 
 def summarize(rows: Sequence[dict[str, Any]]) -> list[Summary]:
     """One Summary per (suite, model, method configuration), baseline first within each group."""
-    groups: dict[tuple[str, str], dict[tuple[str, str, str], list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    groups: dict[tuple[str, str], dict[tuple[str, str, str], list[dict[str, Any]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
     for row in rows:
         groups[(row["suite"], row["model"])][_config_id(row)].append(row)
     out = []
@@ -202,13 +205,15 @@ def _num(x: float | None, digits: int = 2, suffix: str = "") -> str:
 
 def method_table(group: Sequence[Summary]) -> list[str]:
     lines = [
-        "| method | accuracy | TPF (tokens/forward) | forwards/item | draft forwards/item | tokens/s | speed-up | = baseline | acceptance | items | peak RSS (MiB) |",
+        "| method | accuracy | TPF (tokens/forward) | forwards/item | draft forwards/item | tokens/s | speed-up "
+        "| = baseline | acceptance | items | peak RSS (MiB) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in group:
         name = f"**{s.label}** (baseline)" if s.is_baseline else s.label
         lines.append(
-            f"| {name} | {_pct(s.accuracy)} | {s.tpf:.2f} | {s.forwards_per_item:.1f} | {s.draft_forwards_per_item:.1f} "
+            f"| {name} | {_pct(s.accuracy)} | {s.tpf:.2f} | {s.forwards_per_item:.1f} "
+            f"| {s.draft_forwards_per_item:.1f} "
             f"| {s.tokens_per_s:.1f} | {_num(s.speedup, 2, '×')}{' †' if s.baseline_other_run else ''} "
             f"| {_pct(s.equal_rate)} | {_pct(s.acceptance_rate)} | {s.items} | {s.peak_rss_mb:.0f} |"
         )
@@ -226,6 +231,7 @@ def time_table(group: Sequence[Summary]) -> list[str]:
         return []
     lines = ["| method | drafting | verification | other (roll-back, bookkeeping) |", "|---|---:|---:|---:|"]
     for s in timed:
+        assert s.draft_share is not None and s.verify_share is not None  # a timed run sets both
         other = max(0.0, 1 - s.draft_share - s.verify_share)
         lines.append(f"| {s.label} | {_pct(s.draft_share)} | {_pct(s.verify_share)} | {_pct(other)} |")
     return lines
@@ -251,9 +257,11 @@ def render(rows: Sequence[dict[str, Any]], summaries: Sequence[Summary], sources
     for src in sources:
         mine = [r for r in rows if r.get("_source") == str(src)]
         commands = sorted({r["command"] for r in mine if r.get("command")})
-        lines.append(f"- `{src}`: {len(mine)} rows" + ("; made by " + "; ".join(f"`{c}`" for c in commands) if commands else ""))
-    lines += ["", "TPF = generated tokens ÷ target forward passes (hardware independent); tokens/s = generated tokens ÷ wall "
-              "time, batch size 1; speed-up = tokens/s ÷ the baseline's tokens/s in the same bench run (same machine, rows interleaved item by item); "
+        made_by = "; made by " + "; ".join(f"`{c}`" for c in commands) if commands else ""
+        lines.append(f"- `{src}`: {len(mine)} rows{made_by}")
+    lines += ["", "TPF = generated tokens ÷ target forward passes (hardware independent); tokens/s = generated tokens "
+              "÷ wall time, batch size 1; speed-up = tokens/s ÷ the baseline's tokens/s in the same bench run "
+              "(same machine, rows interleaved item by item); "
               "= baseline: share of items whose tokens equal the baseline's exactly; acceptance: accepted ÷ drafted "
               "tokens (diffusion: committed ÷ masked positions offered).", ""]
     for (suite, model), group in _grouped(summaries).items():
@@ -291,7 +299,8 @@ def _environment(rows: Sequence[dict[str, Any]]) -> str:
 
     found = [r["machine"] for r in rows if isinstance(r.get("machine"), dict)]
     machines = sorted({f"{m.get('device_name')} ({m.get('device')}, {m.get('cores')} cores, "
-                       f"{m.get('torch_threads')} torch thread{'' if m.get('torch_threads') == 1 else 's'})" for m in found})
+                       f"{m.get('torch_threads')} torch thread{'' if m.get('torch_threads') == 1 else 's'})"
+                       for m in found})
     drafts = values("draft")
     parts = [f"baseline `{values('baseline')}`", f"seeds {values('seed')}", f"machine: {'; '.join(machines) or '—'}",
              f"fastdecode {values('fastdecode_version')}, torch {values('torch_version')}, "
@@ -350,10 +359,11 @@ def plot(group: Sequence[Summary], folder: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6.4, 0.5 * len(group) + 1.6))
     labels = [s.label for s in group]
     speed = [s.speedup or 0.0 for s in group]
-    bars = ax.barh(range(len(group)), speed, color=[colors(i % 10) for i in range(len(group))], edgecolor="black", linewidth=0.6)
-    for bar, s in zip(bars, group):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {s.speedup or 0:.2f}× ({s.tokens_per_s:.0f} tok/s)",
-                va="center", fontsize=8)
+    bars = ax.barh(range(len(group)), speed, color=[colors(i % 10) for i in range(len(group))], edgecolor="black",
+                   linewidth=0.6)
+    for bar, s in zip(bars, group, strict=True):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
+                f" {s.speedup or 0:.2f}× ({s.tokens_per_s:.0f} tok/s)", va="center", fontsize=8)
     ax.axvline(1.0, color="black", linestyle="--", linewidth=1, label="baseline = 1×")
     ax.set_yticks(range(len(group)), labels, fontsize=8)
     ax.invert_yaxis()
@@ -382,7 +392,8 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None, plo
     """Read results files, write the Markdown (to `out` if given) and the PNGs (to `plots_dir` if given)."""
     sources = [Path(p) for p in paths]
     if out is not None and Path(out).is_dir():
-        raise BenchError(f"{out} is a folder: pass a file path for the Markdown, e.g. --out {Path(out) / 'RESULTS.md'}.")
+        raise BenchError(f"{out} is a folder: pass a file path for the Markdown, "
+                         f"e.g. --out {Path(out) / 'RESULTS.md'}.")
     rows = []
     for src in sources:
         if src.is_dir():

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import IncompatibleMethodError
-from ..models.diffusion import MaskedDiffusionLM
+from ..models.diffusion import DenoisingModel
 from .policy import DiffusionConfig
 
 DELAYED_REFRESH = 8  # dKV-Cache's `cache_reloading_step`
@@ -35,7 +35,7 @@ class Forwarder:
     for the entries passed to `keep`.
     """
 
-    def __init__(self, model: MaskedDiffusionLM, cfg: DiffusionConfig, rows: int, method: str) -> None:
+    def __init__(self, model: DenoisingModel, cfg: DiffusionConfig, rows: int, method: str) -> None:
         if cfg.cache != "none" and not model.supports_cache:
             raise IncompatibleMethodError(
                 f"cache={cfg.cache!r} needs a model that can recompute some canvas columns against cached K/V "

@@ -13,7 +13,7 @@ from itertools import count
 
 import torch
 
-from ..models.diffusion import MaskedDiffusionLM
+from ..models.diffusion import DenoisingModel
 from ..sampling.pipeline import LogitsPipeline, SuppressTokens
 from ..types import PromptBatch, StepEvent
 from .cache import Forwarder
@@ -25,7 +25,7 @@ from .scores import confidence, predict
 class Canvas:
     """The batch's canvases `[B, T]` = prompt (left-padded) + `max_new_tokens` masks, and the rows still decoding."""
 
-    def __init__(self, model: MaskedDiffusionLM, batch: PromptBatch, n: int) -> None:
+    def __init__(self, model: DenoisingModel, batch: PromptBatch, n: int) -> None:
         self.device, self.mask_id = model.device, model.mask_token_id
         B, self.P, self.N = batch.size, batch.width, n
         self.x = torch.cat([batch.input_ids, torch.full((B, n), self.mask_id)], dim=1).to(self.device)  # [B, T]
@@ -50,7 +50,7 @@ class Canvas:
 
 
 def denoise(
-    model: MaskedDiffusionLM,
+    model: DenoisingModel,
     batch: PromptBatch,
     cfg: DiffusionConfig,
     policy: Policy,

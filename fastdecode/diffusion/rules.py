@@ -94,7 +94,9 @@ def local_leap(score: torch.Tensor, tau: float, radius: int, tau_relaxed: float)
 
 # -- CreditDecoding ----------------------------------------------------------------------------------
 
-def credit_update(credit: torch.Tensor, logits: torch.Tensor, masked: torch.Tensor, beta: float, gamma: float) -> torch.Tensor:
+def credit_update(
+    credit: torch.Tensor, logits: torch.Tensor, masked: torch.Tensor, beta: float, gamma: float
+) -> torch.Tensor:
     """CreditDecoding trace credits (dInfer `CreditThresholdParallelDecoder`): decay every credit by beta, then
     give each masked position's current top-1 token p_top1^gamma more credit.
 
@@ -119,7 +121,9 @@ def prophet_threshold(progress: torch.Tensor, levels: tuple[float, float, float]
     return torch.where(progress < 0.33, hi, torch.where(progress < 0.67, mid, lo)).double()
 
 
-def prophet_exit(gap: torch.Tensor, masked: torch.Tensor, progress: torch.Tensor, levels=(7.5, 5.0, 2.5)) -> torch.Tensor:
+def prophet_exit(
+    gap: torch.Tensor, masked: torch.Tensor, progress: torch.Tensor, levels=(7.5, 5.0, 2.5)
+) -> torch.Tensor:
     """`[B, L]` top-2 logit gaps, `[B, L]` the masks they average over, `[B]` progress -> `[B]` bool: commit all
     remaining masks now, because the mean gap over them reached the threshold."""
     n = masked.sum(dim=-1)
@@ -168,7 +172,9 @@ def cluster_one(masked: torch.Tensor, x0: torch.Tensor, conf: torch.Tensor, tau:
     return masked & (pos == first.gather(1, run)) & (length.gather(1, run) >= 2) & (best.gather(1, run) > tau)
 
 
-def streaks(token: torch.Tensor, count: torch.Tensor, x0: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def streaks(
+    token: torch.Tensor, count: torch.Tensor, x0: torch.Tensor, active: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """R²-dLLM temporal tracking: at `active` positions, extend the run of steps predicting the same token
     (or start one at 1); elsewhere the run is cleared. `[B, L]` each -> (token, count)."""
     kept = active & (token == x0)

@@ -8,6 +8,7 @@ import torch
 from transformers import PreTrainedConfig
 
 from ..errors import PromptError
+from ..types import ModelKind
 
 
 def _as_id_set(value: Any) -> frozenset[int]:
@@ -21,7 +22,7 @@ def _as_id_set(value: Any) -> frozenset[int]:
 class ModelAdapter:
     """Base of the causal and masked-diffusion adapters. Only drivers call `forward`."""
 
-    kind: str = ""
+    kind: ModelKind  # "causal" or "diffusion": each subclass sets it
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, name: str = "") -> None:
         self.model = model.eval()

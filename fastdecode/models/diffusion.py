@@ -2,12 +2,41 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from .base import ModelAdapter
 from .mdlm import LayerKV
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), batch first, over the whole canvas
+
+
+class DenoisingModel(Protocol):
+    """What the diffusion driver calls: a `MaskedDiffusionLM`, or a wrapper around one that changes its logits
+    (`diffusion.policies.baseline.Guided`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def model(self) -> torch.nn.Module: ...
+    @property
+    def mask_token_id(self) -> int: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+    @property
+    def supports_cache(self) -> bool: ...
+
+    def forward(
+        self, canvas: torch.Tensor, attention_mask: torch.Tensor | None = None, at: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+
+    def forward_columns(
+        self, canvas: torch.Tensor, attention_mask: torch.Tensor, columns: torch.Tensor | None, kv: KV | None,
+        at: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, KV]: ...
 
 
 class MaskedDiffusionLM(ModelAdapter):

@@ -44,7 +44,9 @@ def resolve(source: str | Path) -> Path:
         return folder
     folder = Path(text).expanduser()
     if not folder.exists():
-        raise ModelLoadError(f"Model folder {text!r} does not exist. Pass a local Hugging Face folder or zoo:NAME ({', '.join(zoo_names()) or 'no zoo models installed'}).")
+        installed = ", ".join(zoo_names()) or "no zoo models installed"
+        raise ModelLoadError(f"Model folder {text!r} does not exist. Pass a local Hugging Face folder or zoo:NAME "
+                             f"({installed}).")
     if not folder.is_dir():
         raise ModelLoadError(f"{text!r} is a file; pass the folder that holds config.json and model.safetensors.")
     if not (folder / "config.json").is_file():
@@ -77,7 +79,8 @@ def check_weights(folder: Path) -> list[Path]:
                 for key in handle.keys():
                     handle.get_slice(key)  # reads the header entry; fails on a truncated file
         except Exception as e:  # safetensors raises several error types for a damaged file
-            raise ModelLoadError(f"Weights file {f} is corrupt or truncated ({e}); download or export it again.") from None
+            raise ModelLoadError(f"Weights file {f} is corrupt or truncated ({e}); "
+                                 "download or export it again.") from None
     return files
 
 
@@ -113,7 +116,8 @@ def detect_kind(cfg: dict[str, Any]) -> str:
     model_type = str(cfg.get("model_type", "")).lower()
     if model_type in CONFIG_MAPPING:
         return "causal"
-    raise ModelLoadError(f"Cannot tell whether model_type {model_type!r} is a causal or a masked-diffusion LM; {KIND_HINT}.")
+    raise ModelLoadError(f"Cannot tell whether model_type {model_type!r} is a causal or a masked-diffusion LM; "
+                         f"{KIND_HINT}.")
 
 
 def ships_code(folder: Path, cfg: dict[str, Any]) -> bool:
@@ -129,7 +133,8 @@ def pick_device(device: str | torch.device | None) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
-        raise DeviceError(f"{device!r} is not a device: pass cpu, cuda, cuda:0, cuda:1 ... or mps (CLI: --device).") from None
+        raise DeviceError(f"{device!r} is not a device: pass cpu, cuda, cuda:0, cuda:1 ... or mps "
+                          "(CLI: --device).") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             why = ("this torch build has no CUDA support" if torch.version.cuda is None
@@ -141,13 +146,16 @@ def pick_device(device: str | torch.device | None) -> torch.device:
             raise DeviceError(f"Device {str(device)!r} asked for, but this machine has {count} CUDA device(s): "
                               f"pass cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}.")
     elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise DeviceError(f"Device {str(device)!r} asked for, but MPS (Apple GPUs) is not available here: use --device cpu.")
+        raise DeviceError(f"Device {str(device)!r} asked for, but MPS (Apple GPUs) is not available here: "
+                          "use --device cpu.")
     elif dev.type not in ("cpu", "cuda", "mps"):
         raise DeviceError(f"Device type {dev.type!r} is not supported: pass cpu, cuda, cuda:N or mps (CLI: --device).")
     return dev
 
 
-def pick_device_dtype(device: str | torch.device | None, dtype: str | torch.dtype | None) -> tuple[torch.device, torch.dtype]:
+def pick_device_dtype(
+    device: str | torch.device | None, dtype: str | torch.dtype | None
+) -> tuple[torch.device, torch.dtype]:
     dev = pick_device(device)
     if isinstance(dtype, str):
         if dtype not in DTYPES:
@@ -173,7 +181,8 @@ def load(
     stays off unless asked: checkpoints such as LLaDA and Dream ship their own modelling code and need it.
     """
     if kind is not None and kind not in KINDS:
-        raise ModelLoadError(f"kind must be 'causal' or 'diffusion', not {kind!r} (or leave it out to detect it from config.json).")
+        raise ModelLoadError(f"kind must be 'causal' or 'diffusion', not {kind!r} "
+                             "(or leave it out to detect it from config.json).")
     folder = resolve(source)
     cfg = read_config(folder)
     model_type = str(cfg.get("model_type", ""))
@@ -186,8 +195,9 @@ def load(
             )
         if not trust_remote_code:
             raise ModelLoadError(
-                f"{folder} has model_type {model_type!r}, whose modelling code is not part of transformers but ships in "
-                "the folder. Loading it runs that code: pass trust_remote_code=True (CLI: --trust-remote-code) only if you trust it."
+                f"{folder} has model_type {model_type!r}, whose modelling code is not part of transformers but ships "
+                "in the folder. Loading it runs that code: pass trust_remote_code=True (CLI: --trust-remote-code) "
+                "only if you trust it."
             )
     evidence = kind_evidence(cfg)
     if kind is not None and evidence is not None and evidence[0] != kind:
@@ -202,7 +212,8 @@ def load(
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # the library never prints
     try:
-        model, info = auto.from_pretrained(
+        # transformers types from_pretrained as returning the model alone, also with output_loading_info=True
+        model, info = auto.from_pretrained(  # type: ignore[misc]
             folder, dtype=dt, use_safetensors=True, trust_remote_code=trust_remote_code, output_loading_info=True
         )
     except (OSError, ValueError, RuntimeError, KeyError) as e:
@@ -219,7 +230,8 @@ def load(
             hf_logging.enable_progress_bar()
     if info.get("missing_keys"):
         missing = sorted(info["missing_keys"])
-        raise ModelLoadError(f"{folder} lacks weights for {len(missing)} parameters (e.g. {missing[0]}); the checkpoint is incomplete or does not match config.json.")
+        raise ModelLoadError(f"{folder} lacks weights for {len(missing)} parameters (e.g. {missing[0]}); "
+                             "the checkpoint is incomplete or does not match config.json.")
     model.to(dev)
     tokenizer = _load_tokenizer(folder, trust_remote_code)
     name = str(source)
@@ -230,7 +242,8 @@ def load(
 
 
 def _load_tokenizer(folder: Path, trust_remote_code: bool) -> Any:
-    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")):
+    names = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+    if not any((folder / f).is_file() for f in names):
         return None
     try:
         return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
@@ -243,7 +256,8 @@ def _mask_token_id(cfg: dict[str, Any], tokenizer: Any, folder: Path) -> int:
         return cfg["mask_token_id"]
     if tokenizer is not None and getattr(tokenizer, "mask_token_id", None) is not None:
         return int(tokenizer.mask_token_id)
-    raise ModelLoadError(f"{folder} is a masked-diffusion model but neither config.json nor the tokenizer names a mask token; add mask_token_id to config.json.")
+    raise ModelLoadError(f"{folder} is a masked-diffusion model but neither config.json nor the tokenizer names "
+                         "a mask token; add mask_token_id to config.json.")
 
 
 def _shifted(cfg: dict[str, Any], model_type: str) -> bool:

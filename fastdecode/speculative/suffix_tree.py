@@ -117,13 +117,14 @@ class SuffixTree:
     def match(self, context: list[int]) -> list[Node]:
         """Nodes of the context's suffixes present in the tree, shortest first; as Arctic's `speculate`, of at most
         min(len(context), max_depth) - 1 tokens (the context cut to max_depth tokens, never all of it)."""
-        found = []
+        found: list[Node] = []
         for m in range(1, min(len(context), self.max_depth)):
             node = self.root
             for t in context[len(context) - m :]:
-                node = node.children.get(t)
-                if node is None:
+                child = node.children.get(t)
+                if child is None:
                     return found  # a longer suffix contains this one, so it cannot be present either
+                node = child
             found.append(node)
         return found
 

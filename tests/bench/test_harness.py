@@ -15,7 +15,10 @@ from fastdecode.speculative.memory import forget
 from fastdecode.stats import Stats
 
 SUITE = Suite("tiny", "three items", (("lists.sort", 2), ("puzzles.sudoku", 1)))
-SHORT = {"ar.greedy": {"max_new_tokens": 12}, "hf.greedy": {"max_new_tokens": 12}, "ar.sample": {"max_new_tokens": 12, "seed": 0}}
+SHORT = {
+    "ar.greedy": {"max_new_tokens": 12}, "hf.greedy": {"max_new_tokens": 12},
+    "ar.sample": {"max_new_tokens": 12, "seed": 0},
+}
 
 
 def bench(target, out, methods=("hf.greedy", "ar.sample"), **kwargs):
@@ -57,7 +60,8 @@ def test_rows_are_complete_and_consistent(results, target):
 
 def test_report_renders_markdown_and_plots(results, tmp_path):
     _, out = results
-    report = build_report([out], out=tmp_path / "RESULTS.md", plots_dir=tmp_path / "plots", command="fastdecode report x")
+    report = build_report([out], out=tmp_path / "RESULTS.md", plots_dir=tmp_path / "plots",
+                          command="fastdecode report x")
     text = (tmp_path / "RESULTS.md").read_text()
     assert text.startswith("# fastdecode benchmark report") and "`fastdecode report x`" in text
     assert str(out) in text and "Leaderboard" in text and "≥ 95%" in text
@@ -73,8 +77,9 @@ def test_report_splits_speculative_time(tmp_path):
     from fastdecode.bench.report import render, summarize, time_table
 
     def row(method, wall, draft=0.0, verify=0.0):
-        return {"suite": "s", "model": "m", "method": method, "task": "t", "score": 1.0, "new_tokens": 10, "forwards": 5,
-                "wall_s": wall, "draft_s": draft, "verify_s": verify, "is_baseline": method == "ar.greedy"}
+        return {"suite": "s", "model": "m", "method": method, "task": "t", "score": 1.0, "new_tokens": 10,
+                "forwards": 5, "wall_s": wall, "draft_s": draft, "verify_s": verify,
+                "is_baseline": method == "ar.greedy"}
 
     rows = [row("ar.greedy", 2.0), row("spec.pld", 1.0, 0.1, 0.7), row("spec.pld", 1.0, 0.1, 0.7)]
     summaries = summarize(rows)
@@ -136,11 +141,15 @@ def test_unknown_suite_names_the_close_one():
 
 
 def test_suites_cover_their_tasks():
-    assert {t for t, _ in SUITES["parallel-lists"].tasks} == {n for n, t in TASKS.items() if t.family in ("lists", "letters")}
+    assert {t for t, _ in SUITES["parallel-lists"].tasks} == {
+        n for n, t in TASKS.items() if t.family in ("lists", "letters")
+    }
     assert {t for t, _ in SUITES["puzzles"].tasks} == {"puzzles.sudoku", "puzzles.latin_square"}
     assert [t for t, _ in SUITES["code"].tasks] == ["code.complete"]
     assert sum(n for _, n in SUITES["quick"].tasks) <= 20
-    assert [(t.name, n) for t, _, n in SUITES["puzzles"].plan(limit=3)] == [("puzzles.sudoku", 3), ("puzzles.latin_square", 3)]
+    assert [(t.name, n) for t, _, n in SUITES["puzzles"].plan(limit=3)] == [
+        ("puzzles.sudoku", 3), ("puzzles.latin_square", 3)
+    ]
 
 
 def test_bad_requests_fail_before_running(target, tmp_path):
@@ -220,7 +229,8 @@ def test_speed_ups_use_the_baseline_of_the_same_file():
                 "forwards": 10, "wall_s": wall, "is_baseline": method == "ar.greedy", "_source": source}
 
     # two runs on the same suite and model, the second on a slower (busier) machine: 2x faster within each file
-    rows = [row("ar.greedy", "a", 1.0), row("spec.pld", "a", 0.5), row("ar.greedy", "b", 3.0), row("spec.ngram", "b", 1.5)]
+    rows = [row("ar.greedy", "a", 1.0), row("spec.pld", "a", 0.5),
+            row("ar.greedy", "b", 3.0), row("spec.ngram", "b", 1.5)]
     by = {s.method: s for s in summarize(rows)}
     assert by["spec.pld"].speedup == pytest.approx(2.0) and by["spec.ngram"].speedup == pytest.approx(2.0)
     assert by["ar.greedy"].speedup == pytest.approx(1.0) and by["ar.greedy"].items == 2
@@ -307,7 +317,8 @@ def test_tokenizers_with_one_name_and_size_get_their_own_canvases():
     answers = [i.reference for name in ("lists.copy", "lists.sort", "letters.copy") for i in TASKS[name].items(0, 500)]
     source = Path(stdlib_random.__file__).read_text(encoding="utf-8")[:40000]
     merged, split = train_tokenizer(answers, vocab_size=500), train_tokenizer([source], vocab_size=500)
-    assert (merged.name_or_path, len(merged)) == (split.name_or_path, len(split))  # nothing tells them apart but the vocab
+    # nothing tells them apart but the vocab
+    assert (merged.name_or_path, len(merged)) == (split.name_or_path, len(split))
     assert task.canvas_length(merged) < task.max_new_tokens  # names are whole tokens: a fitted canvas
     longest = max(len(split(i.reference, add_special_tokens=False)["input_ids"]) + 1 for i in task.items(0, 200))
     assert task.canvas_length(split) >= min(task.max_new_tokens, longest)  # names in pieces: not merged's canvas

@@ -113,7 +113,8 @@ def eos_stop(model, prompt: str, **kw) -> tuple[int, int]:
 @pytest.mark.parametrize("steps", [GEN, GEN // 2])
 @pytest.mark.parametrize("prompt", PROMPTS[:2])
 def test_equals_llada_generate(diffusion, prompt, block_length, steps):
-    r = fastdecode.generate(diffusion, prompt, "dlm.baseline", max_new_tokens=GEN, block_length=block_length, steps=steps)
+    r = fastdecode.generate(diffusion, prompt, "dlm.baseline", max_new_tokens=GEN, block_length=block_length,
+                            steps=steps)
     ids = torch.tensor([r.prompt_ids])
     ref = llada_generate(model_logits(diffusion), ids, None, steps, GEN, block_length or GEN, diffusion.mask_token_id)
     assert r.token_ids == through_eos(ref[0, ids.shape[1]:].tolist(), diffusion.eos_token_ids)
@@ -175,7 +176,7 @@ def test_batched_equals_one_by_one(diffusion, monkeypatch, block_length, with_eo
     events = list(fastdecode.stream(diffusion, PROMPTS, "dlm.baseline", **kw))
     batched = events[-1].results
     assert len({len(r.prompt_ids) for r in batched}) > 1  # really different lengths, so left padding is used
-    for b, (prompt, r) in enumerate(zip(PROMPTS, batched)):
+    for b, (prompt, r) in enumerate(zip(PROMPTS, batched, strict=True)):
         single = fastdecode.generate(diffusion, prompt, "dlm.baseline", **kw)
         assert r.token_ids == single.token_ids
         assert r.stats.forwards == single.stats.forwards and r.stats.accepted == single.stats.accepted

@@ -104,7 +104,7 @@ def test_dcd_window_stops_at_a_decoded_eos(diffusion_dir):
 @pytest.mark.parametrize("name", METHODS)
 def test_batched_equals_one_by_one(sharp, name):
     batched = fastdecode.generate(sharp, PROMPTS, name, **kw(name))
-    for prompt, r in zip(PROMPTS, batched):
+    for prompt, r in zip(PROMPTS, batched, strict=True):
         single = fastdecode.generate(sharp, prompt, name, **kw(name))
         assert r.token_ids == single.token_ids and r.stats.forwards == single.stats.forwards
 

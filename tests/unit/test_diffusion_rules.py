@@ -104,7 +104,9 @@ def test_credit_decays_accumulates_the_boosted_top1_and_fuses_into_logits():
     assert torch.allclose(fused - logits, 0.7 * torch.log1p(c2))
 
 
-@pytest.mark.parametrize("progress, level", [(0.0, 7.5), (0.32, 7.5), (0.33, 5.0), (0.66, 5.0), (0.67, 2.5), (1.0, 2.5)])
+@pytest.mark.parametrize(
+    "progress, level", [(0.0, 7.5), (0.32, 7.5), (0.33, 5.0), (0.66, 5.0), (0.67, 2.5), (1.0, 2.5)]
+)
 def test_prophet_threshold_falls_with_progress(progress, level):
     assert rules.prophet_threshold(torch.tensor([progress]))[0] == level
 

@@ -145,7 +145,9 @@ def test_prompts_of_the_wrong_type(causal, prompt, pattern):
 
 @pytest.mark.parametrize("bad", [-1, 10_000])
 def test_token_ids_outside_the_vocabulary(causal, bad):
-    with pytest.raises(PromptError, match=rf"token id {bad} at position 1 is outside the vocabulary \(0 to {causal.vocab_size - 1}\)"):
+    with pytest.raises(
+        PromptError, match=rf"token id {bad} at position 1 is outside the vocabulary \(0 to {causal.vocab_size - 1}\)"
+    ):
         fastdecode.generate(causal, [5, bad, 6], max_new_tokens=2)
 
 
@@ -172,7 +174,9 @@ def test_token_id_prompts_still_work(causal):
 
 
 def test_kind_that_contradicts_a_causal_folder(causal_dir):
-    with pytest.raises(ModelLoadError, match=r"holds a causal model \(architectures LlamaForCausalLM\).*kind='diffusion'.*--kind"):
+    with pytest.raises(
+        ModelLoadError, match=r"holds a causal model \(architectures LlamaForCausalLM\).*kind='diffusion'.*--kind"
+    ):
         fastdecode.load(causal_dir, kind="diffusion")
 
 

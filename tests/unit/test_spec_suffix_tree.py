@@ -74,8 +74,11 @@ def test_tree_mode_grows_the_likeliest_continuations_first():
 def test_the_drafter_sends_a_branching_tree_and_a_chain_otherwise():
     d = SuffixDrafter(SuffixConfig(max_cached_requests=0, tree=True, max_spec_factor=4.0), None)
     draft = d.propose(torch.tensor([5, 1, 7, 5, 1, 8, 5, 1]), 6)  # after [5 1]: 7 or 8, equally likely
-    assert draft.parents is not None and sorted(draft.tokens[[i for i, p in enumerate(draft.parents) if p < 0]].tolist()) == [7, 8]
-    chain = SuffixDrafter(SuffixConfig(max_cached_requests=0, tree=True), None).propose(torch.tensor([5, 6, 7, 5, 6]), 6)
+    assert draft.parents is not None
+    roots = [i for i, p in enumerate(draft.parents) if p < 0]
+    assert sorted(draft.tokens[roots].tolist()) == [7, 8]
+    tree_drafter = SuffixDrafter(SuffixConfig(max_cached_requests=0, tree=True), None)
+    chain = tree_drafter.propose(torch.tensor([5, 6, 7, 5, 6]), 6)
     assert chain.parents == [-1, 0] and chain.tokens.tolist() == [7, 5]
     assert chain.as_chain().parents is None and chain.as_chain().tokens.tolist() == [7, 5]  # what the loop verifies
     assert draft.as_chain() is draft  # a tree with branches stays a tree

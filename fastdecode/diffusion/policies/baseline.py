@@ -8,7 +8,7 @@ confidence 0, so it is committed last).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,7 +16,7 @@ import torch
 
 from ...config import check
 from ...errors import ParameterError
-from ...models.diffusion import MaskedDiffusionLM
+from ...models.diffusion import DenoisingModel, MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
@@ -97,7 +97,7 @@ class Guided:
     model sees (Prophet's constraints), as if they were there from the start. Everything else is the wrapped
     model's."""
 
-    def __init__(self, model: MaskedDiffusionLM, prompt_width: int, cfg_scale: float = 0.0, banned: list[int] = (),
+    def __init__(self, model: MaskedDiffusionLM, prompt_width: int, cfg_scale: float = 0.0, banned: Sequence[int] = (),
                  forced: dict[int, int] | None = None) -> None:
         self._model, self._P, self._s, self._banned = model, prompt_width, cfg_scale, list(banned)
         forced = forced or {}
@@ -142,7 +142,7 @@ class Guided:
 
 class LowConfidence(Schedule):
     def __init__(self, cfg: BaselineConfig, mask_id: int, rows: int, device: torch.device,
-                 generator: torch.Generator | None, quiet: list[int] = ()) -> None:
+                 generator: torch.Generator | None, quiet: Sequence[int] = ()) -> None:
         super().__init__(mask_id, cfg.block_size, cfg.steps_per_block, rows, device)
         self.random, self.generator = cfg.remasking == "random", generator
         self.quiet = list(quiet)  # ids left out of the confidence softmax (confidence_eos_eot_inf)
@@ -163,9 +163,11 @@ def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: BaselineConfig, ctx: 
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     eos, eot = end_tokens(model) if cfg.logits_eos_inf or cfg.confidence_eos_eot_inf else ([], [])
     if (cfg.logits_eos_inf or cfg.confidence_eos_eot_inf) and not eos:
-        raise ParameterError(f"logits_eos_inf / confidence_eos_eot_inf need the model's EOS id; {model.name!r} has none.")
+        raise ParameterError(f"logits_eos_inf / confidence_eos_eot_inf need the model's EOS id; "
+                             f"{model.name!r} has none.")
     quiet = sorted(set(eos + eot)) if cfg.confidence_eos_eot_inf else []
     policy = LowConfidence(cfg, model.mask_token_id, batch.size, model.device, generator, quiet)
+    net: DenoisingModel = model
     if cfg.cfg_scale > 0 or cfg.logits_eos_inf:
-        model = Guided(model, batch.width, cfg.cfg_scale, eos if cfg.logits_eos_inf else [])
-    return denoise(model, batch, cfg, policy, generator, "dlm.baseline")
+        net = Guided(model, batch.width, cfg.cfg_scale, eos if cfg.logits_eos_inf else [])
+    return denoise(net, batch, cfg, policy, generator, "dlm.baseline")

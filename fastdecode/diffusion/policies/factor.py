@@ -22,7 +22,8 @@ from ..rules import factor
 class FactorConfig(BlockConfig):
     factor: float = 1.0  # f: the n-th most confident passes when (n + 1)(1 - c(n)) <= f (Fast-dLLM's eval setting)
     rule: Literal["fast_dllm", "strict"] = "fast_dllm"  # fast_dllm: the reference's scan, which also commits the
-    #   last candidate once every earlier one passed; strict: only the passing prefix, with < (fastdecode's earlier rule)
+    #   last candidate once every earlier one passed; strict: only the passing prefix, with < (fastdecode's earlier
+    #   rule)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -19,7 +19,7 @@ import torch
 
 from ...config import check
 from ...errors import ParameterError
-from ...models.diffusion import MaskedDiffusionLM
+from ...models.diffusion import DenoisingModel, MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
@@ -102,6 +102,7 @@ class Prophet(Schedule):
         start = cfg.answer_start if cfg.answer_start is not None else (max(forced) + 2 if forced else None)
         self.window: tuple[int, int] | None = None  # [lo, hi) of the answer window, when the gap is taken there
         if cfg.gap_over == "answer" or (cfg.gap_over == "auto" and start is not None):
+            assert start is not None  # ProphetConfig refuses gap_over="answer" without answer_start or constraints
             self.window = (start, min(start + cfg.answer_length, self.n))
 
     def view(self, gen: torch.Tensor, rows: torch.Tensor) -> View:
@@ -149,6 +150,7 @@ def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: ProphetConfig, ctx: R
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     forced = forced_tokens(model, cfg.constraints, cfg.max_new_tokens)
     policy = Prophet(model.mask_token_id, cfg, batch.size, model.device, forced)
+    net: DenoisingModel = model
     if forced:
-        model = Guided(model, batch.width, forced=forced)
-    return denoise(model, batch, cfg, policy, generator, "dlm.prophet")
+        net = Guided(model, batch.width, forced=forced)
+    return denoise(net, batch, cfg, policy, generator, "dlm.prophet")

@@ -3,11 +3,11 @@ adjacency matrix and recycled as a draft tree.
 
 A[v] holds the target's top-k next tokens the last time v was an input. Each step the tree template (by default
 the authors' static tree "2.2.2", 80 nodes) is filled breadth first from the last context token (a node of rank r
-under a parent with token v gets token A[v, r]), verified in one forward with a tree mask, and A is overwritten for every input token of that forward with the
-top-k of its logits, so candidates from rejected branches are reused. As in the authors' evaluation code, which
-allocates A once and passes it to every question, A outlives the request: one matrix per k in the run's drafter
-memory (by default its target model's), shared by every run with that memory (`shared_matrix=False` gives each
-request an empty one).
+under a parent with token v gets token A[v, r]), verified in one forward with a tree mask, and A is overwritten for
+every input token of that forward with the top-k of its logits, so candidates from rejected branches are reused.
+As in the authors' evaluation code, which allocates A once and passes it to every question, A outlives the
+request: one matrix per k in the run's drafter memory (by default its target model's), shared by every run with
+that memory (`shared_matrix=False` gives each request an empty one).
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ class RecyclingConfig(SpecConfig):
     top_k_candidates: int = 8  # k, candidates kept per token (the paper's output-id top-k)
     template: str = "2.2.2"  # the authors' static tree "2.2.2" (80 nodes, 6 deep), or rank budgets per depth such as
     #   "7,5,3,2,1,0" (a root path of ranks r_1..r_d is a node iff r_1 + ... + r_d <= budget[d]: 71 nodes, 6 deep)
-    shared_matrix: bool = True  # keep A across requests on the same target (the authors' code); False: empty per request
+    shared_matrix: bool = True  # keep A across requests on the same target (the authors' code); False: empty per
+    #   request
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.top_k_candidates >= 1, "top_k_candidates", self.top_k_candidates, "must be at least 1")
         if self.template not in STATIC_TREES:
             budgets = parse_template(self.template)
-            check(all(a >= b for a, b in zip(budgets, budgets[1:])), "template", self.template,
+            check(all(a >= b for a, b in zip(budgets, budgets[1:], strict=False)), "template", self.template,
                   "must not increase with depth")
 
 
@@ -94,7 +95,8 @@ def parse_template(text: str) -> list[int]:
 
 
 def tree_template(budgets: list[int], width: int) -> list[tuple[int, int]]:
-    """(parent, rank) of every node, breadth first: a root path of ranks r_1..r_d is a node iff sum(r) <= budgets[d-1]."""
+    """(parent, rank) of every node, breadth first: a root path of ranks r_1..r_d is a node iff
+    sum(r) <= budgets[d-1]."""
     nodes: list[tuple[int, int]] = []
     level: list[tuple[int, int]] = [(-1, 0)]  # (node index, rank sum so far); -1 is the root
     for budget in budgets:
@@ -157,6 +159,7 @@ def run(model: CausalLM, batch: PromptBatch, cfg: RecyclingConfig, ctx: RunConte
     k, memory = cfg.top_k_candidates, run_memory(ctx, model)
 
     def drafter(generator) -> RecyclingDrafter:
-        return RecyclingDrafter(cfg, shared_matrix(memory, model.vocab_size, k) if cfg.shared_matrix else new_matrix(model.vocab_size, k))
+        matrix = shared_matrix(memory, model.vocab_size, k) if cfg.shared_matrix else new_matrix(model.vocab_size, k)
+        return RecyclingDrafter(cfg, matrix)
 
     return speculative(model, batch, cfg, ctx, drafter)

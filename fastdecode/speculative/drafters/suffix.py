@@ -81,7 +81,9 @@ class SuffixDrafter(BaseDrafter):
         if self.shared is not None and output:
             self.shared.extend(self.request, output)
             while len(self.shared) > self.cfg.max_cached_requests:
-                self.shared.remove(self.shared.oldest())
+                oldest = self.shared.oldest()
+                assert oldest is not None  # the tree holds more requests than the cap, so at least one
+                self.shared.remove(oldest)
 
 
 @register("spec.suffix", kind="causal", config=SuffixConfig, lossless=True)
