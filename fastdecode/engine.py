@@ -79,7 +79,10 @@ def generate(
 
 
 def _check_model(model: Any, what: str) -> None:
+    """A loaded model, or an object that acts as one (an adapter of one's own: a `kind` and a `forward`)."""
     if isinstance(model, ModelAdapter):
+        return
+    if getattr(model, "kind", None) in ("causal", "diffusion") and callable(getattr(model, "forward", None)):
         return
     hint = (f"call fastdecode.load({str(model)!r}) and pass what it returns" if isinstance(model, (str, PathLike))
             else "load one with fastdecode.load(path or 'zoo:NAME')")
