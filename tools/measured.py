@@ -55,6 +55,7 @@ import functools
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -240,8 +241,13 @@ def card_text(spec: str) -> str:
     values = {"mean": lambda: pct(metrics["mean_deterministic_list_accuracy"]),
               "agreement": lambda: pct(metrics["greedy_agreement_with_ar_small"]),
               "minutes": lambda: f"{metrics['train_minutes']:.1f} min"}
+    return pick(values, field, "card", spec, ' or acc@TASK')
+
+
+def pick(values: dict[str, Callable[[], str]], field: str, what: str, spec: str, also: str = "") -> str:
+    """The figure FIELD of a key's `values`, or a message naming the fields there are."""
     if field not in values:
-        raise SystemExit(f"bad card figure {spec!r}: FIELD is one of {sorted(values)} or acc@TASK")
+        raise SystemExit(f"bad {what} figure {spec!r}: FIELD is one of {sorted(values)}{also}")
     return values[field]()
 
 
@@ -262,9 +268,7 @@ def cost_text(table: Table, spec: str) -> str:
               "matmul": lambda: f"{100 * row['matmul_share']:.0f} %"}
     if field.startswith("bound@"):  # the speed-up a step of this width reaching tau tokens has at most
         return f"{float(field[6:]) / row['over_width_1']:.2f}×"
-    if field not in values:
-        raise SystemExit(f"bad cost figure {spec!r}: FIELD is one of {sorted(values)} or bound@TAU")
-    return values[field]()
+    return pick(values, field, "cost", spec, ' or bound@TAU')
 
 
 def copy_bound_text(table: Table, spec: str) -> str:
@@ -274,9 +278,7 @@ def copy_bound_text(table: Table, spec: str) -> str:
     if len(rows) != 1:
         raise SystemExit(f"{path} has {len(rows)} rows for {suite}; rerun `make results-bound`")
     values = {"speedup": lambda: f"{rows[0]['speedup_bound']:.2f}×", "tau": lambda: f"{rows[0]['tau_of_plan']:.2f}"}
-    if field not in values:
-        raise SystemExit(f"bad copy-bound figure {spec!r}: FIELD is one of {sorted(values)}")
-    return values[field]()
+    return pick(values, field, "copy-bound", spec)
 
 
 def bf16_text(table: Table, spec: str) -> str:
@@ -300,9 +302,7 @@ def bf16_text(table: Table, spec: str) -> str:
               "mb": lambda: f"{r['bf16_megabytes']:.1f} MB", "fp32_mb": lambda: f"{r['fp32_megabytes']:.1f} MB",
               "sim": lambda: pct(r["code_similarity_bf16"]), "card_sim": lambda: pct(r["code_similarity_card"]),
               "changed": changed, "items": lambda: str(r["items_per_task"]), "minutes": lambda: f"{r['minutes']:.1f}"}
-    if field not in values:
-        raise SystemExit(f"bad bf16 figure {spec!r}: FIELD is one of {sorted(values)}")
-    return values[field]()
+    return pick(values, field, "bf16", spec)
 
 
 @functools.cache
@@ -319,9 +319,7 @@ def engine_text(table: Table, spec: str) -> str:
     s = found[label]
     values = {"speedup": lambda: f"{s.speedup:.2f}×", "inverse": lambda: f"{1 / s.speedup:.2f}×",
               "tpf": lambda: f"{s.tpf:.2f}", "tps": lambda: f"{s.tokens_per_s:.0f}"}
-    if field not in values:
-        raise SystemExit(f"bad engine figure {spec!r}: FIELD is one of {sorted(values)}")
-    return values[field]()
+    return pick(values, field, "engine", spec)
 
 
 def batch_text(table: Table, spec: str) -> str:
@@ -334,9 +332,7 @@ def batch_text(table: Table, spec: str) -> str:
     values = {"speedup": lambda: f"{r['speedup']:.2f}×", "batched": lambda: f"{r['tokens_per_s_batched']:.0f}",
               "single": lambda: f"{r['tokens_per_s_one_by_one']:.0f}", "batch": lambda: str(r["batch"]),
               "equal": lambda: "equal" if r["equal_outputs"] else "NOT equal"}
-    if field not in values:
-        raise SystemExit(f"bad batch figure {spec!r}: FIELD is one of {sorted(values)}")
-    return values[field]()
+    return pick(values, field, "batch", spec)
 
 
 def render(key: str, table: dict) -> str:

@@ -11,6 +11,13 @@ import fastdecode
 from fastdecode import IncompatibleMethodError, ModelLoadError, ParameterError, PromptError, UnknownMethodError
 
 
+def copy_with_config(src, dst, **changes):
+    """A copy of the model folder `src` at `dst` with config.json fields changed; returns `dst`."""
+    shutil.copytree(src, dst)
+    cfg_path = dst / "config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), **changes}))
+    return dst
+
 def test_unknown_method_lists_close_names(causal):
     with pytest.raises(UnknownMethodError, match=r"Did you mean 'ar.greedy'"):
         fastdecode.generate(causal, "hi", "ar.gredy")
@@ -100,22 +107,15 @@ def test_corrupt_weights(tmp_path, causal_dir, damage):
 
 
 def test_remote_code_stays_off(tmp_path, causal_dir):
-    shutil.copytree(causal_dir, tmp_path / "m")
-    cfg_path = tmp_path / "m" / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["model_type"] = "llada"
-    cfg["auto_map"] = {"AutoModel": "modeling_llada.LLaDAModelLM"}  # as a LLaDA checkpoint ships its code
-    cfg_path.write_text(json.dumps(cfg))
+    # as a LLaDA checkpoint ships its code
+    copy_with_config(causal_dir, tmp_path / "m", model_type="llada",
+                     auto_map={"AutoModel": "modeling_llada.LLaDAModelLM"})
     with pytest.raises(ModelLoadError, match=r"trust_remote_code=True"):
         fastdecode.load(tmp_path / "m")
 
 
 def test_weights_that_do_not_match_config(tmp_path, causal_dir):
-    shutil.copytree(causal_dir, tmp_path / "m")
-    cfg_path = tmp_path / "m" / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["num_hidden_layers"] = 3  # one layer more than the weights hold
-    cfg_path.write_text(json.dumps(cfg))
+    copy_with_config(causal_dir, tmp_path / "m", num_hidden_layers=3)
     with pytest.raises(ModelLoadError, match=r"lacks weights"):
         fastdecode.load(tmp_path / "m")
 
@@ -187,11 +187,7 @@ def test_kind_that_contradicts_a_diffusion_folder(diffusion_dir):
 
 
 def test_unknown_model_type_without_code_does_not_suggest_remote_code(tmp_path, causal_dir):
-    shutil.copytree(causal_dir, tmp_path / "m")
-    cfg_path = tmp_path / "m" / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["model_type"] = "no-such-arch"
-    cfg_path.write_text(json.dumps(cfg))
+    copy_with_config(causal_dir, tmp_path / "m", model_type="no-such-arch")
     with pytest.raises(ModelLoadError, match=r"ships no modelling code") as e:
         fastdecode.load(tmp_path / "m")
     assert "trust_remote_code" not in str(e.value)
@@ -201,10 +197,7 @@ def test_unknown_model_type_without_code_does_not_suggest_remote_code(tmp_path, 
 
 
 def test_kind_that_cannot_be_told_names_the_cli_flag(tmp_path, causal_dir):
-    shutil.copytree(causal_dir, tmp_path / "m")
-    cfg_path = tmp_path / "m" / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg.update(model_type="custom", architectures=["CustomModel"], auto_map={"AutoModel": "modeling_x.CustomModel"})
-    cfg_path.write_text(json.dumps(cfg))
+    copy_with_config(causal_dir, tmp_path / "m", model_type="custom", architectures=["CustomModel"],
+                     auto_map={"AutoModel": "modeling_x.CustomModel"})
     with pytest.raises(ModelLoadError, match=r"kind='causal' or kind='diffusion' \(CLI: --kind causal\|diffusion\)"):
         fastdecode.load(tmp_path / "m", trust_remote_code=True)
