@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -10,10 +10,8 @@ from ..cache import KVCache
 from ..config import MethodConfig
 from ..models.capabilities import attention_free
 from ..models.causal import CausalLM
+from ..sampling.pipeline import LogitsPipeline
 from ..types import PromptBatch, StepEvent
-
-# picks the next token of every row from `[B, V]` logits and the `[B, V]` seen-token mask
-Picker = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -21,14 +19,18 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def autoregressive(model: CausalLM, batch: PromptBatch, cfg: MethodConfig, pick: Picker) -> Iterator[StepEvent]:
+def autoregressive(
+    model: CausalLM, batch: PromptBatch, cfg: MethodConfig, generator: torch.Generator | None = None
+) -> Iterator[StepEvent]:
+    """Every row's next token from the request's logits pipeline (`cfg`'s processors, argmax or a draw)."""
     device = model.device
     ids = batch.input_ids.to(device)  # [B, L]
     mask = batch.attention_mask.to(device)  # [B, L]
     B = batch.size
     eos = torch.tensor(sorted(model.eos_token_ids), dtype=torch.long, device=device)
-    seen = torch.zeros(B, model.vocab_size, dtype=torch.bool, device=device)
-    seen.scatter_(1, ids, mask.bool())  # padding does not count as seen
+    pipeline = LogitsPipeline.from_config(cfg)
+    # what each row has seen (padding not counted), kept only when a processor reads it
+    history = pipeline.history(ids, model.vocab_size, mask) if pipeline.uses_history or pipeline.stateful else None
 
     # A model without attention layers (Mamba, Mamba2) reads a mask only to zero the padding of the prompt: after
     # the prefill it gets none, as in transformers' generate() (Mamba's mixer would multiply the new token's hidden
@@ -42,7 +44,7 @@ def autoregressive(model: CausalLM, batch: PromptBatch, cfg: MethodConfig, pick:
     next_pos = positions[:, -1:] + 1  # [B, 1]
     done = torch.zeros(B, dtype=torch.bool, device=device)
     for step in range(cfg.max_new_tokens):
-        token = pick(logits, seen)  # [B]
+        token = pipeline.pick(logits, history.rows() if history is not None else None, generator)  # [B]
         token = torch.where(done, model.pad_token_id, token)
         active = (~done).tolist()
         done = done | torch.isin(token, eos)
@@ -54,7 +56,8 @@ def autoregressive(model: CausalLM, batch: PromptBatch, cfg: MethodConfig, pick:
         )
         if last or bool(done.all()):
             return
-        seen[torch.arange(B, device=device), token] = True
+        if history is not None:
+            history.append(token)
         if growing:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         logits = model.forward(token[:, None], next_pos, cache, mask if growing else None)[:, -1]

@@ -8,10 +8,8 @@ from dataclasses import dataclass
 from ..config import MethodConfig, check
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
-from ..sampling.pipeline import LogitsPipeline
 from ..types import PromptBatch, StepEvent
 from .driver import autoregressive
-from .sample import make_picker
 
 
 @dataclass(frozen=True)
@@ -28,4 +26,4 @@ class GreedyConfig(MethodConfig):
 @register("ar.greedy", kind="causal", config=GreedyConfig, lossless=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: GreedyConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Greedy decoding: the argmax token, one forward per token (the baseline)."""
-    return autoregressive(model, batch, cfg, make_picker(LogitsPipeline.from_config(cfg)))
+    return autoregressive(model, batch, cfg)
