@@ -36,7 +36,7 @@ is therefore free: only accepted tokens ever reach the History.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -82,44 +82,33 @@ class RepetitionPenalty:
         return F.repetition_penalty(logits, at.seen(), self.penalty)
 
 
-class Temperature:
-    uses_history = False
+class _Filter:
+    """A processor that reads only the logits: the pure function `apply(logits, value)` of `processors.py`."""
 
-    def __init__(self, t: float) -> None:
-        self.t = t
+    uses_history = False
+    apply: Callable[[torch.Tensor, Any], torch.Tensor]
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
     def __call__(self, logits: torch.Tensor, at: Positions | None = None) -> torch.Tensor:
-        return F.temperature(logits, self.t)
+        return type(self).apply(logits, self.value)
 
 
-class TopK:
-    uses_history = False
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-
-    def __call__(self, logits: torch.Tensor, at: Positions | None = None) -> torch.Tensor:
-        return F.top_k(logits, self.k)
+class Temperature(_Filter):
+    apply = staticmethod(F.temperature)
 
 
-class TopP:
-    uses_history = False
-
-    def __init__(self, p: float) -> None:
-        self.p = p
-
-    def __call__(self, logits: torch.Tensor, at: Positions | None = None) -> torch.Tensor:
-        return F.top_p(logits, self.p)
+class TopK(_Filter):
+    apply = staticmethod(F.top_k)
 
 
-class MinP:
-    uses_history = False
+class TopP(_Filter):
+    apply = staticmethod(F.top_p)
 
-    def __init__(self, p: float) -> None:
-        self.p = p
 
-    def __call__(self, logits: torch.Tensor, at: Positions | None = None) -> torch.Tensor:
-        return F.min_p(logits, self.p)
+class MinP(_Filter):
+    apply = staticmethod(F.min_p)
 
 
 class SuppressTokens:
