@@ -50,12 +50,6 @@ class Plan:
             self._masks[key] = allow[:, None]
         return self._masks[key]
 
-    def additive(self, dtype: torch.dtype) -> torch.Tensor:
-        """`[B, 1, Q, K]` additive mask without windows, for models whose attention bypasses the interface."""
-        return torch.zeros(self.allow.shape, dtype=dtype, device=self.allow.device).masked_fill(
-            ~self.allow, torch.finfo(dtype).min
-        )[:, None]
-
 
 @contextlib.contextmanager
 def planned(plan: Plan) -> Iterator[None]:
@@ -65,10 +59,6 @@ def planned(plan: Plan) -> Iterator[None]:
         yield
     finally:
         _PLAN.reset(token)
-
-
-def current_plan() -> Plan | None:
-    return _PLAN.get()
 
 
 def attention(

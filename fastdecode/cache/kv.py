@@ -111,10 +111,6 @@ class KVCache(Cache):
         """Every layer holds plain keys and values, so dropping the last entries of a row restores it exactly."""
         return True
 
-    @property
-    def can_trim(self) -> bool:  # the name drafters used before can_rollback()
-        return True
-
     # -- lengths -----------------------------------------------------------------------------------------------------
     @property
     def length(self) -> int:
@@ -211,6 +207,17 @@ class DynamicKVCache:
     def length(self) -> int:
         return int(self.hf.get_seq_length())
 
+    @property
+    def lengths(self) -> list[int]:
+        """One length for every row (transformers' cache has no per-row lengths), as `KVCache.lengths` reads."""
+        return [self.length]
+
+    def crop_rows(self, lengths: list[int]) -> None:
+        """`KVCache.crop_rows` for a cache whose rows all hold one length."""
+        if len(set(lengths)) != 1:
+            raise ValueError(f"transformers' cache keeps one length for every row, not {lengths}")
+        self.crop(lengths[0])
+
     def can_rollback(self) -> bool:
         layers = getattr(self.hf, "layers", None)
         if layers is None:
@@ -222,13 +229,9 @@ class DynamicKVCache:
             for layer in layers
         )
 
-    @property
-    def can_trim(self) -> bool:
-        return self.can_rollback()
-
     def trim(self, n: int) -> None:
         """Remove the last `n` cached positions (0 <= n <= length)."""
-        if n and not self.can_trim:  # first: a cache of state layers only has no length to check n against
+        if n and not self.can_rollback():  # first: a cache of state layers only has no length to check n against
             raise IncompatibleMethodError(
                 f"This model's cache ({type(self.hf).__name__}) cannot roll back; "
                 "use a method that does not need trimming."

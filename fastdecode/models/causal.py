@@ -14,19 +14,10 @@ from transformers import DynamicCache
 from .. import attention
 from ..cache import DynamicKVCache, KVCache
 from .base import ModelAdapter
+from .capabilities import layer_types
 
 # layer types the preallocated cache serves (a sliding window is applied by the attention plan, keys are kept)
-_ATTENTION_LAYERS = {"full_attention", "sliding_attention"}
-
-
-def layer_types(config) -> list[str] | None:
-    """The per-layer attention kinds transformers derives from a config (None where it cannot tell)."""
-    try:
-        from transformers.cache_utils import get_layer_types_and_kwargs
-
-        return list(get_layer_types_and_kwargs(config)[0])
-    except Exception:  # configs without per-layer information (state-space models, remote code)
-        return None
+_PREALLOCATED_LAYERS = {"full_attention", "sliding_attention"}
 
 
 @dataclass(frozen=True)
@@ -52,7 +43,7 @@ class CausalLM(ModelAdapter):
         self._has_logits_to_keep = "logits_to_keep" in params
         # transformers 5.24 renamed the forward argument `past_key_values` to `cache` (the old name warns)
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
-        types = layer_types(self.config)
+        types = layer_types(self.model)
         # fastdecode's attention function and preallocated cache serve models whose attention goes through
         # transformers' attention interface and whose layers all hold keys and values; others keep transformers'
         # own cache and 2-D / 4-D masks (`DynamicKVCache`)
@@ -60,13 +51,13 @@ class CausalLM(ModelAdapter):
         self.preallocated = bool(
             getattr(type(self.model), "_supports_attention_backend", False)
             and types
-            and set(types) <= _ATTENTION_LAYERS
+            and set(types) <= _PREALLOCATED_LAYERS
         )
 
     def new_cache(self, batch: int = 1, capacity: int = 0) -> KVCache | DynamicKVCache:
         """A cache for `batch` rows; `capacity` columns are allocated at once (more are added in chunks)."""
         if self.preallocated:
-            return KVCache(self.layer_types or [], batch=batch, capacity=capacity, device=self.device)
+            return KVCache(self.layer_types, batch=batch, capacity=capacity, device=self.device)
         return DynamicKVCache(DynamicCache(config=self.config))
 
     @contextlib.contextmanager
@@ -154,9 +145,14 @@ class CausalLM(ModelAdapter):
         return out
 
     def _legacy(self, input_ids, positions, cache, attention_mask, visible, kwargs):
-        if visible is not None:  # express it as the 4-D additive mask transformers takes
-            attention_mask = _additive(visible, input_ids.shape[0], cache.length if cache is not None else 0,
-                                       self.dtype, input_ids.device)
+        if visible is not None:  # a verification block: `attention_mask`, if any, flags its new tokens as real
+            if attention_mask is not None and not bool(attention_mask.all()):
+                raise ValueError(f"{self.name!r} runs on transformers' own cache, which cannot pad a forward's rows")
+            T = input_ids.shape[1]
+            causal = torch.ones(T, T, dtype=torch.bool, device=visible.device).tril()
+            # plain causal: transformers' own mask (the only one ALiBi models such as Bloom take); else 4-D additive
+            attention_mask = None if bool((visible.bool() == causal).all()) else _additive(
+                visible, input_ids.shape[0], cache.length if cache is not None else 0, self.dtype, input_ids.device)
         out = self.model(
             input_ids=input_ids,
             position_ids=positions,

@@ -14,7 +14,6 @@ from typing import Protocol
 
 import torch
 
-from ..cache import KVCache
 from ..errors import IncompatibleMethodError
 from ..models.capabilities import sliding_windows, state_layer_types, uses_alibi
 from ..models.causal import CausalLM, CausalOutput
@@ -239,18 +238,9 @@ class _Group:
     def __init__(self, model: CausalLM, rows: list[_Row], cache) -> None:
         self.model, self.rows, self.cache = model, rows, cache
 
-    def _lengths(self) -> list[int]:
-        return list(self.cache.lengths) if isinstance(self.cache, KVCache) else [self.cache.length]
-
-    def _crop(self, lengths: list[int]) -> None:
-        if isinstance(self.cache, KVCache):
-            self.cache.crop_rows(lengths)
-        else:
-            self.cache.crop(lengths[0])
-
     def step(self) -> dict[int, _Out]:
         model = self.model
-        base = self._lengths()
+        base = list(self.cache.lengths)
         # 1. every active row drafts
         drafts: list[Draft | None] = []
         blocks: list[_Block | None] = []
@@ -289,15 +279,8 @@ class _Group:
             for r, blk in zip(self.rows, blocks, strict=True)
             if blk is not None
         )
-        mask: torch.Tensor | None
-        visible: torch.Tensor | None
-        if isinstance(self.cache, KVCache):
-            mask, visible = real.to(device), vis.to(device)
-        else:  # one row on transformers' cache: no padding; a chain needs no mask (ALiBi models take no other)
-            chain = all(d is None or (d.parents is None and d.side is None) for d in drafts)
-            mask, visible = None, (None if chain else vis.to(device))
-        fwd = model.forward(inp.to(device), pos.to(device), self.cache, mask, num_logits=T - first,
-                            visible=visible, hidden=needs)
+        fwd = model.forward(inp.to(device), pos.to(device), self.cache, real.to(device), num_logits=T - first,
+                            visible=vis.to(device), hidden=needs)
         # [B, T - first, V], [B, T, H]
         logits, hidden = (fwd.logits, fwd.hidden) if isinstance(fwd, CausalOutput) else (fwd, None)
         shared = _clock(model) - t1
@@ -317,7 +300,7 @@ class _Group:
             out.draft_s, out.verify_s = draft_s[b], shared + _clock(model) - t2
             out.draft_forwards = row.drafter.forwards - before[b]
             outs[id(row)] = out
-        self._crop(keep)
+        self.cache.crop_rows(keep)
         return outs
 
 

@@ -21,7 +21,7 @@ def test_trim_then_regenerate_is_identical(causal):
     L = ids.shape[1]
     cache = causal.new_cache()
     first = causal.forward(ids, torch.arange(L)[None], cache)[:, -1].argmax(-1)
-    assert cache.length == L and cache.can_trim
+    assert cache.length == L and cache.can_rollback()
     tokens_a, logits_a = greedy_steps(causal, cache, first, L, 8)
     assert cache.length == L + 8
     cache.trim(5)

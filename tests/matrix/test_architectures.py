@@ -228,7 +228,7 @@ def test_rollback_then_regenerate_equals_never_drafting(name):
     cache = m.new_cache()
     first = int(m.forward(torch.tensor([PROMPT]), torch.arange(L)[None], cache)[:, -1].argmax(-1))
     if name in STATE:  # a recurrent state cannot go back: refused, at the cache and by every speculative method
-        assert not cache.can_trim
+        assert not cache.can_rollback()
         with pytest.raises(IncompatibleMethodError, match="cannot roll back"):
             cache.trim(1)
         return
