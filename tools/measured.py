@@ -257,6 +257,14 @@ def cost_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
+def row_for(path: Path, field: str, value: str, rerun: str) -> dict:
+    """The row of `path` whose `field` is `value` (the latest, where a tool appended several)."""
+    rows = [r for r in cost_rows(path) if r[field] == value]
+    if not rows:
+        raise SystemExit(f"{path} has no row for {value}; rerun {rerun}")
+    return rows[-1]
+
+
 def cost_text(table: Table, spec: str) -> str:
     stem, width, field = spec.split("|")
     path = table.results / "cost" / f"{stem}.jsonl"
@@ -273,21 +281,14 @@ def cost_text(table: Table, spec: str) -> str:
 
 def copy_bound_text(table: Table, spec: str) -> str:
     suite, field = spec.split("|")
-    path = table.results / "cost" / "copy-bound.jsonl"
-    rows = [r for r in cost_rows(path) if r["suite"] == suite]
-    if len(rows) != 1:
-        raise SystemExit(f"{path} has {len(rows)} rows for {suite}; rerun `make results-bound`")
-    values = {"speedup": lambda: f"{rows[0]['speedup_bound']:.2f}×", "tau": lambda: f"{rows[0]['tau_of_plan']:.2f}"}
+    r = row_for(table.results / "cost" / "copy-bound.jsonl", "suite", suite, "`make results-bound`")
+    values = {"speedup": lambda: f"{r['speedup_bound']:.2f}×", "tau": lambda: f"{r['tau_of_plan']:.2f}"}
     return pick(values, field, "copy-bound", spec)
 
 
 def bf16_text(table: Table, spec: str) -> str:
     name, field = spec.split("|")
-    path = table.results / "zoo" / "bf16.jsonl"
-    rows = [r for r in cost_rows(path) if r["model"] == name]
-    if len(rows) != 1:
-        raise SystemExit(f"{path} has {len(rows)} rows for {name}; rerun tools/zoo_bf16.py")
-    r = rows[0]
+    r = row_for(table.results / "zoo" / "bf16.jsonl", "model", name, "`make results-zoo-bf16`")
 
     def changed() -> str:
         moved = [f"{t} {pct(a)} (card {pct(r['accuracy_card'][t])})" for t, a in r["accuracy_bf16"].items()
@@ -324,11 +325,7 @@ def engine_text(table: Table, spec: str) -> str:
 
 def batch_text(table: Table, spec: str) -> str:
     method, field = spec.split("|")
-    path = table.results / "engine" / "batch.jsonl"
-    rows = [r for r in cost_rows(path) if r["method"] == method]
-    if not rows:
-        raise SystemExit(f"{path} has no row for {method}; rerun `make results-engine`")
-    r = rows[-1]
+    r = row_for(table.results / "engine" / "batch.jsonl", "method", method, "`make results-engine`")
     values = {"speedup": lambda: f"{r['speedup']:.2f}×", "batched": lambda: f"{r['tokens_per_s_batched']:.0f}",
               "single": lambda: f"{r['tokens_per_s_one_by_one']:.0f}", "batch": lambda: str(r["batch"]),
               "equal": lambda: "equal" if r["equal_outputs"] else "NOT equal"}
