@@ -44,8 +44,9 @@ Keys:
   llamacpp:LABEL|FIELD  as engine:, from docs/results/engine/llamacpp.jsonl (`make results-llamacpp`: llama.cpp's
                   methods beside fastdecode's on the same weights and items)
   step:VARIANT|FIELD  seconds per token of one greedy path, from docs/results/engine/step_bound.jsonl
-                  (`tools/step_bound.py`): x-generate (transformers generate()'s time over this one), ms (per token),
-                  equal (outputs equal to generate()'s, of the prompts)
+                  (`tools/step_bound.py`): x-generate (transformers generate()'s wall time over this one), ms (wall
+                  per token), cpu-x-generate / cpu-ms (the same in process CPU time), equal (outputs equal to
+                  generate()'s, of the prompts)
   batch:METHOD|FIELD  a batch in one call against the same prompts one at a time, from
                   docs/results/engine/batch.jsonl (`tools/batch_speed.py`): speedup, batched / single (tokens/s),
                   batch (rows per call), equal (whether the outputs were equal)
@@ -341,7 +342,8 @@ def step_text(table: Table, spec: str) -> str:
     variant, field = spec.split("|")
     r = row_for(table.results / "engine" / "step_bound.jsonl", "variant", variant, "`make results-engine`")
     values = {"x-generate": lambda: f"{r['speedup_vs_generate']:.2f}×", "ms": lambda: f"{r['ms_per_token']:.1f}",
-              "equal": lambda: str(r["equal_to_generate"])}
+              "cpu-x-generate": lambda: f"{r['cpu_speedup_vs_generate']:.2f}×",
+              "cpu-ms": lambda: f"{r['cpu_ms_per_token']:.1f}", "equal": lambda: str(r["equal_to_generate"])}
     return pick(values, field, "step", spec)
 
 

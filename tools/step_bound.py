@@ -7,8 +7,10 @@ For the prompts of a suite it times, taking turns per prompt (so a slow spell of
   - `ar.greedy:transformers-forward`: the same driver and cache through transformers' module forward (native=False);
   - `matmul-floor`: only the step's weight matmuls (every projection of every layer and the LM head, same shapes, same
     weights, one token), run as many times as the others made decode steps: no attention, norms, RoPE or Python.
-Each row holds seconds per generated token and the ratio of `generate`'s to it (higher = faster). The floor says how
-far any fp32 torch path on this CPU could go: if generate / floor is under a target, no fp32 torch engine reaches it.
+Each row holds seconds per generated token and the ratio of `generate`'s to it (higher = faster), both in wall time and
+in this process's CPU time: with one torch thread the CPU time is what the step cost, unswayed by other processes of a
+shared machine, which lengthen the wall time of whatever runs beside them. The floor says how far any fp32 torch path
+on this CPU could go: if generate / floor is under a target, no fp32 torch engine reaches it.
 
     python tools/step_bound.py --model zoo:ar-small --suite code --limit 10 --max-new-tokens 128 \
         --out docs/results/engine/step_bound.jsonl
@@ -65,31 +67,38 @@ def main() -> None:
     weights = weight_matmuls(model)
     eos = sorted(model.eos_token_ids)
 
-    def hf(prompt: str) -> tuple[float, list[int]]:
+    def clocks() -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
+    def since(start: tuple[float, float]) -> tuple[float, float]:
+        wall, cpu = clocks()
+        return wall - start[0], cpu - start[1]
+
+    def hf(prompt: str) -> tuple[tuple[float, float], list[int]]:
         ids = torch.tensor([model.tokenizer.encode(prompt)])
-        start = time.perf_counter()
+        start = clocks()
         with torch.inference_mode():
             out = model.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                        max_new_tokens=args.max_new_tokens, eos_token_id=eos,
                                        pad_token_id=model.pad_token_id)
-        return time.perf_counter() - start, out[0, ids.shape[1]:].tolist()
+        return since(start), out[0, ids.shape[1]:].tolist()
 
-    def ours(prompt: str, direct: bool) -> tuple[float, list[int]]:
+    def ours(prompt: str, direct: bool) -> tuple[tuple[float, float], list[int]]:
         model.native = native if direct else None
-        start = time.perf_counter()
+        start = clocks()
         r = fastdecode.generate(model, prompt, "ar.greedy", max_new_tokens=args.max_new_tokens)
         model.native = native
-        return time.perf_counter() - start, r.token_ids
+        return since(start), r.token_ids
 
-    def floor(steps: int) -> float:
-        start = time.perf_counter()
+    def floor(steps: int) -> tuple[float, float]:
+        start = clocks()
         with torch.inference_mode():
             for _ in range(steps):
                 floor_step(weights)
-        return time.perf_counter() - start
+        return since(start)
 
     names = ["generate", "ar.greedy", "ar.greedy:transformers-forward", "matmul-floor"]
-    per_token: dict[str, list[float]] = {n: [] for n in names}
+    per_token: dict[str, list[tuple[float, float]]] = {n: [] for n in names}  # (wall, cpu) seconds per token
     equal = {n: 0 for n in names[1:3]}
     ours(prompts[0], True), ours(prompts[0], False), hf(prompts[0]), floor(8)  # warm-up
     for _ in range(args.reps):
@@ -97,27 +106,34 @@ def main() -> None:
             t_hf, ref = hf(prompt)
             ref = ref[: next((i + 1 for i, t in enumerate(ref) if t in eos), len(ref))]
             n = len(ref)
-            per_token["generate"].append(t_hf / n)
+            per_token["generate"].append((t_hf[0] / n, t_hf[1] / n))
             for name, direct in (("ar.greedy", True), ("ar.greedy:transformers-forward", False)):
                 t, ids = ours(prompt, direct)
-                per_token[name].append(t / max(1, len(ids)))
+                per_token[name].append((t[0] / max(1, len(ids)), t[1] / max(1, len(ids))))
                 equal[name] += ids == ref
-            per_token["matmul-floor"].append(floor(n) / n)
-    base = statistics.median(per_token["generate"])
+            t = floor(n)
+            per_token["matmul-floor"].append((t[0] / n, t[1] / n))
+
+    def median(name: str, clock: int) -> float:
+        return statistics.median(x[clock] for x in per_token[name])
+
+    base, base_cpu = median("generate", 0), median("generate", 1)
     meta = machine(model.device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a") as f:
         for name in names:
-            s = statistics.median(per_token[name])
+            s, cpu = median(name, 0), median(name, 1)
             row = {
                 "variant": name, "model": args.model, "suite": args.suite, "prompts": len(prompts), "reps": args.reps,
                 "max_new_tokens": args.max_new_tokens, "ms_per_token": round(1000 * s, 3),
-                "speedup_vs_generate": round(base / s, 3),
+                "speedup_vs_generate": round(base / s, 3), "cpu_ms_per_token": round(1000 * cpu, 3),
+                "cpu_speedup_vs_generate": round(base_cpu / cpu, 3),
                 "equal_to_generate": (f"{equal[name]}/{len(prompts) * args.reps}" if name in equal else None),
                 "direct_forward": native is not None, "machine": meta,
             }
             f.write(json.dumps(row) + "\n")
-            print(f"{name:34s} {row['ms_per_token']:8.3f} ms/token  {row['speedup_vs_generate']:.2f}x generate()"
+            print(f"{name:34s} {row['ms_per_token']:8.3f} ms/token  {row['speedup_vs_generate']:.2f}x generate()  "
+                  f"CPU {row['cpu_ms_per_token']:8.3f} ms/token  {row['cpu_speedup_vs_generate']:.2f}x"
                   + (f"  equal {row['equal_to_generate']}" if row["equal_to_generate"] else ""))
 
 

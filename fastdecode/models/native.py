@@ -32,6 +32,7 @@ _NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
 
 @dataclass(frozen=True)
 class _Layer:
+    attn: Any  # the attention module, handed to the attention function as transformers does (it reads layer_idx)
     in_norm: torch.Tensor
     in_eps: float
     q: Any  # nn.Linear (its weight and bias are read at call time, so later weight edits are seen)
@@ -81,7 +82,7 @@ class NativeForward:
         if found is None:
             a, m = layer.self_attn, layer.mlp
             found = self._layers[id(layer)] = _Layer(
-                layer.input_layernorm.weight, float(layer.input_layernorm.variance_epsilon),
+                a, layer.input_layernorm.weight, float(layer.input_layernorm.variance_epsilon),
                 a.q_proj, a.k_proj, a.v_proj, a.o_proj,
                 layer.post_attention_layernorm.weight, float(layer.post_attention_layernorm.variance_epsilon),
                 m.gate_proj, m.up_proj, m.down_proj, int(a.head_dim), float(a.scaling), int(a.layer_idx),
@@ -113,7 +114,7 @@ class NativeForward:
                 k = k * cos + _swap_halves(k) * sin
                 if cache is not None:
                     k, v = cache.layers[L.index].update(k, v)  # type: ignore[union-attr]  # our own layers
-                out, _ = attention.attention(L.q, q, k, v, None, scaling=L.scaling, sliding_window=L.window)
+                out, _ = attention.attention(L.attn, q, k, v, None, scaling=L.scaling, sliding_window=L.window)
                 h = h + F.linear(out.reshape(B, T, -1).contiguous(), L.o.weight, L.o.bias)
                 x = _rms(h, L.post_norm, L.post_eps)
                 h = h + F.linear(F.silu(F.linear(x, L.gate.weight, L.gate.bias)) * F.linear(x, L.up.weight, L.up.bias),
