@@ -113,7 +113,7 @@ def write_gguf(model: CausalLM, path: str | Path, dtype: str = "f32") -> Path:
         put("output.weight", state["lm_head.weight"])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_tensors_to_file(progress=False)  # the library never prints
     writer.close()
     os.replace(tmp, path)  # a half-written file never sits under the final name
     return path

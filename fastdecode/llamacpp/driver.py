@@ -9,6 +9,7 @@ pays the conversion and the load in its warm-up, not in its rows.
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +24,13 @@ from .convert import cached_gguf
 
 _RUNTIMES: dict[tuple[Any, ...], Any] = {}  # (path, n_ctx, threads, logits_all) -> llama_cpp.Llama, a few at most
 _KEEP = 2
+
+
+@atexit.register
+def _close_all() -> None:
+    """Free the runtimes before the interpreter tears llama_cpp's module down (its finaliser fails after that)."""
+    while _RUNTIMES:
+        _RUNTIMES.popitem()[1].close()
 
 
 def runtime(model: CausalLM, n_ctx: int, logits_all: bool, dtype: str = "f32") -> Any:
