@@ -339,6 +339,53 @@ def train(
     err.print(f"saved {folder} (card: {folder / 'README.md'})")
 
 
+@app.command()
+def serve(
+    model: ModelOpt,
+    method: Annotated[str, typer.Option(help="Default method of requests that name none (body: fastdecode.method).")]
+    = "ar.greedy",
+    draft: DraftOpt = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    served_model_name: Annotated[
+        Optional[str], typer.Option(help="The model id clients send (default: what --model says).")
+    ] = None,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait; more get 429.")] = 256,
+    max_batch: Annotated[int, typer.Option(help="Most rows (prompts x n) generated in one batch.")] = 16,
+    batch_window_ms: Annotated[float, typer.Option(help="How long the engine waits for requests to batch.")] = 5.0,
+    timeout: Annotated[float, typer.Option(help="Per-request timeout in seconds (0: none).")] = 600.0,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    trust_remote_code: RemoteOpt = False,
+    kind: KindOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /metrics)."""
+    try:
+        from fastdecode.serve import ServeConfig, create_app, make_server
+    except ImportError as e:
+        from fastdecode.errors import ArgumentError
+
+        raise ArgumentError(f"fastdecode serve needs the serve extra ({e.name} is missing): "
+                            "pip install 'fastdecode[serve]'.") from None
+    import torch
+
+    import fastdecode
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    fastdecode.get_method(method)
+    with err.status(f"loading {model}"):
+        m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        d = (fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code)
+             if draft else None)
+    config = ServeConfig(served_name=served_model_name or model, method=method, max_queue=max_queue,
+                         max_batch=max_batch, window_s=batch_window_ms / 1000, timeout_s=timeout or None)
+    server = make_server(create_app(m, d, config), host=host, port=port, log_level="info")
+    err.print(f"serving {config.served_name} ({method} by default) on http://{host}:{port}/v1", highlight=False)
+    server.run()
+
+
 def expand_list_options(argv: list[str]) -> list[str]:
     """Click takes one value per option: `bench --methods a b --seeds 1 2` -> `--methods a --methods b --seeds 1
     --seeds 2`."""
