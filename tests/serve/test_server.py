@@ -308,7 +308,7 @@ def test_shutdown_refuses_new_requests_with_503(tiny):
 
 
 def test_graceful_shutdown_finishes_requests_in_flight(tmp_path):
-    """`fastdecode serve` in its own process: SIGTERM while four requests run or wait; all four finish, then it exits."""
+    """`fastdecode serve` in its own process: SIGTERM while four requests run or wait: all four finish."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen([sys.executable, "-m", "fastdecode", "serve", "--model", "zoo:ar-tiny", "--port", str(port),
