@@ -186,6 +186,12 @@ def bench(
     threads: Annotated[
         Optional[int], typer.Option(help="torch CPU threads (default: torch's choice); recorded in each row.")
     ] = None,
+    ray: Annotated[Optional[str], typer.Option(
+        "--ray", help="Run the jobs on a Ray cluster: --ray (RAY_ADDRESS, else a local one) or --ray ADDRESS "
+        "(auto, ray://HEAD:10001); needs fastdecode[ray].")] = None,
+    ray_workers: Annotated[
+        Optional[int], typer.Option(help="Ray workers (default: one per GPU, else one per --threads CPUs).")
+    ] = None,
     trust_remote_code: RemoteOpt = False,
     kind: KindOpt = None,
     device: DeviceOpt = None,
@@ -203,7 +209,7 @@ def bench(
         torch.set_num_threads(threads)
     command = _command("bench", suite=suite, model=model, draft=draft, methods=methods, param=param, limit=limit,
                        seeds=seeds, out=out_path, threads=threads, kind=kind, device=device, dtype=dtype,
-                       no_warmup=not warmup, trust_remote_code=trust_remote_code)
+                       no_warmup=not warmup, trust_remote_code=trust_remote_code, ray=ray, ray_workers=ray_workers)
     load_kwargs = {"device": device, "dtype": dtype, "trust_remote_code": trust_remote_code}
     with _progress_bar() as bar:
         task = bar.add_task(f"loading {model}", total=None)
@@ -217,7 +223,8 @@ def bench(
                       if kind else model)
             summary = run_bench(suite, target, methods, out_path, draft=draft, params=split_params(param), seeds=seeds,
                                 limit=limit, warmup=warmup, command=command, load_kwargs=load_kwargs,
-                                on_progress=on_progress)
+                                on_progress=on_progress, ray=ray is not None,
+                                ray_address=None if ray in (None, RAY_DEFAULT) else ray, ray_workers=ray_workers)
         except KeyboardInterrupt:
             bar.stop()
             err.print(f"interrupted: the rows finished so far are in {out_path}; run the same command again to resume.")
@@ -386,14 +393,21 @@ def serve(
     server.run()
 
 
+RAY_DEFAULT = "default"  # `bench --ray` without an address: Ray's own choice (RAY_ADDRESS, else a local instance)
+
+
 def expand_list_options(argv: list[str]) -> list[str]:
     """Click takes one value per option: `bench --methods a b --seeds 1 2` -> `--methods a --methods b --seeds 1
-    --seeds 2`."""
+    --seeds 2`; a bare `--ray` gets the value `default`."""
     if "bench" not in argv[1:2]:
         return argv
     out: list[str] = []
     current = None
-    for arg in argv:
+    for i, arg in enumerate(argv):
+        if arg == "--ray" and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            out += [arg, RAY_DEFAULT]
+            current = None
+            continue
         if arg.startswith("-"):
             current = arg if arg in ("--methods", "--seeds") else None
         elif current is not None and out[-1] != current:
