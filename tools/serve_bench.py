@@ -142,6 +142,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         same = [r["output"] == greedy[(r["concurrency"], r["request"])] for r in mine
                 if (r["concurrency"], r["request"]) in greedy]
         out.append({"method": key[0], "concurrency": key[1], "requests": len(mine), "tokens": tokens,
+                    "load_avg_1m": mine[0].get("load_avg_1m"),
                     "same_as_greedy": sum(same) / len(same) if same else None,
                     "tokens_per_s": tokens / wall, "requests_per_s": len(mine) / wall,
                     **{f"ttft_p{q}_ms": 1000 * pct([r["ttft_s"] for r in mine], q) for q in (50, 90, 99)},
@@ -155,14 +156,16 @@ def markdown(summary: list[dict], command: str, machine: str) -> str:
              f"Made by `{command}` on {machine}. Streaming completions, closed loop: C clients each send the next "
              "request when their last one has finished. TTFT: time to the first streamed text; ITL: gaps between "
              "streamed chunks (a speculative step sends several tokens in one chunk); E2E: request latency.", "",
+             "The load average (1 min) before each level shows what else the machine was doing.", "",
              "| method | C | tok/s | req/s | TTFT p50 / p90 / p99 (ms) | ITL p50 / p90 / p99 (ms) "
-             "| E2E p50 / p90 / p99 (s) | = ar.greedy |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| E2E p50 / p90 / p99 (s) | = ar.greedy | load |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summary:
         lines.append(f"| {s['method']} | {s['concurrency']} | {s['tokens_per_s']:.0f} | {s['requests_per_s']:.2f} "
                      f"| {s['ttft_p50_ms']:.0f} / {s['ttft_p90_ms']:.0f} / {s['ttft_p99_ms']:.0f} "
                      f"| {s['itl_p50_ms']:.1f} / {s['itl_p90_ms']:.1f} / {s['itl_p99_ms']:.1f} "
                      f"| {s['e2e_p50_s']:.2f} / {s['e2e_p90_s']:.2f} / {s['e2e_p99_s']:.2f} "
-                     f"| {'—' if s['same_as_greedy'] is None else format(s['same_as_greedy'], '.0%')} |")
+                     f"| {'—' if s['same_as_greedy'] is None else format(s['same_as_greedy'], '.0%')} "
+                     f"| {'—' if s['load_avg_1m'] is None else format(s['load_avg_1m'], '.1f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -213,11 +216,12 @@ def main() -> None:
             asyncio.run(level(url, args.model, prompts[:2], 2, 8))  # warm-up (not recorded)
             for k, c in enumerate(args.concurrency):
                 mine = prompts[k * args.requests : (k + 1) * args.requests]
+                load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # a shared machine's other work
                 results, wall = asyncio.run(level(url, args.model, mine, c, args.max_tokens))
                 for r in sorted(results, key=lambda r: r["request"]):
                     rows.append({"method": method, "concurrency": c, "model": args.model,
-                                 "max_tokens": args.max_tokens, "level_wall_s": wall, **r, "machine": machine,
-                                 **versions(), "command": command,
+                                 "max_tokens": args.max_tokens, "level_wall_s": wall, "load_avg_1m": load, **r,
+                                 "machine": machine, **versions(), "command": command,
                                  "time": datetime.now(timezone.utc).isoformat(timespec="seconds")})
                 print(f"{method} C={c}: {sum(r['completion_tokens'] for r in results) / wall:.0f} tok/s", flush=True)
         finally:
