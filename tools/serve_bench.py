@@ -181,8 +181,10 @@ def plot(summary: list[dict], path: Path) -> None:
         cs = [s["concurrency"] for s in mine]
         a.plot(cs, [s["tokens_per_s"] for s in mine], marker="o", label=method)
         b.plot(cs, [s["e2e_p50_s"] for s in mine], marker="o", label=method)
+    levels = sorted({s["concurrency"] for s in summary})
     for ax, title in ((a, "throughput (generated tokens/s)"), (b, "end-to-end latency p50 (s)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
         ax.set_xlabel("concurrent clients")
         ax.set_title(title)
         ax.grid(alpha=0.3)
@@ -202,7 +204,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--out", default="docs/results/serve/serve.jsonl")
+    p.add_argument("--report-only", action="store_true", help="rebuild report.md and the plot from --out")
     args = p.parse_args()
+    if args.report_only:
+        rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
+        write_report(rows, Path(args.out), rows[0]["command"], rows[0]["machine"])
+        return
     command = "python tools/serve_bench.py " + shlex.join(sys.argv[1:])
     prompts = prompts_of(args.suites, args.requests * len(args.concurrency))
     out = Path(args.out)
@@ -230,11 +237,16 @@ def main() -> None:
     with out.open("w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
+    print(write_report(rows, out, command, machine))
+
+
+def write_report(rows: list[dict], out: Path, command: str, machine: dict) -> str:
     summary = summarize(rows)
-    where = f"{machine['cpu']} ({machine['cores']} cores, {args.threads} torch thread(s))"
-    out.with_name("report.md").write_text(markdown(summary, command, where))
+    where = f"{machine['cpu']} ({machine['cores']} cores, {machine['torch_threads']} torch thread(s))"
+    text = markdown(summary, command, where)
+    out.with_name("report.md").write_text(text)
     plot(summary, out.with_name("serve.png"))
-    print(markdown(summary, command, where))
+    return text
 
 
 if __name__ == "__main__":
