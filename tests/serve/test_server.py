@@ -21,7 +21,7 @@ import fastdecode
 from fastdecode.bench.tasks import format_prompt
 from fastdecode.serve import ServeConfig
 
-GREEDY = ["ar.greedy", "spec.pld", "spec.suffix", "spec.ngram"]
+GREEDY = ["ar.greedy", "spec.pld", "spec.suffix", "spec.ngram", "hf.greedy"]
 
 
 def _extra(method: str, **params) -> dict:
@@ -199,9 +199,12 @@ def _wait_idle(live, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+LONG = "def f(x):\n    return"  # ar-tiny runs on to max_tokens after it (no EOS in 400 tokens)
+
+
 def test_cancellation_mid_stream(live):
     before = _counter(live, "generation_tokens_total")
-    body = {"model": NAME, "prompt": prompts(1)[0], "max_tokens": 400, "stream": True,
+    body = {"model": NAME, "prompt": LONG, "max_tokens": 400, "stream": True,
             "fastdecode": {"method": "ar.greedy"}}
     with httpx.stream("POST", live.url + "/v1/completions", json=body, timeout=60) as r:
         for i, _ in enumerate(r.iter_lines()):
@@ -217,7 +220,7 @@ def test_cancellation_mid_stream(live):
 def test_timeout(live):
     live.app.state.config.timeout_s = 0.05
     try:
-        r = httpx.post(live.url + "/v1/completions", json={"model": NAME, "prompt": prompts(1)[0], "max_tokens": 400},
+        r = httpx.post(live.url + "/v1/completions", json={"model": NAME, "prompt": LONG, "max_tokens": 400},
                        timeout=60)
     finally:
         live.app.state.config.timeout_s = 600.0
@@ -225,32 +228,40 @@ def test_timeout(live):
     _wait_idle(live)
 
 
-def test_full_queue_gets_429(live):
+def test_full_queue_gets_429(live, tiny):
+    from fastdecode.serve.scheduler import Request
+
     sched = live.scheduler
+    entered, release = threading.Event(), threading.Event()
+
+    def blocking_sink(event: tuple) -> None:  # holds the engine thread at this request's first event
+        entered.set()
+        release.wait(30)
+
+    sched.submit(Request([tiny.encode("Q: x\nA: ")], 1, "ar.greedy", {"max_new_tokens": 4}, {}, blocking_sink))
+    assert entered.wait(30)
     sched.max_queue = 1
-    body = {"model": NAME, "prompt": prompts(1)[0], "max_tokens": 300, "stream": True}
+    results: list[httpx.Response] = []
+
+    def post() -> None:
+        results.append(httpx.post(live.url + "/v1/completions", timeout=60,
+                                  json={"model": NAME, "prompt": "Q: x\nA: ", "max_tokens": 2}))
+
+    waiting = threading.Thread(target=post)
     try:
-        with httpx.stream("POST", live.url + "/v1/completions", json=body, timeout=60) as running:
-            lines = running.iter_lines()
-            next(lines)  # the first batch is running
-            results: list[httpx.Response] = []
-
-            def post() -> None:
-                results.append(httpx.post(live.url + "/v1/completions", timeout=60,
-                                          json={"model": NAME, "prompt": "Q: x\nA: ", "max_tokens": 2}))
-
-            waiting = threading.Thread(target=post)
-            waiting.start()
-            deadline = time.monotonic() + 10
-            while sched.waiting < 1:
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
-            r = httpx.post(live.url + "/v1/completions", json={"model": NAME, "prompt": "Q: y\nA: ", "max_tokens": 2})
-            assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while sched.waiting < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = httpx.post(live.url + "/v1/completions", json={"model": NAME, "prompt": "Q: y\nA: ", "max_tokens": 2})
+        assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+        assert r.json()["error"]["code"] == "queue_full"
     finally:
         sched.max_queue = 256
+        release.set()
     waiting.join(30)
-    assert results[0].status_code == 200  # the queued one was served once the queue moved
+    assert results[0].status_code == 200  # the queued one was served once the engine moved on
     _wait_idle(live)
 
 
@@ -329,7 +340,7 @@ def test_graceful_shutdown_finishes_requests_in_flight(tmp_path):
         started = threading.Barrier(5)
 
         def stream(i: int) -> None:
-            body = {"model": "zoo:ar-tiny", "prompt": prompts(4)[i], "max_tokens": 48, "stream": True,
+            body = {"model": "zoo:ar-tiny", "prompt": LONG, "max_tokens": 48, "stream": True,
                     "fastdecode": {"method": "ar.greedy", "repetition_penalty": 1.0 + i / 1000}}  # four batches
             with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
                 started.wait()  # accepted (the headers came back): running or queued
@@ -349,8 +360,43 @@ def test_graceful_shutdown_finishes_requests_in_flight(tmp_path):
         for got in results.values():
             assert got[-1] == "data: [DONE]"
             finish = [json.loads(x[6:])["choices"][0]["finish_reason"] for x in got[:-1]]
-            assert finish[-1] in ("stop", "length")
+            assert finish[-1] == "length"  # all 48 tokens: nothing was cut off by the shutdown
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_chat_template_where_the_tokenizer_has_one(tiny):
+    from fastdecode.serve.app import chat_prompt
+    from fastdecode.serve.protocol import ChatRequest
+
+    body = ChatRequest.model_validate({"model": NAME, "messages": [{"role": "system", "content": "Be brief."},
+                                                                   {"role": "user", "content": "hi"}]})
+    assert chat_prompt(tiny, body) == tiny.encode("Be brief.\nQ: hi\nA: ")  # no template: the zoo's format
+    old = getattr(tiny.tokenizer, "chat_template", None)
+    tiny.tokenizer.chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                                    "{% if add_generation_prompt %}<assistant>{% endif %}")
+    try:
+        ids = chat_prompt(tiny, body)
+    finally:
+        tiny.tokenizer.chat_template = old
+    assert tiny.decode(ids) == "<system>Be brief.<user>hi<assistant>"
+
+
+def test_a_diffusion_model_is_served(tmp_path):
+    dlm = fastdecode.load("zoo:dlm-small")
+    server = Live(dlm, ServeConfig(served_name="dlm", method="dlm.threshold"))
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        prompt = prompts(1)[0]
+        ref = fastdecode.generate(dlm, prompt, "dlm.threshold", max_new_tokens=32)
+        r = client.completions.create(model="dlm", prompt=prompt, max_tokens=32)
+        assert r.choices[0].text == ref.text
+        chunks = [c for c in client.completions.create(model="dlm", prompt=prompt, max_tokens=32, stream=True)
+                  if c.choices]
+        assert "".join(c.choices[0].text for c in chunks) == ref.text  # the text comes when the canvas is done
+        bad = httpx.post(server.url + "/v1/completions", json={"model": "dlm", "prompt": prompt, "logprobs": 1})
+        assert bad.status_code == 400 and "diffusion" in bad.json()["error"]["message"]
+    finally:
+        server.stop()
