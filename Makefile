@@ -100,7 +100,7 @@ results-engine: $(VENV)/.installed
 .PHONY: results-llamacpp
 results-llamacpp: $(VENV)/.installed
 	$(BENCH) --suite code --model zoo:ar-small --methods hf.greedy llamacpp.greedy llamacpp.prompt_lookup \
-		spec.suffix spec.ngram spec.pld --limit 20 --out $(RESULTS)/engine/llamacpp.jsonl
+		spec.suffix spec.suffix:tree=true spec.ngram spec.pld --limit 20 --out $(RESULTS)/engine/llamacpp.jsonl
 	$(BIN)/fastdecode report $(RESULTS)/engine/llamacpp.jsonl --out $(RESULTS)/engine/llamacpp.md
 
 # `fastdecode serve` under load: tokens/s and TTFT / inter-token / end-to-end latency percentiles at 1, 4 and 16
