@@ -27,11 +27,11 @@ Who calls what:
 remove the argmax), so a speculative method with temperature 0 equals `ar.greedy` with the same repetition
 penalty, and with temperature > 0 samples exactly `ar.sample`'s distribution with the same parameters.
 
-Stateful processors (the grammar mask to come) follow `StatefulProcessor`: the pipeline registers them with
-every History it makes; the History keeps each sequence's committed state and advances it with the tokens
-appended / extended; a processor reads the state at each position with `at.states(self)` (the committed state
-advanced along the position's drafted path, computed without mutating anything). Rolling back a rejected draft
-is therefore free: only accepted tokens ever reach the History.
+Stateful processors (the grammar mask of constraints/processor.py) follow `StatefulProcessor`: the pipeline
+registers them with every History it makes; the History keeps each sequence's committed state and advances it with
+the tokens appended / extended; a processor reads the state at each position with `at.states(self)` (the committed
+state advanced along the position's drafted path, computed without mutating anything). Rolling back a rejected
+draft is therefore free: only accepted tokens ever reach the History.
 """
 
 from __future__ import annotations
@@ -133,9 +133,10 @@ class LogitsPipeline:
         self.sampling = sampling
 
     @classmethod
-    def from_config(cls, cfg: Any, suppress: Sequence[int] = ()) -> LogitsPipeline:
+    def from_config(cls, cfg: Any, suppress: Sequence[int] = (), constraint: Any = None) -> LogitsPipeline:
         """From any config with some of temperature / top_k / top_p / min_p / repetition_penalty (missing ones
-        are off). At temperature 0 only the processors that can change the argmax are kept."""
+        are off). At temperature 0 only the processors that can change the argmax are kept. A compiled
+        `constraint` (constraints.Compiled) adds its grammar mask last, so it masks the final distribution."""
         t = float(getattr(cfg, "temperature", 0.0))
         procs: list[Processor] = []
         if suppress:
@@ -152,7 +153,14 @@ class LogitsPipeline:
                 procs.append(TopP(cfg.top_p))
             if getattr(cfg, "min_p", 0.0) > 0.0:
                 procs.append(MinP(cfg.min_p))
+        if constraint is not None:
+            procs.append(constraint.processor())
         return cls(procs, sampling=t > 0)
+
+    @property
+    def constraint(self) -> Any:
+        """The grammar mask (constraints.processor.GrammarMask), or None."""
+        return next((p for p in self.processors if hasattr(p, "valid_prefix")), None)
 
     @property
     def uses_history(self) -> bool:
