@@ -6,8 +6,11 @@ of `Matcher`s, one cursor over one token sequence each:
     m = grammar.start()
     m.allowed()            # [V] bool: the tokens the grammar allows next (EOS when the text may end here)
     m.advance(tokens)      # consume as many of `tokens` as the grammar allows; returns how many it took
+    m.valid(tokens)        # how many of `tokens` the grammar allows in a row, consuming nothing
     m.rollback(n)          # forget the last n consumed tokens
-    m.accepting            # the consumed text is a complete sentence of the grammar
+    m.accepting            # the consumed text is a complete sentence of the grammar (EOS allowed next)
+
+An EOS token counts as allowed where the text may end (the matcher then allows nothing more).
 
 Drivers never talk to a backend: they see the logits pipeline's `GrammarMask` (constraints/processor.py) and the
 diffusion commit filters (constraints/diffusion.py). Another backend (xgrammar) implements `Backend` and `Matcher`.
@@ -41,6 +44,8 @@ class Matcher(Protocol):
 
     def advance(self, tokens: list[int]) -> int: ...
 
+    def valid(self, tokens: list[int]) -> int: ...
+
     def rollback(self, n: int) -> None: ...
 
 
@@ -57,6 +62,8 @@ class Backend(Protocol):
     def compile(self, kind: str, text: Any, model: Any) -> Grammar: ...
 
 
+# JSON as Python's json.dumps writes it (and the zoo's list answers read): ", " and ": ", no other whitespace
+_JSON_STYLE: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _KINDS = {"json_schema": "JSON schema", "regex": "regular expression", "grammar": "grammar (Lark / EBNF)"}
 _FIX = {
     "json_schema": "pass a valid JSON schema (a dict, or its JSON text)",
@@ -68,8 +75,9 @@ _FIX = {
 class _LLMatcher:
     """One llguidance LLMatcher as a `Matcher`."""
 
-    def __init__(self, inner: Any, vocab_size: int) -> None:
-        self.inner, self.vocab_size, self._n = inner, vocab_size, 0
+    def __init__(self, inner: Any, vocab_size: int, eos: list[int]) -> None:
+        self.inner, self.vocab_size, self._n, self.eos = inner, vocab_size, 0, eos
+        self._ended = False  # an EOS was taken: llguidance is not fed it (its rollback would not count it)
 
     @property
     def consumed(self) -> int:
@@ -80,6 +88,8 @@ class _LLMatcher:
         return bool(self.inner.is_accepting())
 
     def allowed(self) -> torch.Tensor:
+        if self._ended:
+            return torch.zeros(self.vocab_size, dtype=torch.bool)
         bits = np.frombuffer(self.inner.compute_bitmask(), dtype=np.uint8)
         mask = np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool)
         out = torch.from_numpy(mask)
@@ -90,16 +100,32 @@ class _LLMatcher:
     def advance(self, tokens: list[int]) -> int:
         if not tokens:
             return 0
-        n = int(self.inner.try_consume_tokens(list(tokens)))
+        if self._ended:
+            return 0
+        tokens = [int(t) for t in tokens]
+        n = int(self.inner.try_consume_tokens(tokens))
+        if n < len(tokens) and tokens[n] in self.eos and self.inner.is_accepting():
+            self._ended = True  # try_consume_tokens stops before an EOS, even an allowed one
+            n += 1
         self._n += n
+        return n
+
+    def valid(self, tokens: list[int]) -> int:
+        if not tokens or self._ended:
+            return 0
+        n = int(self.inner.validate_tokens([int(t) for t in tokens]))
+        if n == 0 and int(tokens[0]) in self.eos and self.inner.is_accepting():
+            n = 1  # a matcher whose grammar is complete validates no EOS, though it allows one
         return n
 
     def rollback(self, n: int) -> None:
         if n > 0:
             assert n <= self._n, f"rollback of {n} tokens after only {self._n}"
-            ok = self.inner.rollback(n)
-            assert ok, f"llguidance could not roll back {n} tokens: {self.inner.get_error()}"
             self._n -= n
+            if self._ended:
+                self._ended, n = False, n - 1
+            ok = self.inner.rollback(n) if n else True
+            assert ok, f"llguidance could not roll back {n} tokens: {self.inner.get_error()}"
 
 
 @dataclass
@@ -117,7 +143,7 @@ class LLGrammar:
         inner = llguidance.LLMatcher(self.tokenizer, self.text, log_level=0)
         if inner.is_error():  # validated at compile time, so only resource limits end here
             raise ConstraintError(f"The constraint could not be started: {inner.get_error()}")
-        return _LLMatcher(inner, self.vocab_size)
+        return _LLMatcher(inner, self.vocab_size, list(self.tokenizer.eos_tokens))
 
 
 # LLTokenizer per model tokenizer (building one reads the whole vocabulary: tens of ms for the zoo, ~1 s for 150k)
@@ -195,7 +221,8 @@ class LLGuidanceBackend:
         t0 = time.perf_counter()
         try:
             if kind == "json_schema":
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(text)
+                # free whitespace lets a model that never saw JSON pad forever (a schema's x-guidance overrides)
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=_JSON_STYLE)
             elif kind == "regex":
                 grammar = llguidance.LLMatcher.grammar_from_regex(text)
             else:

@@ -96,10 +96,7 @@ class GrammarMask:
             return 0
         t0 = time.perf_counter()
         matcher, ok = self._sync(state)
-        n = 0
-        if ok:
-            n = matcher.advance(list(tokens))
-            matcher.rollback(n)
+        n = matcher.valid(list(tokens)) if ok else 0
         self.compiled.mask_s += time.perf_counter() - t0
         return n
 
@@ -113,7 +110,9 @@ class GrammarMask:
         rows = []
         for s in states:
             m = self.mask(s)
-            rows.append(torch.ones(self.vocab_size, dtype=torch.bool) if m is None else m)
+            # off the grammar (after a forbidden draft token) or past the end (a finished row of a batch, fed
+            # padding): nothing this position emits is kept, so it is left unmasked rather than all -inf
+            rows.append(m if m is not None and bool(m.any()) else torch.ones(self.vocab_size, dtype=torch.bool))
         self.compiled.calls += 1
         allowed = torch.stack(rows).to(logits.device)
         V = logits.shape[-1]

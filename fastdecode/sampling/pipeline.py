@@ -136,7 +136,9 @@ class LogitsPipeline:
     def from_config(cls, cfg: Any, suppress: Sequence[int] = (), constraint: Any = None) -> LogitsPipeline:
         """From any config with some of temperature / top_k / top_p / min_p / repetition_penalty (missing ones
         are off). At temperature 0 only the processors that can change the argmax are kept. A compiled
-        `constraint` (constraints.Compiled) adds its grammar mask last, so it masks the final distribution."""
+        `constraint` (constraints.Compiled) adds its grammar mask after the temperature and before the filters
+        (as vLLM and SGLang apply it before sampling): top-k / top-p / min-p then choose among allowed tokens,
+        so they never leave a position with none."""
         t = float(getattr(cfg, "temperature", 0.0))
         procs: list[Processor] = []
         if suppress:
@@ -147,14 +149,15 @@ class LogitsPipeline:
         if t > 0:
             if t != 1.0:
                 procs.append(Temperature(t))
+        if constraint is not None:
+            procs.append(constraint.processor())
+        if t > 0:
             if getattr(cfg, "top_k", 0) > 0:
                 procs.append(TopK(cfg.top_k))
             if getattr(cfg, "top_p", 1.0) < 1.0:
                 procs.append(TopP(cfg.top_p))
             if getattr(cfg, "min_p", 0.0) > 0.0:
                 procs.append(MinP(cfg.min_p))
-        if constraint is not None:
-            procs.append(constraint.processor())
         return cls(procs, sampling=t > 0)
 
     @property
