@@ -53,6 +53,9 @@ class Grammar(Protocol):
     vocab_size: int
     compile_s: float
 
+    @property
+    def eos(self) -> list[int]: ...
+
     def start(self) -> Matcher: ...
 
 
@@ -103,9 +106,10 @@ class _LLMatcher:
         if self._ended:
             return 0
         tokens = [int(t) for t in tokens]
-        n = int(self.inner.try_consume_tokens(tokens))
-        if n < len(tokens) and tokens[n] in self.eos and self.inner.is_accepting():
-            self._ended = True  # try_consume_tokens stops before an EOS, even an allowed one
+        stop = next((i for i, t in enumerate(tokens) if t in self.eos), len(tokens))
+        n = int(self.inner.try_consume_tokens(tokens[:stop])) if stop else 0
+        if n == stop < len(tokens) and self.inner.is_accepting():
+            self._ended = True  # EOS is kept here, never fed to llguidance (whose rollback would not count it)
             n += 1
         self._n += n
         return n
@@ -113,9 +117,15 @@ class _LLMatcher:
     def valid(self, tokens: list[int]) -> int:
         if not tokens or self._ended:
             return 0
-        n = int(self.inner.validate_tokens([int(t) for t in tokens]))
-        if n == 0 and int(tokens[0]) in self.eos and self.inner.is_accepting():
-            n = 1  # a matcher whose grammar is complete validates no EOS, though it allows one
+        tokens = [int(t) for t in tokens]
+        stop = next((i for i, t in enumerate(tokens) if t in self.eos), len(tokens))
+        n = int(self.inner.validate_tokens(tokens[:stop])) if stop else 0
+        if n == stop < len(tokens):  # EOS next: allowed where the text may end
+            probe = self.inner.try_consume_tokens(tokens[:stop]) if stop else 0
+            if probe == stop and self.inner.is_accepting():
+                n += 1
+            if probe:
+                self.inner.rollback(probe)
         return n
 
     def rollback(self, n: int) -> None:
@@ -136,6 +146,10 @@ class LLGrammar:
     tokenizer: Any  # LLTokenizer
     vocab_size: int
     compile_s: float  # schema / regex / grammar -> checked grammar, seconds
+
+    @property
+    def eos(self) -> list[int]:
+        return list(self.tokenizer.eos_tokens)
 
     def start(self) -> Matcher:
         import llguidance

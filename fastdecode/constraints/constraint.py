@@ -86,6 +86,10 @@ class Compiled:
     calls: int = 0  # logits batches (forwards) the mask was applied to
 
     @property
+    def eos(self) -> list[int]:
+        return list(getattr(self.grammar, "eos", []))
+
+    @property
     def compile_s(self) -> float:
         return self.grammar.compile_s
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -38,10 +39,16 @@ class GrammarMask:
     def __init__(self, compiled: Compiled) -> None:
         self.compiled = compiled
         self.vocab_size = compiled.grammar.vocab_size
-        self._prompts: dict[tuple[int, ...], int] = {}
+        # prompt -> key; GAD's trie outlives the request, so its keys are kept with it
+        self._prompts: dict[tuple[int, ...], int] = (
+            compiled.gad_trie.setdefault("prompts", {}) if compiled.gad_trie is not None else {}
+        )
         self._cursors: dict[int, tuple[Matcher, list[int]]] = {}
         self._memo: OrderedDict[State, torch.Tensor | None] = OrderedDict()
-        self.gad = compiled.gad_trie
+        self.gad: dict[State, Any] | None = (
+            compiled.gad_trie.setdefault("nodes", {}) if compiled.gad_trie is not None else None
+        )
+        self.eos = frozenset(compiled.eos)
 
     # --- StatefulProcessor
     def start(self) -> State:
@@ -54,6 +61,9 @@ class GrammarMask:
 
     def advance(self, state: State, token: int) -> State:
         return (state[0], state[1] + (int(token),))
+
+    def advance_all(self, state: State, tokens: Sequence[int]) -> State:
+        return (state[0], state[1] + tuple(int(t) for t in tokens))
 
     # --- masks
     def _sync(self, state: State) -> tuple[Matcher, bool]:
@@ -107,28 +117,33 @@ class GrammarMask:
     def __call__(self, logits: torch.Tensor, at: Positions | None) -> torch.Tensor:
         assert at is not None, "the grammar mask needs each position's history"
         states = at.states(self)
-        rows = []
+        rows, live = [], []
         for s in states:
             m = self.mask(s)
             # off the grammar (after a forbidden draft token) or past the end (a finished row of a batch, fed
             # padding): nothing this position emits is kept, so it is left unmasked rather than all -inf
-            rows.append(m if m is not None and bool(m.any()) else torch.ones(self.vocab_size, dtype=torch.bool))
+            live.append(m is not None and bool(m.any()))
+            rows.append(m if m is not None and live[-1] else torch.ones(self.vocab_size, dtype=torch.bool))
         self.compiled.calls += 1
         allowed = torch.stack(rows).to(logits.device)
         V = logits.shape[-1]
         if allowed.shape[-1] != V:  # logits wider than the vocabulary: the extra rows are never allowed
             allowed = torch.nn.functional.pad(allowed, (0, V - allowed.shape[-1]), value=False)[:, :V]
         if self.gad is not None:
-            logits = logits + self._gad_log_weights(logits, states, allowed)
+            logits = logits + self._gad_log_weights(logits, states, allowed, live)
         return logits.masked_fill(~allowed, float("-inf"))
 
     # --- Grammar-Aligned Decoding (ASAp)
-    def _gad_log_weights(self, logits: torch.Tensor, states: list[State], allowed: torch.Tensor) -> torch.Tensor:
-        """`[N, V]` log EFG(prefix + x) per position; records p at each position and propagates the estimates."""
+    def _gad_log_weights(self, logits: torch.Tensor, states: list[State], allowed: torch.Tensor,
+                         live: list[bool]) -> torch.Tensor:
+        """`[N, V]` log EFG(prefix + x) per position; records p at each position and propagates the estimates.
+        An EOS child is a finished sentence (EFG 1); other children never expanded count 1 until they are."""
         assert self.gad is not None
         out = torch.zeros_like(logits, dtype=torch.float32)
         probs = logits.float().softmax(-1).cpu()
         for n, s in enumerate(states):
+            if not live[n]:
+                continue
             node = self.gad.get(s)
             if node is None:
                 node = {"p": probs[n] * allowed[n].cpu(), "child": {}, "efg": 0.0}
@@ -145,7 +160,7 @@ class GrammarMask:
     def _propagate(self, s: State) -> None:
         """EFG(s) changed: update the ancestors' estimates up the trie."""
         assert self.gad is not None
-        while s[1]:
+        while s[1] and s[1][-1] not in self.eos:
             parent = (s[0], s[1][:-1])
             node = self.gad.get(parent)
             if node is None:
