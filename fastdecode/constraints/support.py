@@ -8,8 +8,6 @@ from ..errors import IncompatibleMethodError
 
 # methods that run a loop of their own the grammar mask cannot reach
 _REFUSED = {
-    "hf.": "runs transformers' own generate() loop, which fastdecode's grammar mask does not reach; "
-           "use ar.greedy (its reference equal) or a spec.* method",
     "dlm.freedave": "runs a draft-and-verify loop of its own over the canvas; "
                     "use dlm.threshold or another dlm.* method",
 }

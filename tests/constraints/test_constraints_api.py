@@ -54,8 +54,8 @@ def test_malformed_arguments_are_refused():
 
 
 def test_methods_that_cannot_apply_a_constraint_say_so(causal, diffusion):
-    with pytest.raises(IncompatibleMethodError, match="transformers' own generate"):
-        fastdecode.generate(causal, "the quick", "hf.greedy", constraint=CONSTRAINTS["regex"])
+    with pytest.raises(IncompatibleMethodError, match="loop of its own"):
+        fastdecode.generate(diffusion, "the quick", "dlm.freedave", constraint=CONSTRAINTS["regex"])
     with pytest.raises(IncompatibleMethodError, match="Grammar-Aligned"):
         fastdecode.generate(diffusion, "the quick", "dlm.threshold", constraint=constraints.regex("a+", sampling="gad"))
 
