@@ -72,11 +72,14 @@ class GrammarMask:
         if key not in self._cursors:
             self._cursors[key] = (self.compiled.grammar.start(), [])
         matcher, done = self._cursors[key]
-        common = 0
-        for a, b in zip(done, tokens, strict=False):
-            if a != b:
-                break
-            common += 1
+        if len(done) <= len(tokens) and tuple(done) == tokens[: len(done)]:
+            common = len(done)  # the usual case: the cursor is behind on the same path (one compare in C)
+        else:
+            common = 0
+            for a, b in zip(done, tokens, strict=False):
+                if a != b:
+                    break
+                common += 1
         matcher.rollback(len(done) - common)
         del done[common:]
         rest = list(tokens[common:])
