@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import CONSTRAINTS
+from constraint_cases import CONSTRAINTS
 
 import fastdecode
 from fastdecode import constraints

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from conftest import SCHEMA
+from constraint_cases import SCHEMA
 
 import fastdecode
 from fastdecode import constraints

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import CONSTRAINTS
+from constraint_cases import CONSTRAINTS
 from transformers import LlamaForCausalLM
 
 import fastdecode
