@@ -46,7 +46,7 @@ DLM_CACHES := $(foreach c,dual suffix delayed,dlm.threshold:cache=$(c)) dlm.base
 # a long canvas (384 masks, LLaDA's gen_length is 256-512): an uncached forward pays for the whole canvas
 LONG := --param dlm.baseline.max_new_tokens=384 --param dlm.threshold.max_new_tokens=384
 .PHONY: results results-spec results-spec-lists results-spec-code results-dlm results-dlm-lists results-dlm-other \
-	results-dlm-canvas results-cost results-bound results-engine
+	results-dlm-canvas results-cost results-bound results-engine results-llamacpp
 results: results-spec results-dlm results-dlm-canvas results-cost results-engine
 	$(MAKE) results-bound
 	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out $(RESULTS)/report.md --plots $(RESULTS)
@@ -96,7 +96,17 @@ results-engine: $(VENV)/.installed
 		--limit 20 --out $(RESULTS)/engine/engine.jsonl
 	$(BIN)/python tools/batch_speed.py --model zoo:ar-small --suite code --limit 16 --batch 8 \
 		--methods ar.greedy spec.suffix spec.pld --out $(RESULTS)/engine/batch.jsonl
+	$(BIN)/python tools/step_bound.py --model zoo:ar-small --suite code --limit 10 --max-new-tokens 128 \
+		--out $(RESULTS)/engine/step_bound.jsonl
 	$(BIN)/fastdecode report $(RESULTS)/engine/engine.jsonl --out $(RESULTS)/engine/report.md
+
+# llama.cpp beside fastdecode on the same weights and items (needs the optional extra: pip install '.[llamacpp]',
+# a ~40-minute source build of llama-cpp-python); every method against the same ar.greedy rows of one run
+.PHONY: results-llamacpp
+results-llamacpp: $(VENV)/.installed
+	$(BENCH) --suite code --model zoo:ar-small --methods hf.greedy llamacpp.greedy llamacpp.prompt_lookup \
+		spec.suffix spec.ngram spec.pld --limit 20 --out $(RESULTS)/engine/llamacpp.jsonl
+	$(BIN)/fastdecode report $(RESULTS)/engine/llamacpp.jsonl --out $(RESULTS)/engine/llamacpp.md
 
 .PHONY: results-zoo-bf16
 results-zoo-bf16: $(VENV)/.installed

@@ -11,6 +11,7 @@ from .errors import (  # noqa: E402
     DeviceError,
     FastDecodeError,
     IncompatibleMethodError,
+    MissingDependencyError,
     ModelLoadError,
     ParameterError,
     PromptError,
@@ -31,7 +32,8 @@ def methods(kind: str | None = None) -> list[Method]:
 
 __all__ = [
     "ArgumentError", "CausalLM", "DeviceError", "FastDecodeError", "Finished", "IncompatibleMethodError",
-    "MaskedDiffusionLM", "Method", "ModelLoadError", "ParameterError", "PromptError", "Result", "Stats", "StepEvent",
+    "MaskedDiffusionLM", "Method", "MissingDependencyError", "ModelLoadError", "ParameterError", "PromptError",
+    "Result", "Stats", "StepEvent",
     "UnknownMethodError",
     "__version__", "generate", "get_method", "load", "methods", "stream",
 ]

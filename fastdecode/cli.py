@@ -104,7 +104,9 @@ def methods(kind: Annotated[Optional[str], typer.Option(help="causal or diffusio
         table.add_column(col, overflow="fold")
     for m in fastdecode.methods(kind):
         params = ", ".join(f"{n}={d}" for n, d in m.params())
-        table.add_row(m.name, m.kind, "yes" if m.lossless else "", m.description, params)
+        missing = m.missing()
+        needs = f" [not installed: pip install {' '.join(missing)}]" if missing else ""
+        table.add_row(m.name, m.kind, "yes" if m.lossless else "", m.description + needs, params)
     out.print(table)
 
 

@@ -11,7 +11,7 @@ from typing import Any, Union, overload
 import torch
 
 from .config import build_config
-from .errors import ArgumentError, IncompatibleMethodError, PromptError
+from .errors import ArgumentError, IncompatibleMethodError, MissingDependencyError, PromptError
 from .models.base import ModelAdapter
 from .registry import Method, RunContext, get_method, list_methods
 from .speculative.memory import DrafterMemory
@@ -111,6 +111,12 @@ def resolve(model: ModelAdapter, name: str) -> Method:
         raise IncompatibleMethodError(
             f"Method {name!r} needs a {spec.kind} model, but {model.name!r} is a {model.kind} model. "
             f"Methods that fit it: {fitting}."
+        )
+    missing = spec.missing()
+    if missing:
+        raise MissingDependencyError(
+            f"Method {name!r} needs {', '.join(missing)}, which is not installed: pip install "
+            + " ".join(f"'{m}'" for m in missing) + " (an optional extra, never required by the rest of fastdecode)."
         )
     return spec
 

@@ -33,6 +33,10 @@ class ModelLoadError(FastDecodeError, OSError):
     """A model folder is missing, incomplete, corrupt or unsafe to load."""
 
 
+class MissingDependencyError(FastDecodeError, ImportError):
+    """A method or feature needs an optional package that is not installed; the message names the pip command."""
+
+
 class ArgumentError(FastDecodeError, TypeError):
     """An argument of the Python API has the wrong type (e.g. a model path where a loaded model belongs)."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,7 +22,9 @@ DriverOf = Callable[[Any, PromptBatch, C, "RunContext"], Iterator[StepEvent]]  #
 
 # The method families: every module under these packages is imported (discovered, not listed), so a new method file
 # registers itself by existing.
-_FAMILY_PACKAGES = ("fastdecode.ar", "fastdecode.diffusion", "fastdecode.hf", "fastdecode.speculative")
+_FAMILY_PACKAGES = (
+    "fastdecode.ar", "fastdecode.diffusion", "fastdecode.hf", "fastdecode.llamacpp", "fastdecode.speculative",
+)
 _loaded = False
 _METHODS: dict[str, Method] = {}
 
@@ -47,6 +50,12 @@ class Method:
     lossless: bool  # greedy output equals ar.greedy / dlm.baseline token for token
     needs_draft: bool = False  # takes a separate draft model (generate(..., draft=...), CLI --draft)
     draft_kind: ModelKind = "causal"  # the kind of model that draft must be
+    # optional packages imported when it runs: (module, pip requirement), e.g. ("llama_cpp", "llama-cpp-python")
+    requires: tuple[tuple[str, str], ...] = ()
+
+    def missing(self) -> list[str]:
+        """The pip requirements of `requires` whose module is not installed."""
+        return [pip for module, pip in self.requires if importlib.util.find_spec(module) is None]
 
     def params(self) -> list[tuple[str, Any]]:
         """(name, default) for each parameter."""
@@ -55,7 +64,7 @@ class Method:
 
 def register(
     name: str, *, kind: ModelKind, config: type[C], lossless: bool = False, needs_draft: bool = False,
-    draft_kind: ModelKind = "causal",
+    draft_kind: ModelKind = "causal", requires: tuple[tuple[str, str], ...] = (),
 ) -> Callable[[DriverOf[C]], DriverOf[C]]:
     """Register `driver` under `name`; the first line of its docstring is the description."""
 
@@ -63,7 +72,8 @@ def register(
         if name in _METHODS:
             raise ValueError(f"method {name!r} is registered twice")
         doc = (driver.__doc__ or "").strip().splitlines()
-        _METHODS[name] = Method(name, kind, config, driver, doc[0] if doc else "", lossless, needs_draft, draft_kind)
+        _METHODS[name] = Method(name, kind, config, driver, doc[0] if doc else "", lossless, needs_draft, draft_kind,
+                                requires)
         return driver
 
     return wrap

@@ -41,6 +41,12 @@ Keys:
                   similarity), minutes (the measurement's wall time)
   engine:LABEL|FIELD  the engine run (`make results-engine`), from docs/results/engine/engine.jsonl: speedup
                   (LABEL's tokens/s over ar.greedy's in the same run), inverse (ar.greedy's over LABEL's), tpf, tps
+  llamacpp:LABEL|FIELD  as engine:, from docs/results/engine/llamacpp.jsonl (`make results-llamacpp`: llama.cpp's
+                  methods beside fastdecode's on the same weights and items)
+  step:VARIANT|FIELD  seconds per token of one greedy path, from docs/results/engine/step_bound.jsonl
+                  (`tools/step_bound.py`): x-generate (transformers generate()'s wall time over this one), ms (wall
+                  per token), cpu-x-generate / cpu-ms (the same in process CPU time), equal (outputs equal to
+                  generate()'s, of the prompts)
   batch:METHOD|FIELD  a batch in one call against the same prompts one at a time, from
                   docs/results/engine/batch.jsonl (`tools/batch_speed.py`): speedup, batched / single (tokens/s),
                   batch (rows per call), equal (whether the outputs were equal)
@@ -307,16 +313,16 @@ def bf16_text(table: Table, spec: str) -> str:
 
 
 @functools.cache
-def engine_summaries(results: Path) -> dict[str, Summary]:
-    """The engine run's configurations by label (its own file: its rows must not pool with the suites' files)."""
-    return {s.label: s for s in summarize(read_rows(results / "engine" / "engine.jsonl"))}
+def engine_summaries(results: Path, name: str = "engine.jsonl") -> dict[str, Summary]:
+    """An engine run's configurations by label (its own file: its rows must not pool with the suites' files)."""
+    return {s.label: s for s in summarize(read_rows(results / "engine" / name))}
 
 
-def engine_text(table: Table, spec: str) -> str:
+def engine_text(table: Table, spec: str, name: str = "engine.jsonl") -> str:
     label, field = spec.split("|")
-    found = engine_summaries(table.results)
+    found = engine_summaries(table.results, name)
     if label not in found:
-        raise SystemExit(f"no configuration {label!r} in the engine run; known: {sorted(found)}")
+        raise SystemExit(f"no configuration {label!r} in docs/results/engine/{name}; known: {sorted(found)}")
     s = found[label]
     values = {"speedup": lambda: f"{s.speedup:.2f}×", "inverse": lambda: f"{1 / s.speedup:.2f}×",
               "tpf": lambda: f"{s.tpf:.2f}", "tps": lambda: f"{s.tokens_per_s:.0f}"}
@@ -330,6 +336,15 @@ def batch_text(table: Table, spec: str) -> str:
               "single": lambda: f"{r['tokens_per_s_one_by_one']:.0f}", "batch": lambda: str(r["batch"]),
               "equal": lambda: "equal" if r["equal_outputs"] else "NOT equal"}
     return pick(values, field, "batch", spec)
+
+
+def step_text(table: Table, spec: str) -> str:
+    variant, field = spec.split("|")
+    r = row_for(table.results / "engine" / "step_bound.jsonl", "variant", variant, "`make results-engine`")
+    values = {"x-generate": lambda: f"{r['speedup_vs_generate']:.2f}×", "ms": lambda: f"{r['ms_per_token']:.1f}",
+              "cpu-x-generate": lambda: f"{r['cpu_speedup_vs_generate']:.2f}×",
+              "cpu-ms": lambda: f"{r['cpu_ms_per_token']:.1f}", "equal": lambda: str(r["equal_to_generate"])}
+    return pick(values, field, "step", spec)
 
 
 def render(key: str, table: dict) -> str:
@@ -360,6 +375,10 @@ def render(key: str, table: dict) -> str:
         return engine_text(table, label)
     if kind == "batch":
         return batch_text(table, label)
+    if kind == "llamacpp":
+        return engine_text(table, label, "llamacpp.jsonl")
+    if kind == "step":
+        return step_text(table, label)
     raise SystemExit(f"unknown figure key {key!r}")
 
 

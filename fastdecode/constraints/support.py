@@ -8,6 +8,8 @@ from ..errors import IncompatibleMethodError
 
 # methods that run a loop of their own the grammar mask cannot reach
 _REFUSED = {
+    "llamacpp.": "runs llama.cpp's own decoding loop, which fastdecode's grammar mask does not reach; "
+                 "use ar.greedy or a spec.* method (llama.cpp's own GBNF grammars are not wired in)",
     "dlm.freedave": "runs a draft-and-verify loop of its own over the canvas; "
                     "use dlm.threshold or another dlm.* method",
 }

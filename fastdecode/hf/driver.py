@@ -167,21 +167,27 @@ def hf_driver(
     model: CausalLM, batch: PromptBatch, gen_kwargs: dict[str, Any], assistant: torch.nn.Module | None = None,
     constraint: Any = None,
 ) -> Iterator[StepEvent]:
-    """Generate each prompt on its own, then replay the steps of all rows in lockstep, one event per step.
+    """Generate each prompt on its own, then replay the steps of all rows in lockstep, one event per step."""
+    yield from replay([generate_one(model, batch.row(b), gen_kwargs, assistant, constraint)
+                       for b in range(batch.size)])
+
+
+def replay(runs: list[Run]) -> Iterator[StepEvent]:
+    """The steps of runs made one prompt at a time (by another runtime's own loop), as events of all rows in lockstep.
 
     In a batch, an event's draft forwards are the most any row spent at that step, as a batched drafter
     would; everything else is per row and exact.
     """
-    runs = [generate_one(model, batch.row(b), gen_kwargs, assistant, constraint) for b in range(batch.size)]
     chunks = [run.split() for run in runs]
-    offsets = [0] * batch.size
+    size = len(runs)
+    offsets = [0] * size
     for index in range(max(len(c) for c in chunks)):
-        live = [b for b in range(batch.size) if index < len(chunks[b])]
-        tokens: list[tuple[tuple[int, int], ...]] = [()] * batch.size
+        live = [b for b in range(size) if index < len(chunks[b])]
+        tokens: list[tuple[tuple[int, int], ...]] = [()] * size
         for b in live:
             tokens[b] = tuple(enumerate(chunks[b][index], start=offsets[b]))
             offsets[b] += len(chunks[b][index])
-        steps = [runs[b].steps[index] if b in live else None for b in range(batch.size)]
+        steps = [runs[b].steps[index] if b in live else None for b in range(size)]
         yield StepEvent(
             index=index,
             tokens=tuple(tokens),

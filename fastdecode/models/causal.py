@@ -15,6 +15,7 @@ from .. import attention
 from ..cache import DynamicKVCache, KVCache
 from .base import ModelAdapter
 from .capabilities import layer_types
+from .native import native_forward
 
 # layer types the preallocated cache serves (a sliding window is applied by the attention plan, keys are kept)
 _PREALLOCATED_LAYERS = {"full_attention", "sliding_attention"}
@@ -37,7 +38,7 @@ class CausalOutput:
 class CausalLM(ModelAdapter):
     kind = "causal"
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, native: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         params = inspect.signature(self.model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
@@ -53,6 +54,9 @@ class CausalLM(ModelAdapter):
             and types
             and set(types) <= _PREALLOCATED_LAYERS
         )
+        # the direct forward (models/native.py) for Llama-shaped decoders: the same operations on the same weights
+        # without transformers' module plumbing; `native=False` keeps transformers' forward
+        self.native = native_forward(self.model) if native and self.preallocated else None
 
     def new_cache(self, batch: int = 1, capacity: int = 0) -> KVCache | DynamicKVCache:
         """A cache for `batch` rows; `capacity` columns are allocated at once (more are added in chunks)."""
@@ -110,17 +114,17 @@ class CausalLM(ModelAdapter):
         if hidden:
             kwargs["output_hidden_states"] = True
         if self.preallocated:
-            out = self._planned(input_ids, positions, cache, attention_mask, visible, kwargs)
+            logits, states = self._planned(input_ids, positions, cache, attention_mask, visible, kwargs, num_logits)
         else:
             out = self._legacy(input_ids, positions, cache, attention_mask, visible, kwargs)
-        logits = out.logits
+            logits, states = out.logits, out.hidden_states[-1] if hidden else None
         if num_logits is not None:
             logits = logits[:, -num_logits:]
         if hidden:
-            return CausalOutput(logits.float(), out.hidden_states[-1])
+            return CausalOutput(logits.float(), states)
         return logits.float()
 
-    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs):
+    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs, num_logits):
         B, T = input_ids.shape
         real, vis, past = _new_block(attention_mask, visible, B, T, input_ids.device)
         if cache is None:
@@ -132,9 +136,13 @@ class CausalLM(ModelAdapter):
             before = list(cache.lengths)
             plan = cache.begin(positions, vis, real, past)
         try:
-            with self._attention(), attention.planned(plan):
-                out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=None,
-                                 use_cache=cache is not None, **{self._cache_arg: cache}, **kwargs)
+            if self.native is not None:
+                logits, states = self.native(input_ids, positions, cache, plan, num_logits)
+            else:
+                with self._attention(), attention.planned(plan):
+                    out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=None,
+                                     use_cache=cache is not None, **{self._cache_arg: cache}, **kwargs)
+                logits, states = out.logits, out.hidden_states[-1] if "output_hidden_states" in kwargs else None
         except BaseException:
             if cache is not None:  # nothing half-written stays in the cache
                 cache.crop_rows(before)
@@ -142,7 +150,7 @@ class CausalLM(ModelAdapter):
             raise
         if cache is not None:
             cache.end()
-        return out
+        return logits, states
 
     def _legacy(self, input_ids, positions, cache, attention_mask, visible, kwargs):
         if visible is not None:  # a verification block: `attention_mask`, if any, flags its new tokens as real

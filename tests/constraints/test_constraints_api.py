@@ -54,6 +54,8 @@ def test_malformed_arguments_are_refused():
 
 
 def test_methods_that_cannot_apply_a_constraint_say_so(causal, diffusion):
+    with pytest.raises(IncompatibleMethodError, match="llama.cpp's own decoding loop"):
+        fastdecode.generate(causal, "the quick", "llamacpp.greedy", constraint=CONSTRAINTS["regex"])
     with pytest.raises(IncompatibleMethodError, match="loop of its own"):
         fastdecode.generate(diffusion, "the quick", "dlm.freedave", constraint=CONSTRAINTS["regex"])
     with pytest.raises(IncompatibleMethodError, match="Grammar-Aligned"):

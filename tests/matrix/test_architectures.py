@@ -239,3 +239,41 @@ def test_rollback_then_regenerate_equals_never_drafting(name):
     assert again == drafted[3:]
     torch.testing.assert_close(logits_again, logits[3:], rtol=0, atol=1e-5)
     assert [first] + drafted[:3] + again == greedy(name, tuple(PROMPT))[:9]
+
+
+NATIVE = {"llama", "qwen2", "mistral-window"}  # the Llama-shaped decoders models/native.py runs directly
+
+
+def test_the_direct_forward_serves_exactly_the_llama_shaped_decoders():
+    assert {n for n in ARCHS if model(n).native is not None} == NATIVE
+
+
+@pytest.mark.parametrize("name", sorted(NATIVE))
+def test_direct_forward_equals_transformers_forward_bit_for_bit(name):
+    """A padded batch prefill, a token-tree block over the cache and a decode step: logits and hidden states of the
+    direct forward equal transformers' module forward exactly, and so do the caches they leave."""
+    m = model(name)
+    native = m.native
+    prompts = [PROMPT, SHORT]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[2] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)  # 0 -> {1, 2 -> 3}
+    block = torch.tensor([[40, 41, 42, 43], [50, 51, 52, 53]])
+    block_pos = positions[:, -1:] + 1 + torch.tensor([0, 1, 1, 2])
+    outs = []
+    for direct in (True, False):
+        m.native = native if direct else None
+        try:
+            cache = m.new_cache(batch=2, capacity=width + 8)
+            first = m.forward(ids, positions, cache, mask, hidden=True)
+            second = m.forward(block, block_pos, cache, visible=tree, hidden=True)
+            cache.crop_rows([width + 1, width + 2])  # keep a ragged part of the tree
+            third = m.forward(torch.tensor([[7], [8]]), torch.tensor([[20], [21]]), cache, num_logits=1)
+        finally:
+            m.native = native
+        outs.append((first.logits, first.hidden, second.logits, second.hidden, third,
+                      cache.layers[1].keys[:, :, : width + 3].clone()))
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)

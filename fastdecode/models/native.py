@@ -1,0 +1,148 @@
+"""A direct forward for Llama-shaped decoders: the module's own weights and operations, without its module calls.
+
+On a small model a decode step spends about a third of its time in Python: `nn.Module.__call__`, config lookups,
+keyword plumbing and output objects around each of the ~50 small operations of a layer. `NativeForward` runs the
+same operations in the same order on the same parameter tensors (shared, not copied), so its logits are identical
+to the module's: RMSNorm in float32 then back to the weight's dtype, the model's own rotary embedding module,
+projections with `F.linear`, keys and values written through the cache layer's `update`, and attention through
+fastdecode's attention function with each layer's sliding window from the plan. It covers decoders whose layers
+are exactly norm → attention (q/k/v/o projections, optional biases) → residual → norm → gated SiLU MLP → residual,
+recognised by structure (`native_forward` returns None for anything else, which keeps the transformers path:
+quantised or adapter-wrapped projections, hooks on a layer at load time). Hooks registered after loading are not run
+by the direct forward: set `model.native = None` to keep them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .. import attention
+from ..cache import KVCache
+from .capabilities import sliding_windows
+
+# decoder classes whose layers have exactly the structure below (others, e.g. Qwen3's per-head q/k norms or Gemma's
+# extra norms and scaled embeddings, keep the transformers path)
+_CLASSES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
+
+
+@dataclass(frozen=True)
+class _Layer:
+    attn: Any  # the attention module, handed to the attention function as transformers does (it reads layer_idx)
+    in_norm: torch.Tensor
+    in_eps: float
+    q: Any  # nn.Linear (its weight and bias are read at call time, so later weight edits are seen)
+    k: Any
+    v: Any
+    o: Any
+    post_norm: torch.Tensor
+    post_eps: float
+    gate: Any
+    up: Any
+    down: Any
+    head_dim: int
+    scaling: float
+    index: int  # the cache slot (transformers' layer_idx)
+    window: int | None
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def _swap_halves(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((x[..., half:], x[..., :half]), dim=-1)
+
+
+class NativeForward:
+    """`forward(ids, positions, cache, plan)` for one supported model; see the module docstring."""
+
+    def __init__(self, model: Any) -> None:
+        self.inner = model.model
+        self.count = int(model.config.num_hidden_layers)
+        self.windows = sliding_windows(model)
+        self.embed = self.inner.embed_tokens
+        self.rotary = self.inner.rotary_emb
+        self.norm, self.norm_eps = self.inner.norm.weight, float(self.inner.norm.variance_epsilon)
+        self.lm_head = model.lm_head
+        self._layers: dict[int, _Layer] = {}  # by id of the decoder layer module
+
+    def _layer(self, layer: Any) -> _Layer:
+        """What the forward reads of one decoder layer, collected once. The layer list is read at every forward, so a
+        shortened list (spec.layerskip's drafts) is seen; each layer writes its own cache slot (`layer_idx`)."""
+        found = self._layers.get(id(layer))
+        if found is None:
+            a, m = layer.self_attn, layer.mlp
+            found = self._layers[id(layer)] = _Layer(
+                a, layer.input_layernorm.weight, float(layer.input_layernorm.variance_epsilon),
+                a.q_proj, a.k_proj, a.v_proj, a.o_proj,
+                layer.post_attention_layernorm.weight, float(layer.post_attention_layernorm.variance_epsilon),
+                m.gate_proj, m.up_proj, m.down_proj, int(a.head_dim), float(a.scaling), int(a.layer_idx),
+                self.windows.get(int(a.layer_idx)),
+            )
+        return found
+
+    def __call__(
+        self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, plan: attention.Plan,
+        num_logits: int | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits `[B, T', V]` in the model's dtype, last hidden states after the final norm `[B, T, H]`)."""
+        B, T = ids.shape
+        h = F.embedding(ids, self.embed.weight, self.embed.padding_idx)
+        cos, sin = self.rotary(h, positions)
+        cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]
+        # transformers' rotate_half(x) * sin is cat(-x2, x1) * sin; negating the sine's first half once instead of
+        # each x's second half gives the same products exactly (a sign flip is exact)
+        half = sin.shape[-1] // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        with attention.planned(plan):
+            for layer in self.inner.layers[: self.count]:
+                L = self._layer(layer)
+                x = _rms(h, L.in_norm, L.in_eps)
+                q = F.linear(x, L.q.weight, L.q.bias).view(B, T, -1, L.head_dim).transpose(1, 2)
+                k = F.linear(x, L.k.weight, L.k.bias).view(B, T, -1, L.head_dim).transpose(1, 2)
+                v = F.linear(x, L.v.weight, L.v.bias).view(B, T, -1, L.head_dim).transpose(1, 2)
+                q = q * cos + _swap_halves(q) * sin
+                k = k * cos + _swap_halves(k) * sin
+                if cache is not None:
+                    k, v = cache.layers[L.index].update(k, v)  # type: ignore[union-attr]  # our own layers
+                out, _ = attention.attention(L.attn, q, k, v, None, scaling=L.scaling, sliding_window=L.window)
+                h = h + F.linear(out.reshape(B, T, -1).contiguous(), L.o.weight, L.o.bias)
+                x = _rms(h, L.post_norm, L.post_eps)
+                h = h + F.linear(F.silu(F.linear(x, L.gate.weight, L.gate.bias)) * F.linear(x, L.up.weight, L.up.bias),
+                                 L.down.weight, L.down.bias)
+        h = _rms(h, self.norm, self.norm_eps)
+        last = h if num_logits is None else h[:, -num_logits:]
+        return F.linear(last, self.lm_head.weight, self.lm_head.bias), h
+
+
+def native_forward(model: Any) -> NativeForward | None:
+    """A `NativeForward` for `model` if its structure is one the direct forward reproduces exactly, else None."""
+    if type(model).__name__ not in _CLASSES or getattr(model.config, "pretraining_tp", 1) not in (None, 1):
+        return None
+    inner: Any = getattr(model, "model", None)
+    try:
+        if type(inner.norm).__name__ not in _NORMS or getattr(model.config, "hidden_act", "") != "silu":
+            return None
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            parts = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+            if not all(type(p) is torch.nn.Linear for p in parts):
+                return None  # quantised (bitsandbytes subclasses nn.Linear), adapter-wrapped or replaced projections
+            if any(mod._forward_hooks or mod._forward_pre_hooks for mod in layer.modules()):
+                return None  # someone watches or edits a submodule's forward: keep the forward that runs hooks
+            if type(layer.input_layernorm).__name__ not in _NORMS:
+                return None
+            if m.act_fn.__class__.__name__ not in ("SiLUActivation", "SiLU"):
+                return None
+    except AttributeError:
+        return None
+    return NativeForward(model)
