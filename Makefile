@@ -108,6 +108,13 @@ results-llamacpp: $(VENV)/.installed
 		spec.suffix spec.ngram spec.pld --limit 20 --out $(RESULTS)/engine/llamacpp.jsonl
 	$(BIN)/fastdecode report $(RESULTS)/engine/llamacpp.jsonl --out $(RESULTS)/engine/llamacpp.md
 
+# `fastdecode serve` under load: tokens/s and TTFT / inter-token / end-to-end latency percentiles at 1, 4 and 16
+# concurrent streaming clients, a fresh server per method (docs/serve.md); JSONL, report.md and serve.png
+.PHONY: results-serve
+results-serve: $(VENV)/.installed
+	$(BIN)/python tools/serve_bench.py --model zoo:ar-small --methods ar.greedy spec.pld spec.suffix \
+		--concurrency 1 4 16 --requests 32 --max-tokens 64 --threads 1 --out $(RESULTS)/serve/serve.jsonl
+
 .PHONY: results-zoo-bf16
 results-zoo-bf16: $(VENV)/.installed
 	$(BIN)/python tools/zoo_bf16.py ar-small ar-tiny dlm-small --items 50 --threads 1 --out $(RESULTS)/zoo/bf16.jsonl

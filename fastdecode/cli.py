@@ -206,6 +206,12 @@ def bench(
     threads: Annotated[
         Optional[int], typer.Option(help="torch CPU threads (default: torch's choice); recorded in each row.")
     ] = None,
+    ray: Annotated[Optional[str], typer.Option(
+        "--ray", help="Run the jobs on a Ray cluster: --ray (RAY_ADDRESS, else a local one) or --ray ADDRESS "
+        "(auto, ray://HEAD:10001); needs fastdecode[ray].")] = None,
+    ray_workers: Annotated[
+        Optional[int], typer.Option(help="Ray workers (default: one per GPU, else one per --threads CPUs).")
+    ] = None,
     trust_remote_code: RemoteOpt = False,
     kind: KindOpt = None,
     device: DeviceOpt = None,
@@ -223,7 +229,7 @@ def bench(
         torch.set_num_threads(threads)
     command = _command("bench", suite=suite, model=model, draft=draft, methods=methods, param=param, limit=limit,
                        seeds=seeds, out=out_path, threads=threads, kind=kind, device=device, dtype=dtype,
-                       no_warmup=not warmup, trust_remote_code=trust_remote_code)
+                       no_warmup=not warmup, trust_remote_code=trust_remote_code, ray=ray, ray_workers=ray_workers)
     load_kwargs = {"device": device, "dtype": dtype, "trust_remote_code": trust_remote_code}
     with _progress_bar() as bar:
         task = bar.add_task(f"loading {model}", total=None)
@@ -237,7 +243,8 @@ def bench(
                       if kind else model)
             summary = run_bench(suite, target, methods, out_path, draft=draft, params=split_params(param), seeds=seeds,
                                 limit=limit, warmup=warmup, command=command, load_kwargs=load_kwargs,
-                                on_progress=on_progress)
+                                on_progress=on_progress, ray=ray is not None,
+                                ray_address=None if ray in (None, RAY_DEFAULT) else ray, ray_workers=ray_workers)
         except KeyboardInterrupt:
             bar.stop()
             err.print(f"interrupted: the rows finished so far are in {out_path}; run the same command again to resume.")
@@ -359,14 +366,68 @@ def train(
     err.print(f"saved {folder} (card: {folder / 'README.md'})")
 
 
+@app.command()
+def serve(
+    model: ModelOpt,
+    method: Annotated[str, typer.Option(help="Default method of requests that name none (body: fastdecode.method).")]
+    = "ar.greedy",
+    draft: DraftOpt = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    served_model_name: Annotated[
+        Optional[str], typer.Option(help="The model id clients send (default: what --model says).")
+    ] = None,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait; more get 429.")] = 256,
+    max_batch: Annotated[int, typer.Option(help="Most rows (prompts x n) generated in one batch.")] = 16,
+    batch_window_ms: Annotated[float, typer.Option(help="How long the engine waits for requests to batch.")] = 5.0,
+    timeout: Annotated[float, typer.Option(help="Per-request timeout in seconds (0: none).")] = 600.0,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    trust_remote_code: RemoteOpt = False,
+    kind: KindOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /metrics)."""
+    try:
+        from fastdecode.serve import ServeConfig, create_app, make_server
+    except ImportError as e:
+        from fastdecode.errors import ArgumentError
+
+        raise ArgumentError(f"fastdecode serve needs the serve extra ({e.name} is missing): "
+                            "pip install 'fastdecode[serve]'.") from None
+    import torch
+
+    import fastdecode
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    fastdecode.get_method(method)
+    with err.status(f"loading {model}"):
+        m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        d = (fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code)
+             if draft else None)
+    config = ServeConfig(served_name=served_model_name or model, method=method, max_queue=max_queue,
+                         max_batch=max_batch, window_s=batch_window_ms / 1000, timeout_s=timeout or None)
+    server = make_server(create_app(m, d, config), host=host, port=port, log_level="info")
+    err.print(f"serving {config.served_name} ({method} by default) on http://{host}:{port}/v1", highlight=False)
+    server.run()
+
+
+RAY_DEFAULT = "default"  # `bench --ray` without an address: Ray's own choice (RAY_ADDRESS, else a local instance)
+
+
 def expand_list_options(argv: list[str]) -> list[str]:
     """Click takes one value per option: `bench --methods a b --seeds 1 2` -> `--methods a --methods b --seeds 1
-    --seeds 2`."""
+    --seeds 2`; a bare `--ray` gets the value `default`."""
     if "bench" not in argv[1:2]:
         return argv
     out: list[str] = []
     current = None
-    for arg in argv:
+    for i, arg in enumerate(argv):
+        if arg == "--ray" and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            out += [arg, RAY_DEFAULT]
+            current = None
+            continue
         if arg.startswith("-"):
             current = arg if arg in ("--methods", "--seeds") else None
         elif current is not None and out[-1] != current:

@@ -353,11 +353,16 @@ def run_bench(
     command: str | None = None,
     load_kwargs: Mapping[str, Any] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    ray: bool = False,
+    ray_address: str | None = None,
+    ray_workers: int | None = None,
 ) -> BenchSummary:
     """Run `methods` (plus the baseline) on every test item of `suite`, appending one row per generation to `out`.
 
     `params` maps a method name to its parameters; `max_new_tokens` defaults to each task's budget.
     Rows already in `out` (same suite, task, item, seed, method, parameters, model and draft) are skipped.
+    `ray=True` runs the jobs on a Ray cluster (`ray_address`, or Ray's default: RAY_ADDRESS or a local one), item by
+    item on `ray_workers` workers (default: one per GPU, else per CPU), see `cluster.py`; this process writes `out`.
     """
     suite = get_suite(suite) if isinstance(suite, str) else suite
     check_out(out)
@@ -378,7 +383,12 @@ def run_bench(
             **versions(), "machine": machine(target.device), "command": command, "run": uuid.uuid4().hex[:12]}
     existing, handle = _open_for_append(summary.path)
     with handle:
-        _execute(jobs, existing, handle, target, assistant, meta, summary, warmup, on_progress or (lambda p: None))
+        if ray:
+            _execute_ray(jobs, existing, handle, model, draft, load_kwargs or {}, meta, summary, warmup,
+                         on_progress or (lambda p: None), ray_address, ray_workers, target.device.type == "cuda")
+        else:
+            _execute(jobs, existing, handle, target, assistant, meta, summary, warmup,
+                     on_progress or (lambda p: None))
     return summary
 
 
@@ -428,6 +438,37 @@ def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, targe
             reference[_item_key(row)] = row["token_ids"]
         summary.written += 1
         report(Progress(summary.written + summary.skipped, summary.total, summary.skipped, job, "row"))
+
+
+def _execute_ray(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, model: str | ModelAdapter,
+                 draft: str | ModelAdapter | None, load_kwargs: Mapping[str, Any], meta: dict[str, Any],
+                 summary: BenchSummary, warmup: bool, report: Callable[[Progress], None], address: str | None,
+                 workers: int | None, cuda: bool) -> None:
+    """`_execute` on Ray workers (`cluster.py`): the same skipped rows, the rows written here as items come back."""
+    from .cluster import execute_on_ray
+
+    done_keys = {row_key(r) for r in existing}
+    reference = {_item_key(r): r["token_ids"] for r in existing
+                 if r.get("is_baseline") and r.get("model") == meta["model"] and r.get("suite") == meta["suite"]}
+    pending = []
+    for job in jobs:
+        if _job_row_key(job, meta) in done_keys:
+            summary.skipped += 1
+            report(Progress(summary.skipped, summary.total, summary.skipped, job, "skip"))
+        else:
+            pending.append(job)
+    if not pending:
+        return
+
+    def write(row: dict[str, Any]) -> None:
+        handle.write(json.dumps(row) + "\n")
+        handle.flush()
+        summary.written += 1
+        report(Progress(summary.written + summary.skipped, summary.total, summary.skipped, None, "row"))
+
+    threads = torch.get_num_threads()
+    execute_on_ray(pending, reference, write, model=model, draft=draft, load_kwargs=load_kwargs, meta=meta,
+                   warmup=warmup, address=address, workers=workers, threads=threads, device_is_cuda=cuda)
 
 
 def _interleaved(pending: Mapping[str, list[Job]]) -> list[Job]:

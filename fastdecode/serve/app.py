@@ -1,0 +1,356 @@
+"""The FastAPI app: OpenAI's `/v1/completions`, `/v1/chat/completions` and `/v1/models`, plus `/health` and
+`/metrics`. Handlers validate and tokenise, then hand the request to the engine thread (`scheduler.py`)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..bench.tasks.base import format_prompt
+from ..config import build_config
+from ..engine import check_draft, encode_batch, resolve
+from ..errors import FastDecodeError
+from ..models.base import ModelAdapter
+from .metrics import Metrics
+from .protocol import ChatRequest, CompletionRequest, ServeError, error_body, usage
+from .scheduler import Request as EngineRequest
+from .scheduler import Scheduler
+
+
+@dataclasses.dataclass
+class ServeConfig:
+    served_name: str
+    method: str = "ar.greedy"  # the default method of a request that names none
+    max_queue: int = 256
+    max_batch: int = 16
+    window_s: float = 0.005
+    timeout_s: float | None = 600.0  # per request, from arrival to its last token
+
+
+def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: ServeConfig | None = None) -> FastAPI:
+    cfg = config or ServeConfig(served_name=model.name)
+    resolve(model, cfg.method)  # a default method that does not fit the model is refused before serving
+    check_draft(resolve(model, cfg.method), model, draft)
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.scheduler = Scheduler(model, draft, metrics=metrics, max_queue=cfg.max_queue,
+                                        max_batch=cfg.max_batch, window_s=cfg.window_s)
+        yield
+        # uvicorn has waited for the open connections (in-flight requests finish); the engine drains what is left
+        await asyncio.get_running_loop().run_in_executor(None, app.state.scheduler.shutdown)
+
+    app = FastAPI(title="fastdecode", lifespan=lifespan)
+    app.state.metrics = metrics
+    app.state.config = cfg
+
+    @app.exception_handler(ServeError)
+    async def _serve_error(request: Request, exc: ServeError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:  # a bug: still OpenAI's shape
+        return JSONResponse(error_body(f"Internal error: {type(exc).__name__}: {exc}", "server_error"),
+                            status_code=500)
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        sched: Scheduler = request.app.state.scheduler
+        ok = sched.alive
+        return JSONResponse({"status": "ok" if ok else "engine stopped", "waiting": sched.waiting,
+                             "live": sched.live}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prom() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": cfg.served_name, "object": "model", "created": 0,
+                                            "owned_by": "fastdecode", "root": model.name}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        body = await _body(request, CompletionRequest)
+        prompts = _completion_prompts(model, body.prompt)
+        return await _serve(request, "completion", body, prompts, default_max=16)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        body = await _body(request, ChatRequest)
+        if body.max_completion_tokens is not None:
+            body.max_tokens = body.max_completion_tokens
+        return await _serve(request, "chat", body, [chat_prompt(model, body)], default_max=None)
+
+    async def _serve(request: Request, kind: str, body: Any, prompts: list[list[int]], default_max: int | None):
+        if body.model != cfg.served_name:
+            raise ServeError(404, f"The model {body.model!r} is not served here: this server serves "
+                             f"{cfg.served_name!r} (GET /v1/models).", param="model", code="model_not_found")
+        body.unsupported()
+        top = _logprobs_asked(kind, body)
+        if top is not None and body.stream:
+            raise ServeError(400, "logprobs are not available with stream=true yet: ask without streaming.",
+                             param="logprobs")
+        if top is not None and model.kind != "causal":
+            raise ServeError(400, "logprobs need a causal (left-to-right) model; a diffusion model has no "
+                             "per-token log-probabilities of its output.", param="logprobs")
+        method, params, config = _method(model, draft, cfg.method, body, default_max, prompts)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple] = asyncio.Queue()
+
+        def sink(event: tuple) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+            except RuntimeError:  # the event loop is gone (server stopped): nobody is listening
+                pass
+
+        sampled = bool(config.get("temperature", 0)) and body.seed is not None
+        req = EngineRequest(prompts, body.n, method, params, config, sink, stops=body.stops(), logprobs=top,
+                            timeout_s=cfg.timeout_s, sampled_with_seed=sampled)
+        request.app.state.scheduler.submit(req)
+        rid = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(_sse(kind, rid, cfg.served_name, req, queue, include_usage),
+                                     media_type="text/event-stream")
+        return await _collect(request, kind, rid, cfg.served_name, req, queue, model)
+
+    return app
+
+
+# -- request reading -------------------------------------------------------------------------------
+
+async def _body(request: Request, cls: Any) -> Any:
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ServeError(400, f"The body is not valid JSON ({e}): send a JSON object.") from None
+    if not isinstance(data, dict):
+        raise ServeError(400, f"The body must be a JSON object, not {type(data).__name__}.")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ServeError(400, f"Invalid request: {where}: {first['msg']} ({e.error_count()} error(s) in all).",
+                         param=where or None) from None
+
+
+def _completion_prompts(model: ModelAdapter, prompt: Any) -> list[list[int]]:
+    if isinstance(prompt, str):
+        items: list[Any] = [prompt]
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        items = [prompt]
+    else:
+        items = list(prompt)
+    if not items:
+        raise ServeError(400, "prompt is empty: pass text, token ids or a list of those.", param="prompt")
+    return [_encode(model, p) for p in items]
+
+
+def _encode(model: ModelAdapter, prompt: Any) -> list[int]:
+    try:
+        return encode_batch(model, prompt, 1).row(0)
+    except FastDecodeError as e:
+        raise ServeError(400, str(e), param="prompt") from None
+
+
+def chat_prompt(model: ModelAdapter, body: ChatRequest) -> list[int]:
+    """The tokenizer's chat template where it has one; else the zoo's `Q: ...\\nA: ` format, earlier turns first."""
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    tok = model.tokenizer
+    if tok is not None and getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = list(tok(text, add_special_tokens=False)["input_ids"])
+        return _encode(model, ids)
+    if messages[-1]["role"] != "user":
+        raise ServeError(400, "The last message must be the user's: the model answers it.", param="messages")
+    parts = []
+    for m in messages:
+        if m["role"] in ("system", "developer"):
+            parts.append(m["content"] + "\n")
+        elif m["role"] == "user":
+            parts.append(format_prompt(m["content"]))
+        else:
+            parts.append(m["content"] + "\n")
+    return _encode(model, "".join(parts))
+
+
+def _logprobs_asked(kind: str, body: Any) -> int | None:
+    if kind == "completion":
+        return body.logprobs
+    if body.logprobs:
+        return body.top_logprobs or 0
+    if body.top_logprobs:
+        raise ServeError(400, "top_logprobs needs logprobs=true.", param="top_logprobs")
+    return None
+
+
+def _method(model: ModelAdapter, draft: ModelAdapter | None, default: str, body: Any, default_max: int | None,
+            prompts: list[list[int]]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The request's method and its parameters: `fastdecode.method` or the server's default, the method's own
+    parameters from the `fastdecode` object, and OpenAI's fields mapped onto them (max_tokens -> max_new_tokens)."""
+    extra = dict(body.fastdecode or {})
+    method = extra.pop("method", None)
+    if method is not None and not isinstance(method, str):
+        raise ServeError(400, "fastdecode.method must be a method name such as 'spec.suffix'.", param="fastdecode")
+    try:
+        spec = resolve(model, method or default)
+        fields = {f.name for f in dataclasses.fields(spec.config)}
+        if method is None and body.temperature and "temperature" not in fields and model.kind == "causal":
+            spec = resolve(model, "ar.sample")  # a temperature without a method: OpenAI's sampling
+            fields = {f.name for f in dataclasses.fields(spec.config)}
+        check_draft(spec, model, draft)
+    except FastDecodeError as e:
+        raise ServeError(400, str(e), param="fastdecode.method") from None
+    params = dict(extra)
+    for name, value, neutral in (("temperature", body.temperature, 0.0), ("top_p", body.top_p, 1.0),
+                                 ("seed", body.seed, None)):
+        if value is None:
+            continue
+        if name in fields:
+            params[name] = value
+        elif value != neutral and name != "seed":  # a seed means nothing to a greedy method
+            raise ServeError(400, f"{name}={value} needs a sampling method, but {spec.name} has no {name}: "
+                             "leave it out, or set fastdecode.method to ar.sample or a spec.* method.", param=name)
+    longest = max(len(p) for p in prompts)
+    if body.max_tokens is not None:
+        params["max_new_tokens"] = body.max_tokens
+    elif default_max is not None and "max_new_tokens" not in params:
+        params["max_new_tokens"] = default_max
+    try:
+        config = dataclasses.asdict(build_config(spec.config, params, spec.name))
+    except (FastDecodeError, TypeError, ValueError) as e:
+        raise ServeError(400, str(e), param="fastdecode") from None
+    limit = model.max_positions
+    if limit is not None and longest + config["max_new_tokens"] > limit:
+        if body.max_tokens is None and longest < limit:  # the default budget, not the caller's: fit it
+            params["max_new_tokens"] = config["max_new_tokens"] = limit - longest
+        else:
+            raise ServeError(400, f"The prompt has {longest} tokens; with max_tokens={config['max_new_tokens']} that "
+                             f"is more than the model's {limit} positions: shorten the prompt or lower max_tokens.",
+                             param="max_tokens", code="context_length_exceeded")
+    return spec.name, params, config
+
+
+# -- responses -------------------------------------------------------------------------------------
+
+def _event_error(event: tuple) -> ServeError | None:
+    return event[1] if event[0] == "error" else None
+
+
+async def _collect(request: Request, kind: str, rid: str, name: str, req: EngineRequest,
+                   queue: asyncio.Queue[tuple], model: ModelAdapter) -> JSONResponse:
+    choices: dict[int, dict[str, Any]] = {}
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(queue.get(), timeout=0.25)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    req.cancel()
+                    return JSONResponse(error_body("client disconnected"), status_code=499)
+                continue
+            err = _event_error(event)
+            if err is not None:
+                return JSONResponse(err.body(), status_code=err.status)
+            if event[0] == "finish":
+                _, index, reason, _delta, text, tokens, lps = event
+                choices[index] = _choice(kind, index, text, reason, lps, model)
+            elif event[0] == "end":
+                body = {"id": rid, "object": "text_completion" if kind == "completion" else "chat.completion",
+                        "created": int(time.time()), "model": name,
+                        "choices": [choices[i] for i in sorted(choices)], "usage": usage(*event[1:])}
+                return JSONResponse(body)
+    finally:
+        req.cancel()  # a no-op once the request has ended; drops its rows if the handler was cancelled
+
+
+def _choice(kind: str, index: int, text: str, reason: str, lps: Any, model: ModelAdapter) -> dict[str, Any]:
+    if kind == "completion":
+        return {"index": index, "text": text, "finish_reason": reason,
+                "logprobs": _completion_logprobs(lps, model) if lps is not None else None}
+    return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
+            "logprobs": {"content": _chat_logprobs(lps, model)} if lps is not None else None}
+
+
+def _token_text(model: ModelAdapter, token: int) -> str:
+    return model.decode([token]) if token not in model.eos_token_ids else ""
+
+
+def _completion_logprobs(lps: list, model: ModelAdapter) -> dict[str, Any]:
+    tokens = [_token_text(model, t) for t, _, _ in lps]
+    offsets, at = [], 0
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": tokens, "token_logprobs": [c for _, c, _ in lps],
+            "top_logprobs": [{_token_text(model, i): v for i, v in top} for _, _, top in lps],
+            "text_offset": offsets}
+
+
+def _chat_logprobs(lps: list, model: ModelAdapter) -> list[dict[str, Any]]:
+    def entry(token: int, lp: float) -> dict[str, Any]:
+        text = _token_text(model, token)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+    return [{**entry(t, c), "top_logprobs": [entry(i, v) for i, v in top]} for t, c, top in lps]
+
+
+async def _sse(kind: str, rid: str, name: str, req: EngineRequest, queue: asyncio.Queue[tuple],
+               include_usage: bool) -> AsyncIterator[str]:
+    created = int(time.time())
+    obj = "text_completion" if kind == "completion" else "chat.completion.chunk"
+    started: set[int] = set()
+
+    def chunk(index: int, text: str, reason: str | None) -> str:
+        if kind == "completion":
+            choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+        else:
+            delta: dict[str, Any] = {} if index in started and not text else {"content": text}
+            if index not in started:
+                delta["role"] = "assistant"
+                started.add(index)
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+        return _data({"id": rid, "object": obj, "created": created, "model": name, "choices": [choice]})
+
+    try:
+        while True:
+            event = await queue.get()
+            err = _event_error(event)
+            if err is not None:
+                yield _data(err.body())
+                break
+            if event[0] == "delta":
+                yield chunk(event[1], event[2], None)
+            elif event[0] == "finish":
+                yield chunk(event[1], event[3], event[2])
+            elif event[0] == "end":
+                if include_usage:
+                    yield _data({"id": rid, "object": obj, "created": created, "model": name, "choices": [],
+                                 "usage": usage(*event[1:])})
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        req.cancel()  # the client went away (or the stream ended): the engine drops its rows
+
+
+def _data(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj)}\n\n"

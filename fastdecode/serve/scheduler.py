@@ -1,0 +1,318 @@
+"""The engine thread: one thread owns the model and runs every generation; HTTP handlers only queue requests.
+
+Batching (what it is, honestly): requests wait in one bounded queue. When the engine is free it waits a short window
+(`window_s`) for more, then takes the oldest request and every queued request with the same method and parameters
+(up to `max_batch` rows) and runs them as one batch through `fastdecode.stream()`: `ar.*` as one batched forward per
+token, `spec.*` with every row verified in the same target forward (`speculative/driver.py`'s `_Group`). Requests
+that arrive while a batch runs wait for the next batch; they do not join the running one. A row leaves when it
+finishes (EOS, max_tokens, a stop string), is cancelled (client gone) or times out: its output is no longer read
+and, once every row of the batch has left, the batch stops at once. Until then a row that left still rides along in
+the batched forward (the drivers have no API to drop a row mid-run), which costs compute but never changes another
+row's output: a batched run equals the one-by-one runs token for token.
+
+Greedy outputs equal `fastdecode.generate()` for the same prompt and method; seeded sampling requests run as a
+batch of their own (their `n` rows), so a seed repeats whatever else the server is doing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..engine import stream
+from ..errors import FastDecodeError
+from ..models.base import ModelAdapter
+from ..types import Finished
+from .metrics import Metrics
+from .protocol import ServeError
+
+Sink = Callable[[tuple], None]  # receives the request's events; must be thread-safe
+
+
+@dataclass
+class Request:
+    """A validated request: token-id prompts, the method and its parameters (already checked by `build_config`)."""
+
+    prompts: list[list[int]]
+    n: int
+    method: str
+    params: dict[str, Any]
+    config: dict[str, Any]  # the method's full config (for grouping requests that can share a batch)
+    sink: Sink
+    stops: list[str] = field(default_factory=list)
+    logprobs: int | None = None  # top-k alternatives to report with each token's log-probability; None: none
+    timeout_s: float | None = None
+    sampled_with_seed: bool = False
+    created: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts) * self.n
+
+    def key(self) -> Any:
+        if self.sampled_with_seed:  # a seeded draw must not depend on which other rows share its generator
+            return ("seeded", id(self))
+        return (self.method, json.dumps(self.config, sort_keys=True, default=str))
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Row:
+    def __init__(self, req: Request, index: int, prompt: list[int]) -> None:
+        self.req, self.index, self.prompt = req, index, prompt
+        self.out: dict[int, int] = {}
+        self.tokens: list[int] = []
+        self.sent = ""  # text already delivered
+        self.done = False
+        self.reason = ""  # stop, length, cancelled or timeout
+        self.proposed = self.accepted = 0
+        self.last: float | None = None  # when this row last delivered tokens
+
+
+class Scheduler:
+    """Owns the model; `submit()` is called from any thread, events reach each request's sink."""
+
+    def __init__(self, model: ModelAdapter, draft: ModelAdapter | None = None, *, metrics: Metrics | None = None,
+                 max_queue: int = 256, max_batch: int = 16, window_s: float = 0.005) -> None:
+        self.model, self.draft = model, draft
+        self.metrics = metrics or Metrics()
+        self.max_queue, self.max_batch, self.window_s = max_queue, max_batch, window_s
+        self._waiting: deque[Request] = deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._live: set[int] = set()  # ids of requests accepted and not yet ended (for tests and /health)
+        self._thread = threading.Thread(target=self._loop, name="fastdecode-engine", daemon=True)
+        self._thread.start()
+
+    # -- the HTTP side ---------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        with self._cv:
+            if self._stopping:
+                self.metrics.refused("shutting_down")
+                raise ServeError(503, "The server is shutting down: retry on another instance or later.",
+                                 type_="service_unavailable", code="shutting_down")
+            if len(self._waiting) >= self.max_queue:
+                self.metrics.refused("queue_full")
+                raise ServeError(429, f"The server's queue is full ({self.max_queue} requests waiting): "
+                                 "retry after a short wait.", type_="rate_limit_error", code="queue_full")
+            self._waiting.append(req)
+            self._live.add(id(req))
+            self.metrics.waiting = len(self._waiting)
+            self._cv.notify()
+
+    @property
+    def live(self) -> int:
+        """Requests accepted and not yet ended (waiting or running)."""
+        with self._cv:
+            return len(self._live)
+
+    @property
+    def waiting(self) -> int:
+        with self._cv:
+            return len(self._waiting)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Refuse new requests (503); the engine finishes every accepted request, then its thread ends."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if wait:
+            self._thread.join(timeout)
+
+    # -- the engine thread -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cv:
+                while not self._waiting and not self._stopping:
+                    self._cv.wait()
+                if not self._waiting:
+                    return  # stopping and drained
+            if self.window_s > 0:
+                time.sleep(self.window_s)  # let requests that arrive together share the batch
+            batch = self._take()
+            if batch:
+                self._run(batch)
+
+    def _take(self) -> list[Request]:
+        with self._cv:
+            picked: list[Request] = []
+            rows = 0
+            key = None
+            for req in list(self._waiting):
+                if req.cancelled or self._expired(req):
+                    self._waiting.remove(req)
+                    self._end(req, timed_out=not req.cancelled)
+                    continue
+                if key is None:
+                    key = req.key()
+                elif req.key() != key or rows + req.rows > self.max_batch:
+                    continue
+                self._waiting.remove(req)
+                picked.append(req)
+                rows += req.rows
+            self.metrics.waiting = len(self._waiting)
+            return picked
+
+    @staticmethod
+    def _expired(req: Request) -> bool:
+        return req.timeout_s is not None and time.monotonic() - req.created > req.timeout_s
+
+    def _end(self, req: Request, timed_out: bool = False) -> None:
+        """The request's last event; it is forgotten after this."""
+        if timed_out:
+            req.sink(("error", ServeError(504, f"The request took longer than its timeout ({req.timeout_s} s).",
+                                          type_="timeout", code="timeout")))
+        with self._cv:
+            self._live.discard(id(req))
+
+    def _run(self, batch: list[Request]) -> None:
+        rows = [_Row(req, p * req.n + j, prompt) for req in batch for p, prompt in enumerate(req.prompts)
+                for j in range(req.n)]
+        first = batch[0]
+        with self.metrics.lock:
+            self.metrics.running = len(batch)
+        try:
+            events = stream(self.model, [r.prompt for r in rows], first.method, draft=self.draft, **first.params)
+        except FastDecodeError as e:  # validated before queueing, so only what depends on the batch gets here
+            for req in batch:
+                req.sink(("error", ServeError(400, str(e))))
+                self._end(req)
+            return
+        ended: set[int] = set()
+        try:
+            for ev in events:
+                if isinstance(ev, Finished):
+                    break
+                now = time.monotonic()
+                for b, row in enumerate(rows):
+                    if row.done:
+                        continue
+                    req = row.req
+                    if req.cancelled or self._expired(req):
+                        row.done, row.reason = True, "cancelled" if req.cancelled else "timeout"
+                        continue
+                    for offset, token in ev.tokens[b]:
+                        row.out[offset] = token
+                    if ev.proposed and first.method.startswith("spec."):
+                        row.proposed += ev.proposed[b]
+                        row.accepted += ev.accepted[b]
+                        if ev.proposed[b]:
+                            self.metrics.drafts(ev.proposed[b], ev.accepted[b])
+                    self._advance(row, bool(ev.finished and ev.finished[b]), now)
+                for req in batch:
+                    if id(req) not in ended and self._settled(req, rows):
+                        ended.add(id(req))
+                        self._close(req, rows)
+                if all(r.done for r in rows):
+                    break
+        except Exception as e:  # a bug must not kill the engine thread: the batch's requests get a 500
+            for req in batch:
+                if id(req) not in ended:
+                    ended.add(id(req))
+                    req.sink(("error", ServeError(500, f"Generation failed: {type(e).__name__}: {e}",
+                                                  type_="server_error")))
+                    self._end(req)
+        finally:
+            close = getattr(events, "close", None)  # stops the driver (a generator) at once
+            if close is not None:
+                close()
+            for req in batch:  # whatever is still open (cancelled or timed out mid-run)
+                if id(req) not in ended:
+                    self._close(req, rows)
+            with self.metrics.lock:
+                self.metrics.running = 0
+
+    def _settled(self, req: Request, rows: list[_Row]) -> bool:
+        return all(r.done for r in rows if r.req is req)
+
+    def _close(self, req: Request, rows: list[_Row]) -> None:
+        mine = [r for r in rows if r.req is req]
+        if req.cancelled:
+            self._end(req)
+            return
+        if any(r.reason == "timeout" for r in mine):  # timed out while running
+            self._end(req, timed_out=True)
+            return
+        prompt_tokens = sum(len(p) for p in req.prompts)
+        completion = sum(len(r.tokens) for r in mine)
+        accepted = sum(r.accepted for r in mine)
+        rejected = sum(r.proposed - r.accepted for r in mine)
+        req.sink(("end", prompt_tokens, completion, accepted, rejected))
+        reason = "length" if any(r.reason == "length" for r in mine) else "stop"
+        self.metrics.finished(reason, time.monotonic() - req.created, prompt_tokens)
+        self._end(req)
+
+    def _advance(self, row: _Row, finished: bool, now: float) -> None:
+        """Deliver what the row's new tokens add to its text; finish it on EOS, max_tokens or a stop string."""
+        model = self.model
+        eos = model.eos_token_ids
+        if model.kind == "causal":
+            k = len(row.tokens)
+            while k in row.out:
+                k += 1
+            new = [row.out[i] for i in range(len(row.tokens), k)]
+        else:  # a diffusion row may fill any position and revise it: its text is known only when it finishes
+            new = [row.out[i] for i in sorted(row.out)] if finished else []
+        if not new and not finished:
+            return
+        if new:
+            row.tokens += new
+            cut = next((i + 1 for i, t in enumerate(row.tokens) if t in eos), None)
+            if cut is not None:
+                row.tokens = row.tokens[:cut]
+                finished = True
+            self.metrics.tokens(len(new))
+            if row.last is None:
+                self.metrics.observe(ttft=now - row.req.created)
+            else:
+                self.metrics.observe(itl=now - row.last)
+            row.last = now
+        text = model.decode([t for t in row.tokens if t not in eos]) if model.tokenizer is not None else ""
+        stops = row.req.stops
+        reason = "stop" if row.tokens and row.tokens[-1] in eos else "length"
+        hit = min((i for i in (text.find(s, max(0, len(row.sent) - len(s) + 1)) for s in stops) if i >= 0),
+                  default=-1)
+        if hit >= 0:
+            text, finished, reason = text[:hit], True, "stop"
+        if finished:
+            row.done, row.reason = True, reason
+            delta = text[len(row.sent):] if text.startswith(row.sent) else ""
+            row.req.sink(("finish", row.index, reason, delta, text, list(row.tokens), self._logprobs(row)))
+            row.sent = text
+            return
+        hold = max((len(s) for s in stops), default=1) - 1  # a stop string may be arriving: keep its start back
+        safe = text[: len(text) - hold] if hold else text
+        safe = safe.rstrip("\ufffd")  # a character whose bytes are still arriving
+        if len(safe) > len(row.sent) and safe.startswith(row.sent):
+            row.req.sink(("delta", row.index, safe[len(row.sent):]))
+            row.sent = safe
+
+    def _logprobs(self, row: _Row) -> list[tuple[int, float, list[tuple[int, float]]]] | None:
+        """(token, log-probability, top alternatives) of each output token under the target model's own distribution
+        (before temperature, top-p or penalties), from one more forward over prompt + output."""
+        k = row.req.logprobs
+        if k is None or not row.tokens:
+            return None if k is None else []
+        model = self.model
+        ids = torch.tensor([row.prompt + row.tokens], device=model.device)
+        start = len(row.prompt) - 1
+        logits = model.model(input_ids=ids).logits[0, start : start + len(row.tokens)].float()
+        lp = torch.log_softmax(logits, dim=-1)
+        chosen = lp.gather(1, torch.tensor(row.tokens, device=lp.device)[:, None])[:, 0].tolist()
+        top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+        return [(t, c, list(zip(i, v, strict=True)))
+                for t, c, i, v in zip(row.tokens, chosen, top_i.tolist(), top_v.tolist(), strict=True)]
