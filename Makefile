@@ -85,6 +85,11 @@ results-cost: $(VENV)/.installed
 # the code suite, one invocation, rows interleaved item by item (the report divides by the same run's ar.greedy);
 # then a batch of 8 prompts in one call against the same prompts one at a time (tools/batch_speed.py); its own folder,
 # so that its rows do not pool with the suites' files. llama.cpp is not a reference method yet (docs/RESULTS.md).
+# constrained decoding (docs/constraints.md): constraint kind x method, with and without the constraint
+.PHONY: results-structured
+results-structured: $(VENV)/.installed
+	$(BIN)/python tools/structured.py --threads 1 --out $(RESULTS)/structured.jsonl --table $(RESULTS)/structured.md
+
 .PHONY: results-engine
 results-engine: $(VENV)/.installed
 	$(BENCH) --suite code --model zoo:ar-small --methods hf.greedy spec.suffix spec.ngram spec.pld \

@@ -50,15 +50,35 @@ def generate(
     kind: KindOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    constraint_json_schema: Annotated[Optional[str], typer.Option(
+        help="Output must be JSON matching the JSON schema in this file.")] = None,
+    constraint_regex: Annotated[Optional[str], typer.Option(help="Output must match this regular expression.")] = None,
+    constraint_grammar: Annotated[Optional[str], typer.Option(
+        help="Output must be a sentence of the grammar (Lark or GBNF) in this file.")] = None,
+    constraint_sampling: Annotated[str, typer.Option(
+        help="mask, or gad (Grammar-Aligned Decoding) for sampled methods.")] = "mask",
+    constraint_diffusion: Annotated[str, typer.Option(help="dlm.* rule: lave or prefix.")] = "lave",
 ) -> None:
     """Generate text with a method and print it with a one-line stats summary."""
     import fastdecode
+    from fastdecode import constraints
     from fastdecode.config import parse_param_strings
 
     params: dict[str, object] = dict(parse_param_strings(param))
     if max_new_tokens is not None:
         params["max_new_tokens"] = max_new_tokens
     fastdecode.get_method(method)  # fail on a bad method name before loading the model
+    given = [x for x in (constraint_json_schema, constraint_regex, constraint_grammar) if x is not None]
+    if len(given) > 1:
+        raise constraints.ConstraintError("Give one of --constraint-json-schema, --constraint-regex and "
+                                          "--constraint-grammar, not several.")
+    options: dict[str, object] = {"sampling": constraint_sampling, "diffusion": constraint_diffusion}
+    if constraint_json_schema is not None:
+        params["constraint"] = constraints.from_file("json_schema", constraint_json_schema, **options)
+    elif constraint_grammar is not None:
+        params["constraint"] = constraints.from_file("grammar", constraint_grammar, **options)
+    elif constraint_regex is not None:
+        params["constraint"] = constraints.regex(constraint_regex, **options)
     with err.status(f"loading {model}"):
         m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         d = (fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code)

@@ -30,13 +30,15 @@ def stream(
     draft: ModelAdapter | None = None,
     memory: DrafterMemory | None = None,
     trace: bool = False,
+    constraint: Any = None,
     **params: Any,
 ) -> Iterator[Event]:
     """Yield one `StepEvent` per driver step, then a `Finished` event holding one `Result` per prompt.
 
     Validation (method, parameters, prompts) happens before the first event, so errors surface at once.
     `memory` is what drafters that learn across requests (spec.suffix, spec.recycling) read and extend; by default
-    the model's own, shared by every call on it (`fastdecode.speculative.memory`).
+    the model's own, shared by every call on it (`fastdecode.speculative.memory`). `constraint` (a
+    `fastdecode.constraints` JSON schema / regex / grammar) is compiled here, before the first step.
     """
     _check_model(model, "model")
     if draft is not None:
@@ -48,7 +50,8 @@ def stream(
     check_draft(spec, model, draft)
     cfg = build_config(spec.config, params, method)
     batch = encode_batch(model, prompts, cfg.max_new_tokens)
-    ctx = RunContext(generator=generator, draft=draft, memory=memory)
+    compiled = compile_constraint(spec, model, constraint, cfg)
+    ctx = RunContext(generator=generator, draft=draft, memory=memory, constraint=compiled)
     return _run(model, spec, cfg, batch, ctx, trace)
 
 
@@ -69,13 +72,25 @@ def generate(
     """Run `method` on one prompt (returns a Result) or a list of prompts (returns a list of Results).
 
     Prompts are text or token-id lists; keyword arguments are the method's parameters (see
-    `fastdecode methods`) plus `generator=`, `draft=`, `memory=` and `trace=`.
+    `fastdecode methods`) plus `generator=`, `draft=`, `memory=`, `trace=` and `constraint=`.
     """
     results: list[Result] = []
     for event in stream(model, prompts, method, **kwargs):
         if isinstance(event, Finished):
             results = event.results
     return results if _is_batch(_plain(prompts)) else results[0]
+
+
+def compile_constraint(spec: Method, model: ModelAdapter, constraint: Any, cfg: Any) -> Any:
+    """The request's constraint compiled against the model's tokenizer (None without one); refuses the methods
+    that cannot apply it."""
+    from .constraints import Compiled, as_constraint, support
+
+    given = as_constraint(constraint)
+    if given is None:
+        return None
+    support.check(spec, cfg, given if not isinstance(given, Compiled) else given.constraint)
+    return given if isinstance(given, Compiled) else given.compile(model)
 
 
 def _check_model(model: Any, what: str) -> None:

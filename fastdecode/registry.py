@@ -37,6 +37,7 @@ class RunContext:
     draft: Any = None  # drafter model adapter for methods that take one
     # DrafterMemory (speculative/memory.py) of drafters that learn across requests; None: the target model's own
     memory: Any = None
+    constraint: Any = None  # constraints.Compiled for this request, or None
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -20,15 +21,17 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
 
 
 def autoregressive(
-    model: CausalLM, batch: PromptBatch, cfg: MethodConfig, generator: torch.Generator | None = None
+    model: CausalLM, batch: PromptBatch, cfg: MethodConfig, generator: torch.Generator | None = None,
+    constraint: Any = None,
 ) -> Iterator[StepEvent]:
-    """Every row's next token from the request's logits pipeline (`cfg`'s processors, argmax or a draw)."""
+    """Every row's next token from the request's logits pipeline (`cfg`'s processors, argmax or a draw; the
+    `constraint`'s grammar mask last)."""
     device = model.device
     ids = batch.input_ids.to(device)  # [B, L]
     mask = batch.attention_mask.to(device)  # [B, L]
     B = batch.size
     eos = torch.tensor(sorted(model.eos_token_ids), dtype=torch.long, device=device)
-    pipeline = LogitsPipeline.from_config(cfg)
+    pipeline = LogitsPipeline.from_config(cfg, constraint=constraint)
     # what each row has seen (padding not counted), kept only when a processor reads it
     history = pipeline.history(ids, model.vocab_size, mask) if pipeline.uses_history or pipeline.stateful else None
 

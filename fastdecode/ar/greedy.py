@@ -26,4 +26,4 @@ class GreedyConfig(MethodConfig):
 @register("ar.greedy", kind="causal", config=GreedyConfig, lossless=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: GreedyConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Greedy decoding: the argmax token, one forward per token (the baseline)."""
-    return autoregressive(model, batch, cfg)
+    return autoregressive(model, batch, cfg, constraint=ctx.constraint)

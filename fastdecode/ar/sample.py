@@ -22,4 +22,4 @@ class SampleConfig(SamplingConfig):
 def run(model: CausalLM, batch: PromptBatch, cfg: SampleConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Sampling with temperature, top-k, top-p, min-p and repetition penalty; seeded runs repeat."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
-    return autoregressive(model, batch, cfg, generator)
+    return autoregressive(model, batch, cfg, generator, ctx.constraint)

@@ -53,6 +53,10 @@ SUITES: dict[str, Suite] = {
               tuple((name, 50) for name in _family("lists", "letters"))),
         Suite("puzzles", "4x4 sudoku and Latin squares", (("puzzles.sudoku", 50), ("puzzles.latin_square", 50))),
         Suite("code", "completion of held-out standard-library code", (("code.complete", 50),)),
+        Suite("structured", "zoo tasks whose answers have a format (JSON array, regex, grammar), run with and "
+              "without the constraint (tools/structured.py adds the JSON-schema feature classes)",
+              (("lists.sort", 8), ("lists.insert_index", 8), ("letters.sort", 8), ("puzzles.sudoku", 8),
+               ("puzzles.latin_square", 8))),
         Suite("quick", "a small mixed subset for the demo and CI smoke runs",
               (("lists.sort", 4), ("lists.insert_index", 3), ("letters.reverse", 4), ("puzzles.sudoku", 3),
                ("code.complete", 2))),

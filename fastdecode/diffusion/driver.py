@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import count
+from typing import Any
 
 import torch
 
@@ -56,9 +57,18 @@ def denoise(
     policy: Policy,
     generator: torch.Generator | None,
     method: str = "dlm",
+    constraint: Any = None,
 ) -> Iterator[StepEvent]:
-    """Run `policy` to the end: one forward and at least one commit per live row and step."""
+    """Run `policy` to the end: one forward and at least one commit per live row and step. A compiled
+    `constraint` masks each row's frontier and keeps only the commits that leave the canvas completable
+    (constraints/diffusion.py)."""
     canvas = Canvas(model, batch, cfg.max_new_tokens)
+    guard = None
+    if constraint is not None:
+        from ..constraints.diffusion import CanvasGuard
+
+        guard = CanvasGuard(constraint, [batch.row(b) for b in range(batch.size)], model.eos_token_ids,
+                            model.mask_token_id)
     forward = Forwarder(model, cfg, canvas.B, method)
     P = canvas.P
     for index in count():
@@ -67,10 +77,14 @@ def denoise(
         steps = torch.full_like(live, index)
         logits = forward(canvas.x[live], canvas.attention[live], live, view.lo + P, view.hi + P, view.block, steps)
         forward.keep()
+        if guard is not None:
+            logits = guard.mask_frontier(logits, live, view.lo, view.hi, canvas.gen())
         step = make_step(index, live, view, canvas.gen(), logits, canvas.mask_id, cfg.temperature, generator)
         commit, tokens = policy.commit(step)
         commit = commit & step.masked
         commit |= top1(step.conf) & ~commit.any(-1, keepdim=True)  # a rule that committed nothing: its best
+        if guard is not None:
+            commit, tokens = guard.filter(step, commit, tokens, canvas.gen(), generator)
         pairs = canvas.write(live, view.lo, commit, tokens)
         done = finished(canvas.gen(), canvas.mask_id, canvas.eos)
         yield event(index, canvas.B, live, pairs, step.masked.sum(-1), done)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ..config import MethodConfig, check
 from ..models.causal import CausalLM
@@ -33,10 +33,11 @@ def run(model: CausalLM, batch: PromptBatch, cfg: AssistedConfig, ctx: RunContex
     """transformers assisted generation with a draft model (needs draft=), greedy (reference)."""
     check_assisted(model, "hf.assisted", "target")
     check_assisted(ctx.draft, "hf.assisted", "draft model")
-    return _run(model, batch, cfg, ctx.draft)
+    return _run(model, batch, cfg, ctx.draft, ctx.constraint)
 
 
-def _run(model: CausalLM, batch: PromptBatch, cfg: AssistedConfig, draft: CausalLM) -> Iterator[StepEvent]:
+def _run(model: CausalLM, batch: PromptBatch, cfg: AssistedConfig, draft: CausalLM,
+         constraint: Any = None) -> Iterator[StepEvent]:
     gen = draft.model.generation_config
     settings = {
         "num_assistant_tokens": cfg.num_assistant_tokens,
@@ -47,7 +48,8 @@ def _run(model: CausalLM, batch: PromptBatch, cfg: AssistedConfig, draft: Causal
     for k, v in settings.items():
         setattr(gen, k, v)
     try:
-        yield from hf_driver(model, batch, {"max_new_tokens": cfg.max_new_tokens}, assistant=draft.model)
+        yield from hf_driver(model, batch, {"max_new_tokens": cfg.max_new_tokens}, assistant=draft.model,
+                             constraint=constraint)
     finally:
         for k, old in saved.items():
             setattr(gen, k, old)

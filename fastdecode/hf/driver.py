@@ -113,10 +113,34 @@ def check_assisted(model: CausalLM, method: str, role: str = "model") -> None:
         )
 
 
+class _GrammarLogits:
+    """A transformers logits processor over fastdecode's grammar mask: transformers calls it at every position it
+    scores, the verified draft positions of assisted generation and prompt lookup included."""
+
+    def __init__(self, constraint: Any, prompt: list[int]) -> None:
+        self.mask = constraint.processor()
+        self.start = self.mask.begin(prompt)
+        self.prompt_len = len(prompt)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for ids in input_ids[:, self.prompt_len :].tolist():
+            allowed = self.mask.mask(self.mask.advance_all(self.start, ids))
+            rows.append(allowed if allowed is not None and bool(allowed.any()) else torch.ones_like(scores[0]).bool())
+        allowed = torch.stack(rows).to(scores.device)[:, : scores.shape[-1]]
+        self.mask.compiled.calls += 1
+        return scores.masked_fill(~allowed, float("-inf"))
+
+
 def generate_one(
-    model: CausalLM, prompt: list[int], gen_kwargs: dict[str, Any], assistant: torch.nn.Module | None
+    model: CausalLM, prompt: list[int], gen_kwargs: dict[str, Any], assistant: torch.nn.Module | None,
+    constraint: Any = None,
 ) -> Run:
-    """Greedy `model.model.generate()` on one unpadded prompt."""
+    """Greedy `model.model.generate()` on one unpadded prompt (a compiled `constraint` as a logits processor)."""
+    if constraint is not None:
+        from transformers import LogitsProcessorList
+
+        gen_kwargs = {**gen_kwargs, "logits_processor": LogitsProcessorList([_GrammarLogits(constraint, prompt)])}
     ids = torch.tensor([prompt], dtype=torch.long, device=model.device)  # [1, L]
     target: Any = model.model  # a transformers model with generate() (torch types module attributes as Tensor | Module)
     generate = type(target).generate.__get__(target)  # the class's method, never the drafting wrapper
@@ -140,10 +164,12 @@ def generate_one(
 
 
 def hf_driver(
-    model: CausalLM, batch: PromptBatch, gen_kwargs: dict[str, Any], assistant: torch.nn.Module | None = None
+    model: CausalLM, batch: PromptBatch, gen_kwargs: dict[str, Any], assistant: torch.nn.Module | None = None,
+    constraint: Any = None,
 ) -> Iterator[StepEvent]:
     """Generate each prompt on its own, then replay the steps of all rows in lockstep, one event per step."""
-    yield from replay([generate_one(model, batch.row(b), gen_kwargs, assistant) for b in range(batch.size)])
+    yield from replay([generate_one(model, batch.row(b), gen_kwargs, assistant, constraint)
+                       for b in range(batch.size)])
 
 
 def replay(runs: list[Run]) -> Iterator[StepEvent]:

@@ -14,4 +14,4 @@ from .driver import hf_driver
 @register("hf.greedy", kind="causal", config=MethodConfig, lossless=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: MethodConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """transformers generate(do_sample=False), one prompt at a time (reference)."""
-    return hf_driver(model, batch, {"max_new_tokens": cfg.max_new_tokens})
+    return hf_driver(model, batch, {"max_new_tokens": cfg.max_new_tokens}, constraint=ctx.constraint)

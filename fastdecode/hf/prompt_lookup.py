@@ -32,4 +32,4 @@ def run(model: CausalLM, batch: PromptBatch, cfg: PromptLookupConfig, ctx: RunCo
         "max_new_tokens": cfg.max_new_tokens,
         "prompt_lookup_num_tokens": cfg.num_tokens,
         "max_matching_ngram_size": cfg.max_matching_ngram_size,
-    })
+    }, constraint=ctx.constraint)

@@ -8,9 +8,9 @@ i + 1 follows draft node i and has seen the drafted tokens of node i's path, nod
 mask is built only when a processor asks for it (`Positions.seen()`), so processors that need no history
 cost nothing.
 
-Stateful processors (a grammar mask, later) keep their committed per-sequence state in the History, which
-advances it in `append` / `extend`; per-position states are derived from it along `Positions.paths`. See
-`pipeline.StatefulProcessor`.
+Stateful processors (the grammar mask, constraints/processor.py) keep their committed per-sequence state in the
+History, which advances it in `append` / `extend`; per-position states are derived from it along `Positions.paths`.
+See `pipeline.StatefulProcessor`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,11 @@ class History:
         hist = cls(seen, stateful)
         for proc, states in hist.states.items():
             for r in range(ids.shape[0]):
-                for t in ids[r][keep[r]].tolist():
+                prompt = ids[r][keep[r]].tolist()
+                if hasattr(proc, "begin"):  # a processor that constrains only the output (the grammar mask)
+                    states[r] = proc.begin(prompt)
+                    continue
+                for t in prompt:
                     states[r] = proc.advance(states[r], t)
         return hist
 

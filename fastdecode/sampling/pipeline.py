@@ -27,11 +27,11 @@ Who calls what:
 remove the argmax), so a speculative method with temperature 0 equals `ar.greedy` with the same repetition
 penalty, and with temperature > 0 samples exactly `ar.sample`'s distribution with the same parameters.
 
-Stateful processors (the grammar mask to come) follow `StatefulProcessor`: the pipeline registers them with
-every History it makes; the History keeps each sequence's committed state and advances it with the tokens
-appended / extended; a processor reads the state at each position with `at.states(self)` (the committed state
-advanced along the position's drafted path, computed without mutating anything). Rolling back a rejected draft
-is therefore free: only accepted tokens ever reach the History.
+Stateful processors (the grammar mask of constraints/processor.py) follow `StatefulProcessor`: the pipeline
+registers them with every History it makes; the History keeps each sequence's committed state and advances it with
+the tokens appended / extended; a processor reads the state at each position with `at.states(self)` (the committed
+state advanced along the position's drafted path, computed without mutating anything). Rolling back a rejected
+draft is therefore free: only accepted tokens ever reach the History.
 """
 
 from __future__ import annotations
@@ -133,9 +133,12 @@ class LogitsPipeline:
         self.sampling = sampling
 
     @classmethod
-    def from_config(cls, cfg: Any, suppress: Sequence[int] = ()) -> LogitsPipeline:
+    def from_config(cls, cfg: Any, suppress: Sequence[int] = (), constraint: Any = None) -> LogitsPipeline:
         """From any config with some of temperature / top_k / top_p / min_p / repetition_penalty (missing ones
-        are off). At temperature 0 only the processors that can change the argmax are kept."""
+        are off). At temperature 0 only the processors that can change the argmax are kept. A compiled
+        `constraint` (constraints.Compiled) adds its grammar mask after the temperature and before the filters
+        (as vLLM and SGLang apply it before sampling): top-k / top-p / min-p then choose among allowed tokens,
+        so they never leave a position with none."""
         t = float(getattr(cfg, "temperature", 0.0))
         procs: list[Processor] = []
         if suppress:
@@ -146,6 +149,9 @@ class LogitsPipeline:
         if t > 0:
             if t != 1.0:
                 procs.append(Temperature(t))
+        if constraint is not None:
+            procs.append(constraint.processor())
+        if t > 0:
             if getattr(cfg, "top_k", 0) > 0:
                 procs.append(TopK(cfg.top_k))
             if getattr(cfg, "top_p", 1.0) < 1.0:
@@ -153,6 +159,11 @@ class LogitsPipeline:
             if getattr(cfg, "min_p", 0.0) > 0.0:
                 procs.append(MinP(cfg.min_p))
         return cls(procs, sampling=t > 0)
+
+    @property
+    def constraint(self) -> Any:
+        """The grammar mask (constraints.processor.GrammarMask), or None."""
+        return next((p for p in self.processors if hasattr(p, "valid_prefix")), None)
 
     @property
     def uses_history(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -167,7 +167,8 @@ def speculative(
     """
     check_rollback(model)
     generator = make_generator(cfg.seed, ctx.generator, model.device)
-    rows = [_Row(model, batch.row(b), cfg, new_drafter(generator), generator) for b in range(batch.size)]
+    rows = [_Row(model, batch.row(b), cfg, new_drafter(generator), generator, ctx.constraint)
+            for b in range(batch.size)]
     if any(getattr(r.drafter, "tree_drafts", False) for r in rows):
         check_tree_attention(model)
         if isinstance(ctx.draft, CausalLM):  # a draft model that grows the tree itself runs tree masks too
@@ -308,7 +309,8 @@ class _Row:
     """One sequence: its context and its drafter (its cache entries live in its group's cache)."""
 
     def __init__(
-        self, model: CausalLM, prompt: list[int], cfg: SpecConfig, drafter: Drafter, generator: torch.Generator | None
+        self, model: CausalLM, prompt: list[int], cfg: SpecConfig, drafter: Drafter, generator: torch.Generator | None,
+        constraint: Any = None,
     ) -> None:
         self.model, self.cfg, self.drafter, self.generator = model, cfg, drafter, generator
         self.eos = model.eos_token_ids
@@ -318,7 +320,8 @@ class _Row:
         self.n = len(prompt)  # tokens in the context
         self.done = False
         # the request's logits pipeline; the History of committed tokens only when a processor reads it
-        self.pipeline = LogitsPipeline.from_config(cfg)
+        self.pipeline = LogitsPipeline.from_config(cfg, constraint=constraint)
+        self.grammar = self.pipeline.constraint  # the grammar mask, or None
         keep = self.pipeline.uses_history or self.pipeline.stateful
         self.history = (
             self.pipeline.history(torch.tensor([prompt]).to(model.device), model.vocab_size) if keep else None
@@ -329,10 +332,34 @@ class _Row:
         made = self.n - self.prompt_len
         room = self.cfg.max_new_tokens - made - 1  # drafts beyond this could never be emitted
         draft = self.drafter.propose(self.ids[: self.n], room).as_chain() if room > 0 else Draft.empty()
+        if self.grammar is not None and draft.parents is None and draft.tokens.numel():
+            draft = self._cut(draft)
         assert draft.depth <= max(room, 0), (
             f"drafter proposed {draft.depth} tokens deep, more than the {room} asked for"
         )
         return draft
+
+    def _catch_up(self) -> None:
+        """The History takes the tokens accepted since the last step."""
+        if self.history is not None and self.in_history < self.n:
+            self.history.extend(0, self.ids[self.in_history : self.n].tolist())
+            self.in_history = self.n
+
+    def _cut(self, chain: Draft) -> Draft:
+        """A chain draft cut at its first token the grammar forbids. A deterministic drafter's chain ends before it
+        (the target then emits its own token there, as after a rejection). A sampled drafter's chain keeps it: the
+        masked target rejects it surely and draws from the residual max(p - q, 0), as the uncut draft would, so the
+        output keeps exactly the target's masked distribution."""
+        assert self.history is not None and self.grammar is not None
+        self._catch_up()
+        state = self.history.states[self.grammar][0]
+        k = chain.tokens.numel()
+        ok = self.grammar.valid_prefix(state, chain.tokens.tolist())
+        keep = ok if chain.probs is None else min(ok + 1, k)
+        if keep == k:
+            return chain
+        probs = chain.probs[:keep] if chain.probs is not None else None
+        return Draft(chain.tokens[:keep], probs, None, chain.side)
 
     def block(self, draft: Draft, cached: int) -> _Block:
         """The tokens this row feeds: context after its `cached` entries, the draft, its side tokens."""
@@ -403,8 +430,7 @@ class _Row:
         tree = draft.parents
         at = None
         if self.history is not None:
-            self.history.extend(0, self.ids[self.in_history : self.n].tolist())  # tokens accepted since the last step
-            self.in_history = self.n
+            self._catch_up()  # tokens accepted since the last step
             at = self.history.draft(0, draft.tokens, tree)
         if self.cfg.greedy:
             logits = self.pipeline.process(logits, at)  # the processors that can move the argmax

@@ -93,4 +93,4 @@ def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: AdaBlockConfig, ctx: 
     """AdaBlock: each block ends at a confident delimiter of a look-ahead window (else block_length); threshold
     inside."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
-    return denoise(model, batch, cfg, AdaBlock(model, cfg, batch.size), generator, "dlm.adablock")
+    return denoise(model, batch, cfg, AdaBlock(model, cfg, batch.size), generator, "dlm.adablock", ctx.constraint)

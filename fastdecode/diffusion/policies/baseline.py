@@ -170,4 +170,4 @@ def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: BaselineConfig, ctx: 
     net: DenoisingModel = model
     if cfg.cfg_scale > 0 or cfg.logits_eos_inf:
         net = Guided(model, batch.width, cfg.cfg_scale, eos if cfg.logits_eos_inf else [])
-    return denoise(net, batch, cfg, policy, generator, "dlm.baseline")
+    return denoise(net, batch, cfg, policy, generator, "dlm.baseline", ctx.constraint)

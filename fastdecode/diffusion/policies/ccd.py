@@ -68,4 +68,4 @@ def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: CCDConfig, ctx: RunCo
     """Coherent contextual decoding: commit positions whose top-entropy-rank prediction agrees across recent steps."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     policy = Coherent(model.mask_token_id, cfg, batch.size, model.device)
-    return denoise(model, batch, cfg, policy, generator, "dlm.ccd")
+    return denoise(model, batch, cfg, policy, generator, "dlm.ccd", ctx.constraint)

@@ -64,4 +64,4 @@ def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: CreditConfig, ctx: Ru
     """CreditDecoding: decayed trace credits (alpha 0.7, beta 0.8, gamma 0.2) fused into the logits, then threshold."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     policy = Credit(model.mask_token_id, cfg, batch.size, model.device, generator)
-    return denoise(model, batch, cfg, policy, generator, "dlm.credit")
+    return denoise(model, batch, cfg, policy, generator, "dlm.credit", ctx.constraint)

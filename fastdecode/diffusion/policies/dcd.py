@@ -66,4 +66,4 @@ def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: DCDConfig, ctx: RunCo
     """Deferred commitment: a sliding window holding ~16 masks replaces fixed blocks; threshold rule inside."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     policy = SlidingWindow(model.mask_token_id, model.eos_token_ids, cfg, batch.size, model.device)
-    return denoise(model, batch, cfg, policy, generator, "dlm.dcd")
+    return denoise(model, batch, cfg, policy, generator, "dlm.dcd", ctx.constraint)

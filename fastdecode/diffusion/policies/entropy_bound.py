@@ -40,4 +40,5 @@ class EntropyBound(BlockPolicy):
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: EntropyBoundConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """EB-Sampler: commit the lowest-entropy masked positions while the entropy before the last stays <= gamma."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
-    return denoise(model, batch, cfg, EntropyBound(model.mask_token_id, cfg), generator, "dlm.entropy_bound")
+    return denoise(model, batch, cfg, EntropyBound(model.mask_token_id, cfg), generator, "dlm.entropy_bound",
+                   ctx.constraint)

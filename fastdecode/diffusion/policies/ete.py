@@ -74,4 +74,4 @@ def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: ETEConfig, ctx: RunCo
     uncertain plausible token."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     policy = ExploreExploit(model.mask_token_id, cfg, batch.size, model.device)
-    return denoise(model, batch, cfg, policy, generator, "dlm.ete")
+    return denoise(model, batch, cfg, policy, generator, "dlm.ete", ctx.constraint)

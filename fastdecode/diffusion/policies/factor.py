@@ -45,4 +45,4 @@ def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: FactorConfig, ctx: Ru
     """Fast-dLLM factor rule: commit the n most confident with (n + 1)(1 - c(n)) <= f, at least one (and the last
     mask once all before it passed, as the reference does; `rule=strict` commits only the passing prefix)."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
-    return denoise(model, batch, cfg, Factor(model.mask_token_id, cfg), generator, "dlm.factor")
+    return denoise(model, batch, cfg, Factor(model.mask_token_id, cfg), generator, "dlm.factor", ctx.constraint)

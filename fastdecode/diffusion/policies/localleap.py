@@ -45,4 +45,4 @@ class LocalLeap(BlockPolicy):
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: LocalLeapConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """LocalLeap: anchors at p >= threshold; masked positions within `radius` of one commit at relaxed_threshold."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
-    return denoise(model, batch, cfg, LocalLeap(model.mask_token_id, cfg), generator, "dlm.localleap")
+    return denoise(model, batch, cfg, LocalLeap(model.mask_token_id, cfg), generator, "dlm.localleap", ctx.constraint)

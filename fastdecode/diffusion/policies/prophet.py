@@ -153,4 +153,4 @@ def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: ProphetConfig, ctx: R
     net: DenoisingModel = model
     if forced:
         net = Guided(model, batch.width, forced=forced)
-    return denoise(net, batch, cfg, policy, generator, "dlm.prophet")
+    return denoise(net, batch, cfg, policy, generator, "dlm.prophet", ctx.constraint)

@@ -67,4 +67,5 @@ class R2(BlockPolicy):
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: R2Config, ctx: RunContext) -> Iterator[StepEvent]:
     """R²-dLLM: threshold, then confident 3-windows whole, one per duplicate run, and 3-step-stable predictions."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
-    return denoise(model, batch, cfg, R2(model.mask_token_id, cfg, batch.size, model.device), generator, "dlm.r2")
+    return denoise(model, batch, cfg, R2(model.mask_token_id, cfg, batch.size, model.device), generator, "dlm.r2",
+                   ctx.constraint)

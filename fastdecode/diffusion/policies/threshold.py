@@ -39,4 +39,4 @@ class Threshold(BlockPolicy):
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: ThresholdConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Fast-dLLM threshold: commit every masked in-block position with confidence >= threshold, always the top-1."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)
-    return denoise(model, batch, cfg, Threshold(model.mask_token_id, cfg), generator, "dlm.threshold")
+    return denoise(model, batch, cfg, Threshold(model.mask_token_id, cfg), generator, "dlm.threshold", ctx.constraint)
