@@ -6,13 +6,14 @@ import contextlib
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import torch
 from transformers import DynamicCache
 
 from .. import attention
 from ..cache import DynamicKVCache, KVCache
+from ..errors import IncompatibleMethodError
 from .base import ModelAdapter
 from .capabilities import layer_types
 
@@ -75,17 +76,19 @@ class CausalLM(ModelAdapter):
     @overload
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
                 attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
-                visible: torch.Tensor | None = None, hidden: Literal[False] = False) -> torch.Tensor: ...
+                visible: torch.Tensor | None = None, hidden: Literal[False] = False,
+                sparse: Any = None) -> torch.Tensor: ...
 
     @overload
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
                 attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
-                visible: torch.Tensor | None = None, *, hidden: Literal[True]) -> CausalOutput: ...
+                visible: torch.Tensor | None = None, *, hidden: Literal[True], sparse: Any = None) -> CausalOutput: ...
 
     @overload
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
                 attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
-                visible: torch.Tensor | None = None, *, hidden: bool) -> torch.Tensor | CausalOutput: ...
+                visible: torch.Tensor | None = None, *, hidden: bool,
+                sparse: Any = None) -> torch.Tensor | CausalOutput: ...
 
     @torch.inference_mode()
     def forward(
@@ -97,6 +100,7 @@ class CausalLM(ModelAdapter):
         num_logits: int | None = None,  # keep logits of only the last num_logits positions
         visible: torch.Tensor | None = None,  # [T, T] or [B, T, T] bool: new token i may see new token j
         hidden: bool = False,  # also return the last hidden states (costs nothing when False)
+        sparse: Any = None,  # a sparse attention rule (`fastdecode.sparse`): which cached columns each layer reads
     ) -> torch.Tensor | CausalOutput:
         """Run the model over `input_ids` appended after `cache`; returns float32 logits `[B, T', V]`, or with
         `hidden=True` a `CausalOutput` holding them and the last hidden states `[B, T, H]`.
@@ -110,7 +114,12 @@ class CausalLM(ModelAdapter):
         if hidden:
             kwargs["output_hidden_states"] = True
         if self.preallocated:
-            out = self._planned(input_ids, positions, cache, attention_mask, visible, kwargs)
+            out = self._planned(input_ids, positions, cache, attention_mask, visible, kwargs, sparse)
+        elif sparse is not None:
+            raise IncompatibleMethodError(
+                f"Sparse attention reads a subset of fastdecode's preallocated KV cache, which {self.name!r} cannot "
+                "use (its layers are not all plain attention through transformers' attention interface). "
+                "Use dense attention (attention='dense') with this model.")
         else:
             out = self._legacy(input_ids, positions, cache, attention_mask, visible, kwargs)
         logits = out.logits
@@ -120,10 +129,12 @@ class CausalLM(ModelAdapter):
             return CausalOutput(logits.float(), out.hidden_states[-1])
         return logits.float()
 
-    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs):
+    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs, sparse=None):
         B, T = input_ids.shape
         real, vis, past = _new_block(attention_mask, visible, B, T, input_ids.device)
         if cache is None:
+            if sparse is not None:
+                raise ValueError("sparse attention selects among cached columns: pass a cache (model.new_cache())")
             eye = torch.eye(T, dtype=torch.bool, device=input_ids.device)
             plan = attention.Plan(allow=(vis & real[:, None, :]) | eye, q_pos=positions, k_pos=positions)
         else:
@@ -131,6 +142,8 @@ class CausalLM(ModelAdapter):
                 raise TypeError(f"{self.name!r} runs on fastdecode's KVCache (model.new_cache()), got {type(cache)}")
             before = list(cache.lengths)
             plan = cache.begin(positions, vis, real, past)
+            if sparse is not None:
+                sparse.begin(cache, plan)
         try:
             with self._attention(), attention.planned(plan):
                 out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=None,
