@@ -37,7 +37,7 @@ class SparseConfig(SamplingConfig):
     temperature: float = 0.0
     budget: int = 256  # key/value columns each head reads in a sparse layer (sinks and recent included)
     sinks: int = 4  # first tokens always kept (StreamingLLM's attention sinks)
-    recent: int = 64  # last tokens always kept (the query's own and its neighbours)
+    recent: int = 32  # last tokens always kept (the query's own and its neighbours)
     dense_layers: int = 2  # the first layers attend densely
     max_queries: int = 16  # forwards of more queries (the prefill) attend densely
 

@@ -30,7 +30,7 @@ class SparseSelfConfig(SpecConfig):
     rule: str = "quest"  # the drafts' sparse rule, optionally with its own parameters: "quest:page=32"
     budget: int = 256  # cached columns per head a draft step reads
     sinks: int = 4
-    recent: int = 64
+    recent: int = 32
     draft_tokens: int = 4  # chain length per step
 
     def __post_init__(self) -> None:
