@@ -93,6 +93,15 @@ results-engine: $(VENV)/.installed
 		--methods ar.greedy spec.suffix spec.pld --out $(RESULTS)/engine/batch.jsonl
 	$(BIN)/fastdecode report $(RESULTS)/engine/engine.jsonl --out $(RESULTS)/engine/report.md
 
+# long-context sparse decoding (docs/sparse.md): every sparse.* rule at budgets 64/256/1024 against dense greedy,
+# accuracy and agreement at 1k-4k, decode speed at 8k-16k (one item each, interleaved repeats); zoo:ar-small with its
+# positions stretched 32x (no ar-long model shipped yet); about an hour on one thread of the shared machine
+.PHONY: results-sparse
+results-sparse: $(VENV)/.installed
+	$(BIN)/python tools/sparse_results.py --model zoo:ar-small --rope linear:32 --threads 1 --items 1 \
+		--budgets 64,256,1024 --steps 12 --speed-steps 24 --repeats 2 --out $(RESULTS)/sparse
+	$(BIN)/python tools/sparse_report.py $(RESULTS)/sparse
+
 .PHONY: results-zoo-bf16
 results-zoo-bf16: $(VENV)/.installed
 	$(BIN)/python tools/zoo_bf16.py ar-small ar-tiny dlm-small --items 50 --threads 1 --out $(RESULTS)/zoo/bf16.jsonl

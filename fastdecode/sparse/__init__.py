@@ -17,7 +17,7 @@ from typing import Any
 
 from ..config import build_config
 from ..errors import ParameterError, close_names
-from ..registry import RunContext, register
+from ..registry import RunContext
 from ..sampling.samplers import make_generator
 from ..types import PromptBatch, StepEvent
 from .base import Selector, SparseConfig
@@ -34,18 +34,18 @@ RULES: dict[str, Rule] = {}
 DENSE = "dense"
 
 
-def register_rule(name: str, selector: type[Selector], config: type[SparseConfig], doc: str) -> None:
-    """Register the rule and its method `sparse.<name>` (ar.greedy / ar.sample reading the selected columns)."""
+def register_rule(name: str, selector: type[Selector], config: type[SparseConfig]) -> None:
+    """Make the rule usable as an `attention=` value (its file registers the method `sparse.<name>` itself)."""
     RULES[name] = Rule(name, selector, config)
 
-    def run(model: Any, batch: PromptBatch, cfg: SparseConfig, ctx: RunContext) -> Iterator[StepEvent]:
-        from ..ar.driver import autoregressive
 
-        generator = None if cfg.greedy else make_generator(cfg.seed, ctx.generator, model.device)
-        return autoregressive(model, batch, cfg, generator, sparse=selector(cfg, model=model))
+def sparse_decode(model: Any, batch: PromptBatch, cfg: SparseConfig, ctx: RunContext,
+                  selector: type[Selector]) -> Iterator[StepEvent]:
+    """The driver of every `sparse.*` method: ar.greedy (temperature 0) or ar.sample reading the rule's columns."""
+    from ..ar.driver import autoregressive
 
-    run.__doc__ = doc
-    register(f"sparse.{name}", kind="causal", config=config)(run)
+    generator = None if cfg.greedy else make_generator(cfg.seed, ctx.generator, model.device)
+    return autoregressive(model, batch, cfg, generator, sparse=selector(cfg, model=model))
 
 
 def parse_attention(text: str) -> tuple[str, dict[str, str]]:
@@ -100,4 +100,4 @@ def make_selector(text: str, model: Any, **defaults: Any) -> Selector | None:
 
 
 __all__ = ["DENSE", "RULES", "Rule", "Selector", "SparseConfig", "check_attention", "make_selector",
-           "parse_attention", "register_rule", "rules"]
+           "parse_attention", "register_rule", "rules", "sparse_decode"]

@@ -107,3 +107,24 @@ def calibration(model: Any) -> dict:
         record = calibrate(model)
     model._sparse_calibration = record
     return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m fastdecode.sparse.calibration MODEL_FOLDER`: calibrate and write the file beside the weights."""
+    import argparse
+
+    from ..models.loading import load, resolve
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("model", help="a model folder or zoo:NAME")
+    ap.add_argument("--out", default=None, help="folder to write sparse_calibration.json to (default: the model's)")
+    ap.add_argument("--items", type=int, default=4)
+    ap.add_argument("--context", type=int, default=1024)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    model = load(args.model)
+    save(calibrate(model, items=args.items, context=args.context), args.out or resolve(args.model))
+
+
+if __name__ == "__main__":
+    main()
