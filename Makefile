@@ -100,6 +100,8 @@ results-engine: $(VENV)/.installed
 results-sparse: $(VENV)/.installed
 	$(BIN)/python tools/sparse_results.py --model zoo:ar-small --rope linear:32 --threads 1 --items 1 \
 		--budgets 64,256,1024 --steps 12 --speed-steps 24 --repeats 2 --out $(RESULTS)/sparse
+	$(BIN)/python tools/sparse_results.py --model zoo:ar-small --rope linear:32 --threads 1 --accuracy-contexts "" \
+		--speed-contexts "" --selfspec-contexts 8k --budgets 256,1024 --out $(RESULTS)/sparse
 	$(BIN)/python tools/sparse_report.py $(RESULTS)/sparse
 
 .PHONY: results-zoo-bf16

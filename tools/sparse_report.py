@@ -115,6 +115,15 @@ def main() -> None:
     if speed:
         lines += ["## Decode speed (longctx.passkey, decode steps only, interleaved repeats)", "",
                   *table_speed(speed), ""]
+    selfspec = load(folder / "selfspec.jsonl")
+    if selfspec:
+        lines += ["## spec.sparse_self against ar.greedy (longctx.passkey, decode time = wall - a 1-token run)", "",
+                  "| context | method | budget | identical to ar.greedy | accepted / proposed | decode s | speed-up |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in selfspec:
+            lines.append(f"| {r['context']} | {r['method']} | {r['budget'] or '—'} | {r.get('identical', True)} | "
+                         f"{r.get('accepted', '—')} / {r.get('proposed', '—')} | {r['decode_s']} | {r['speedup']}x |")
+        lines.append("")
     if figure(acc, speed, folder / "sparse.png"):
         lines += ["![agreement, bytes and speed-up against the budget](sparse.png)", ""]
     (folder / "report.md").write_text("\n".join(lines))
