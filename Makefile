@@ -97,11 +97,13 @@ results-engine: $(VENV)/.installed
 # accuracy and agreement at 1k-4k, decode speed at 8k-16k (one item each, interleaved repeats); zoo:ar-small with its
 # positions stretched 32x (no ar-long model shipped yet); about an hour on one thread of the shared machine
 .PHONY: results-sparse
+SPARSE := --model zoo:ar-small --rope linear:32 --threads 1 --out $(RESULTS)/sparse
 results-sparse: $(VENV)/.installed
-	$(BIN)/python tools/sparse_results.py --model zoo:ar-small --rope linear:32 --threads 1 --items 1 \
-		--budgets 64,256,1024 --steps 12 --speed-steps 24 --repeats 2 --out $(RESULTS)/sparse
-	$(BIN)/python tools/sparse_results.py --model zoo:ar-small --rope linear:32 --threads 1 --accuracy-contexts "" \
-		--speed-contexts "" --selfspec-contexts 8k --budgets 256,1024 --out $(RESULTS)/sparse
+	$(BIN)/python tools/sparse_results.py $(SPARSE) --items 1 --steps 12 --speed-contexts "" --budgets 64,256,1024
+	$(BIN)/python tools/sparse_results.py $(SPARSE) --accuracy-contexts "" --speed-contexts "" --selfspec-contexts 8k \
+		--budgets 256,1024
+	$(BIN)/python tools/sparse_results.py $(SPARSE) --accuracy-contexts "" --speed-steps 24 --repeats 3 \
+		--budgets 64,256,1024
 	$(BIN)/python tools/sparse_report.py $(RESULTS)/sparse
 
 .PHONY: results-zoo-bf16

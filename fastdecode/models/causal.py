@@ -13,7 +13,6 @@ from transformers import DynamicCache
 
 from .. import attention
 from ..cache import DynamicKVCache, KVCache
-from ..errors import IncompatibleMethodError
 from .base import ModelAdapter
 from .capabilities import layer_types
 
@@ -116,10 +115,9 @@ class CausalLM(ModelAdapter):
         if self.preallocated:
             out = self._planned(input_ids, positions, cache, attention_mask, visible, kwargs, sparse)
         elif sparse is not None:
-            raise IncompatibleMethodError(
-                f"Sparse attention reads a subset of fastdecode's preallocated KV cache, which {self.name!r} cannot "
-                "use (its layers are not all plain attention through transformers' attention interface). "
-                "Use dense attention (attention='dense') with this model.")
+            from ..sparse import check_model
+
+            check_model(self)
         else:
             out = self._legacy(input_ids, positions, cache, attention_mask, visible, kwargs)
         logits = out.logits

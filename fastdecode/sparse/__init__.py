@@ -39,11 +39,23 @@ def register_rule(name: str, selector: type[Selector], config: type[SparseConfig
     RULES[name] = Rule(name, selector, config)
 
 
+def check_model(model: Any) -> None:
+    """Refuse, before the first step, a model whose attention cannot read a subset of the cache."""
+    if not getattr(model, "preallocated", False):
+        from ..errors import IncompatibleMethodError
+
+        raise IncompatibleMethodError(
+            f"Sparse attention reads a subset of fastdecode's preallocated KV cache, which "
+            f"{getattr(model, 'name', 'this model')!r} cannot use (its layers are not all plain attention through "
+            "transformers' attention interface). Use dense attention (ar.greedy, or attention='dense').")
+
+
 def sparse_decode(model: Any, batch: PromptBatch, cfg: SparseConfig, ctx: RunContext,
                   selector: type[Selector]) -> Iterator[StepEvent]:
     """The driver of every `sparse.*` method: ar.greedy (temperature 0) or ar.sample reading the rule's columns."""
     from ..ar.driver import autoregressive
 
+    check_model(model)
     generator = None if cfg.greedy else make_generator(cfg.seed, ctx.generator, model.device)
     return autoregressive(model, batch, cfg, generator, sparse=selector(cfg, model=model))
 
@@ -77,7 +89,8 @@ def check_attention(text: str) -> None:
 
 
 def make_selector(text: str, model: Any, **defaults: Any) -> Selector | None:
-    """The selector an `attention` parameter names (None for dense); `defaults` fill parameters not given."""
+    """The selector an `attention` parameter names (None for dense); `defaults` fill parameters not given. With a
+    model, one that cannot run sparse attention is refused here, before any step."""
     from ..registry import _load_builtins
 
     _load_builtins()
@@ -96,8 +109,10 @@ def make_selector(text: str, model: Any, **defaults: Any) -> Selector | None:
     merged = {k: v for k, v in defaults.items() if k in known}
     merged.update(params)
     cfg = build_config(rule.config, merged, f"sparse.{name}")
+    if model is not None:
+        check_model(model)
     return rule.selector(cfg, model=model)
 
 
-__all__ = ["DENSE", "RULES", "Rule", "Selector", "SparseConfig", "check_attention", "make_selector",
+__all__ = ["DENSE", "RULES", "Rule", "Selector", "SparseConfig", "check_attention", "check_model", "make_selector",
            "parse_attention", "register_rule", "rules", "sparse_decode"]

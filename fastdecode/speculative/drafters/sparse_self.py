@@ -19,9 +19,9 @@ import torch
 from ...config import check
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
-from ...sparse import make_selector
+from ...sparse import check_model, make_selector
 from ...types import PromptBatch, StepEvent
-from ..driver import BaseDrafter, Draft, SpecConfig, speculative
+from ..driver import BaseDrafter, Draft, SpecConfig, check_rollback, speculative
 from .model_draft import pick_token
 
 
@@ -85,4 +85,6 @@ class SparseSelfDrafter(BaseDrafter):
 @register("spec.sparse_self", kind="causal", config=SparseSelfConfig, lossless=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: SparseSelfConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Sparse self-speculation: the target with sparse attention drafts, the dense target verifies."""
+    check_rollback(model)  # a recurrent model is refused for that first
+    check_model(model)
     return speculative(model, batch, cfg, ctx, lambda g: SparseSelfDrafter(model, cfg, g))
