@@ -115,6 +115,19 @@ results-serve: $(VENV)/.installed
 	$(BIN)/python tools/serve_bench.py --model zoo:ar-small --methods ar.greedy spec.pld spec.suffix \
 		--concurrency 1 4 16 --requests 32 --max-tokens 64 --threads 1 --out $(RESULTS)/serve/serve.jsonl
 
+# long-context sparse decoding (docs/sparse.md): every sparse.* rule at budgets 64/256/1024 against dense greedy,
+# accuracy and agreement at 1k-4k, decode speed at 8k-16k (one item each, interleaved repeats); zoo:ar-small with its
+# positions stretched 32x (no ar-long model shipped yet); about an hour on one thread of the shared machine
+.PHONY: results-sparse
+SPARSE := --model zoo:ar-small --rope linear:32 --threads 1 --out $(RESULTS)/sparse
+results-sparse: $(VENV)/.installed
+	$(BIN)/python tools/sparse_results.py $(SPARSE) --items 1 --steps 12 --speed-contexts "" --budgets 64,256,1024
+	$(BIN)/python tools/sparse_results.py $(SPARSE) --accuracy-contexts "" --speed-contexts "" --selfspec-contexts 8k \
+		--budgets 256,1024
+	$(BIN)/python tools/sparse_results.py $(SPARSE) --accuracy-contexts "" --speed-steps 24 --repeats 3 \
+		--budgets 64,256,1024
+	$(BIN)/python tools/sparse_report.py $(RESULTS)/sparse
+
 .PHONY: results-zoo-bf16
 results-zoo-bf16: $(VENV)/.installed
 	$(BIN)/python tools/zoo_bf16.py ar-small ar-tiny dlm-small --items 50 --threads 1 --out $(RESULTS)/zoo/bf16.jsonl

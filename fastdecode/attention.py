@@ -37,6 +37,8 @@ class Plan:
     allow: torch.Tensor  # [B, Q, K] bool
     q_pos: torch.Tensor  # [B, Q] long
     k_pos: torch.Tensor  # [B, K] long
+    # a sparse attention rule (`fastdecode.sparse.base.Selector`): per layer, which columns each head reads
+    sparse: Any = None
     _masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
 
     def mask(self, window: int | None) -> torch.Tensor:
@@ -88,6 +90,12 @@ def attention(
             f"attention plan covers {tuple(mask.shape[-2:])} (queries, keys) but the layer has "
             f"({query.shape[-2]}, {key.shape[-2]}): the cache and the plan disagree"
         )
+    if plan.sparse is not None and softcap is None and s_aux is None:
+        selection = plan.sparse.select(getattr(module, "layer_idx", 0), query, key, value, mask)
+        if selection is not None:
+            scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+            out = gathered(query, key, value, mask, scale, selection.cols, selection.dense)
+            return out.transpose(1, 2).contiguous(), None
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
         key = key.repeat_interleave(groups, dim=1)
@@ -98,6 +106,37 @@ def attention(
     else:
         out = _eager(query, key, value, mask, scale, softcap, s_aux)
     return out.transpose(1, 2).contiguous(), None
+
+
+def gathered(
+    q: torch.Tensor,  # [B, Hq, Q, D]
+    k: torch.Tensor,  # [B, Hkv, K, D]
+    v: torch.Tensor,  # [B, Hkv, K, Dv]
+    mask: torch.Tensor,  # [B, 1, Q, K] bool
+    scale: float,
+    cols: torch.Tensor,  # [B, Hkv, n] long: the columns each key/value head reads, -1 = none
+    dense: torch.Tensor | None = None,  # [Hkv] bool: heads that read every column
+) -> torch.Tensor:
+    """Attention that reads only `cols` of the cache: equal to dense attention with every other column masked.
+    Returns `[B, Hq, Q, Dv]`."""
+    B, Hkv, n = cols.shape
+    g = q.shape[1] // Hkv
+    Q, K = mask.shape[-2], mask.shape[-1]
+    idx = cols.clamp(min=0)
+    ks = k.gather(2, idx[..., None].expand(B, Hkv, n, k.shape[-1]))
+    vs = v.gather(2, idx[..., None].expand(B, Hkv, n, v.shape[-1]))
+    m = mask.expand(B, Hkv, Q, K).gather(3, idx[:, :, None, :].expand(B, Hkv, Q, n)) & (cols >= 0)[:, :, None, :]
+    if g > 1:
+        ks, vs, m = (t.repeat_interleave(g, dim=1) for t in (ks, vs, m))
+    out = F.scaled_dot_product_attention(q, ks, vs, attn_mask=m, scale=scale)
+    if dense is not None and bool(dense.any()):
+        heads = dense.repeat_interleave(g).nonzero().flatten()  # query heads of the dense key/value heads
+        kv = dense.nonzero().flatten()
+        kd, vd = k[:, kv], v[:, kv]
+        if g > 1:
+            kd, vd = kd.repeat_interleave(g, dim=1), vd.repeat_interleave(g, dim=1)
+        out[:, heads] = F.scaled_dot_product_attention(q[:, heads], kd, vd, attn_mask=mask, scale=scale)
+    return out
 
 
 def _eager(q, k, v, mask, scale, softcap, s_aux) -> torch.Tensor:

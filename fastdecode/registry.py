@@ -23,7 +23,8 @@ DriverOf = Callable[[Any, PromptBatch, C, "RunContext"], Iterator[StepEvent]]  #
 # The method families: every module under these packages is imported (discovered, not listed), so a new method file
 # registers itself by existing.
 _FAMILY_PACKAGES = (
-    "fastdecode.ar", "fastdecode.diffusion", "fastdecode.hf", "fastdecode.llamacpp", "fastdecode.speculative",
+    "fastdecode.ar", "fastdecode.diffusion", "fastdecode.hf", "fastdecode.llamacpp", "fastdecode.sparse",
+    "fastdecode.speculative",
 )
 _loaded = False
 _METHODS: dict[str, Method] = {}

@@ -22,10 +22,11 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
 
 def autoregressive(
     model: CausalLM, batch: PromptBatch, cfg: MethodConfig, generator: torch.Generator | None = None,
-    constraint: Any = None,
+    constraint: Any = None, sparse: Any = None,
 ) -> Iterator[StepEvent]:
     """Every row's next token from the request's logits pipeline (`cfg`'s processors, argmax or a draw; the
-    `constraint`'s grammar mask last)."""
+    `constraint`'s grammar mask last); with `sparse` (a `fastdecode.sparse` rule) every forward reads the cached
+    columns the rule selects."""
     device = model.device
     ids = batch.input_ids.to(device)  # [B, L]
     mask = batch.attention_mask.to(device)  # [B, L]
@@ -43,7 +44,8 @@ def autoregressive(
     # transformers' own cache needs the whole 2-D padding mask every step; the preallocated one keeps it per column
     growing = decode_mask and not isinstance(cache, KVCache)
     positions = positions_from_mask(mask)
-    logits = model.forward(ids, positions, cache, mask, num_logits=1)[:, -1]  # [B, V]
+    extra = {"sparse": sparse} if sparse is not None else {}  # adapters of one's own need not take it
+    logits = model.forward(ids, positions, cache, mask, num_logits=1, **extra)[:, -1]  # [B, V]
     next_pos = positions[:, -1:] + 1  # [B, 1]
     done = torch.zeros(B, dtype=torch.bool, device=device)
     for step in range(cfg.max_new_tokens):
@@ -63,5 +65,5 @@ def autoregressive(
             history.append(token)
         if growing:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        logits = model.forward(token[:, None], next_pos, cache, mask if growing else None)[:, -1]
+        logits = model.forward(token[:, None], next_pos, cache, mask if growing else None, **extra)[:, -1]
         next_pos = next_pos + 1

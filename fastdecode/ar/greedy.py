@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..config import MethodConfig, check
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
+from ..sparse import check_attention, make_selector
 from ..types import PromptBatch, StepEvent
 from .driver import autoregressive
 
@@ -17,13 +18,15 @@ class GreedyConfig(MethodConfig):
     """The argmax after the processors that can change it (spec.* methods at temperature 0 take the same)."""
 
     repetition_penalty: float = 1.0  # 1 = off
+    attention: str = "dense"  # or a sparse rule, e.g. "quest" / "quest:budget=128" (then it is the sparse.* method)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "must be > 0 (1 = off)")
+        check_attention(self.attention)
 
 
 @register("ar.greedy", kind="causal", config=GreedyConfig, lossless=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: GreedyConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Greedy decoding: the argmax token, one forward per token (the baseline)."""
-    return autoregressive(model, batch, cfg, constraint=ctx.constraint)
+    return autoregressive(model, batch, cfg, constraint=ctx.constraint, sparse=make_selector(cfg.attention, model))

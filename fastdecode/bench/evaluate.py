@@ -10,7 +10,7 @@ import torch
 from ..engine import generate
 from ..models.base import ModelAdapter
 from ..models.causal import CausalLM
-from .tasks import DEFAULT_TEST_SEED, TASKS, Item, Task, format_prompt
+from .tasks import DEFAULT_TEST_SEED, TASKS, Item, Task, format_prompt, get_task
 
 DETERMINISTIC_LIST_TASKS = [n for n, t in TASKS.items() if t.family in ("lists", "letters") and t.deterministic]
 
@@ -25,7 +25,7 @@ def task_accuracy(
     seed: int = DEFAULT_TEST_SEED, batch_size: int = 25, on_batch: Callable[[int], None] | None = None,
 ) -> float:
     """Mean score of `method` on the first n test items of a task (batched generation)."""
-    task = TASKS[task_name]
+    task = TASKS[task_name] if task_name in TASKS else get_task(task_name)
     items = task.items(seed, n)
     params = {"max_new_tokens": default_budget(task, model), **(params or {})}
     total = 0.0

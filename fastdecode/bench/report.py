@@ -19,7 +19,7 @@ from typing import Any
 
 from .harness import read_rows
 from .suites import BenchError
-from .tasks import TASKS
+from .tasks import LONG_TASKS, TASKS
 
 LEADERBOARD_FRACTIONS = (0.80, 0.90, 0.95)  # of the baseline's accuracy (ParallelBench reports absolute 80/75/70 %)
 
@@ -62,7 +62,7 @@ def uses_default_budget(row: dict[str, Any]) -> bool:
     """The row's max_new_tokens is the harness's default for its task and model (the task's budget, or a
     diffusion model's canvas), not a value a run set; rows written before `default_budget` existed compare it
     with the task's budget."""
-    task = TASKS.get(row.get("task", ""))
+    task = TASKS.get(row.get("task", "")) or LONG_TASKS.get(row.get("task", ""))
     budget = (row.get("params") or {}).get("max_new_tokens")
     return bool(row.get("default_budget")) or task is None or budget == task.max_new_tokens
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import FastDecodeError, close_names
-from .tasks import DEFAULT_TEST_SEED, TASKS, TEST_SEED_START, Task, is_test_seed
+from .tasks import DEFAULT_TEST_SEED, TASKS, TEST_SEED_START, Task, get_task, is_test_seed
+from .tasks.longctx import CONTEXTS, OPS
 
 
 class BenchError(FastDecodeError, ValueError):
@@ -30,7 +31,7 @@ class Suite:
             check_test_seed(seed)
         if limit is not None and limit < 1:
             raise BenchError(f"--limit must be at least 1 item per task, not {limit}.")
-        return [(TASKS[name], seed, min(n, limit) if limit else n) for name, n in self.tasks for seed in seeds]
+        return [(get_task(name), seed, min(n, limit) if limit else n) for name, n in self.tasks for seed in seeds]
 
 
 def check_test_seed(seed: int) -> int:
@@ -57,6 +58,10 @@ SUITES: dict[str, Suite] = {
               "without the constraint (tools/structured.py adds the JSON-schema feature classes)",
               (("lists.sort", 8), ("lists.insert_index", 8), ("letters.sort", 8), ("puzzles.sudoku", 8),
                ("puzzles.latin_square", 8))),
+        Suite("longctx", "RULER-style long-context retrieval at 1k, 2k and 4k tokens (accuracy)",
+              tuple((f"longctx.{op.op}@{size}", 20) for size in ("1k", "2k", "4k") for op in OPS)),
+        *(Suite(f"longctx-{size}", f"the longctx tasks at {size} tokens",
+                tuple((f"longctx.{op.op}@{size}", 20) for op in OPS)) for size in CONTEXTS),
         Suite("quick", "a small mixed subset for the demo and CI smoke runs",
               (("lists.sort", 4), ("lists.insert_index", 3), ("letters.reverse", 4), ("puzzles.sudoku", 3),
                ("code.complete", 2))),

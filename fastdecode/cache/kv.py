@@ -105,6 +105,14 @@ class KVCache(Cache):
         self._start: int | None = None
         self._write: torch.Tensor | None = None
         self._width = 0
+        self._watchers: dict[int, int] = {}  # reader -> first column (re)written since it last asked
+
+    def written_since(self, reader: int) -> int:
+        """The first column written (or rewritten after a rollback) since `reader` last asked (0 the first time):
+        what a sparse rule that summarises columns (Quest's page bounds) must summarise again."""
+        first = self._watchers.get(reader, 0)
+        self._watchers[reader] = min(self.lengths)
+        return first
 
     # -- capabilities ------------------------------------------------------------------------------------------------
     def can_rollback(self) -> bool:
@@ -178,6 +186,8 @@ class KVCache(Cache):
         self.valid.scatter_(1, cols, real.to(device))
         self._start = base[0] if all(n == base[0] for n in base) else None
         self._write, self._width, self._seen = cols, width, max(base)
+        for reader, first in self._watchers.items():
+            self._watchers[reader] = min(first, min(base))
 
         k = torch.arange(width, device=device)
         stored = self.valid[:, :width] & (k[None] < starts[:, None])  # [B, K] stored real tokens

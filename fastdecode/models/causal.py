@@ -6,7 +6,7 @@ import contextlib
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import torch
 from transformers import DynamicCache
@@ -79,17 +79,19 @@ class CausalLM(ModelAdapter):
     @overload
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
                 attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
-                visible: torch.Tensor | None = None, hidden: Literal[False] = False) -> torch.Tensor: ...
+                visible: torch.Tensor | None = None, hidden: Literal[False] = False,
+                sparse: Any = None) -> torch.Tensor: ...
 
     @overload
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
                 attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
-                visible: torch.Tensor | None = None, *, hidden: Literal[True]) -> CausalOutput: ...
+                visible: torch.Tensor | None = None, *, hidden: Literal[True], sparse: Any = None) -> CausalOutput: ...
 
     @overload
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
                 attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
-                visible: torch.Tensor | None = None, *, hidden: bool) -> torch.Tensor | CausalOutput: ...
+                visible: torch.Tensor | None = None, *, hidden: bool,
+                sparse: Any = None) -> torch.Tensor | CausalOutput: ...
 
     @torch.inference_mode()
     def forward(
@@ -101,6 +103,7 @@ class CausalLM(ModelAdapter):
         num_logits: int | None = None,  # keep logits of only the last num_logits positions
         visible: torch.Tensor | None = None,  # [T, T] or [B, T, T] bool: new token i may see new token j
         hidden: bool = False,  # also return the last hidden states (costs nothing when False)
+        sparse: Any = None,  # a sparse attention rule (`fastdecode.sparse`): which cached columns each layer reads
     ) -> torch.Tensor | CausalOutput:
         """Run the model over `input_ids` appended after `cache`; returns float32 logits `[B, T', V]`, or with
         `hidden=True` a `CausalOutput` holding them and the last hidden states `[B, T, H]`.
@@ -114,8 +117,13 @@ class CausalLM(ModelAdapter):
         if hidden:
             kwargs["output_hidden_states"] = True
         if self.preallocated:
-            logits, states = self._planned(input_ids, positions, cache, attention_mask, visible, kwargs, num_logits)
+            logits, states = self._planned(input_ids, positions, cache, attention_mask, visible, kwargs, num_logits,
+                                           sparse)
         else:
+            if sparse is not None:
+                from ..sparse import check_model
+
+                check_model(self)
             out = self._legacy(input_ids, positions, cache, attention_mask, visible, kwargs)
             logits, states = out.logits, out.hidden_states[-1] if hidden else None
         if num_logits is not None:
@@ -124,10 +132,12 @@ class CausalLM(ModelAdapter):
             return CausalOutput(logits.float(), states)
         return logits.float()
 
-    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs, num_logits):
+    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs, num_logits, sparse=None):
         B, T = input_ids.shape
         real, vis, past = _new_block(attention_mask, visible, B, T, input_ids.device)
         if cache is None:
+            if sparse is not None:
+                raise ValueError("sparse attention selects among cached columns: pass a cache (model.new_cache())")
             eye = torch.eye(T, dtype=torch.bool, device=input_ids.device)
             plan = attention.Plan(allow=(vis & real[:, None, :]) | eye, q_pos=positions, k_pos=positions)
         else:
@@ -135,6 +145,8 @@ class CausalLM(ModelAdapter):
                 raise TypeError(f"{self.name!r} runs on fastdecode's KVCache (model.new_cache()), got {type(cache)}")
             before = list(cache.lengths)
             plan = cache.begin(positions, vis, real, past)
+            if sparse is not None:
+                sparse.begin(cache, plan)
         try:
             if self.native is not None:
                 logits, states = self.native(input_ids, positions, cache, plan, num_logits)

@@ -35,6 +35,15 @@ class SpecConfig(SamplingConfig):
     ar.sample's distribution with the same parameters."""
 
     temperature: float = 0.0
+    # the target's attention in verification forwards: "dense", or a sparse rule ("quest", "quest:budget=128");
+    # a sparse target is no longer the dense model, so only "dense" is lossless against ar.greedy
+    attention: str = "dense"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from ..sparse import check_attention
+
+        check_attention(self.attention)
 
 
 @dataclass(frozen=True)
@@ -174,10 +183,20 @@ def speculative(
         if isinstance(ctx.draft, CausalLM):  # a draft model that grows the tree itself runs tree masks too
             check_tree_attention(ctx.draft, "draft model")
     room = max(len(r.prompt) for r in rows) + cfg.max_new_tokens + 64
-    if model.preallocated:
+    # a drafter that runs the target on the target's own cache (spec.sparse_self) needs a cache of its row alone
+    shared = any(getattr(r.drafter, "shares_target_cache", False) for r in rows)
+    if model.preallocated and not shared:
         groups = [_Group(model, rows, model.new_cache(batch=len(rows), capacity=room))]
     else:
-        groups = [_Group(model, [r], model.new_cache()) for r in rows]
+        groups = [_Group(model, [r], model.new_cache(capacity=room) if model.preallocated else model.new_cache())
+                  for r in rows]
+    from ..sparse import make_selector
+
+    for group in groups:
+        group.sparse = make_selector(cfg.attention, model)
+        for r in group.rows:
+            if shared:
+                r.drafter.bind(group.cache)  # type: ignore[attr-defined]
     return _steps(rows, groups)
 
 
@@ -238,6 +257,7 @@ class _Group:
 
     def __init__(self, model: CausalLM, rows: list[_Row], cache) -> None:
         self.model, self.rows, self.cache = model, rows, cache
+        self.sparse: Any = None  # the target's sparse attention rule (SpecConfig.attention), None = dense
 
     def step(self) -> dict[int, _Out]:
         model = self.model
@@ -280,8 +300,9 @@ class _Group:
             for r, blk in zip(self.rows, blocks, strict=True)
             if blk is not None
         )
+        extra: dict[str, Any] = {"sparse": self.sparse} if self.sparse is not None else {}
         fwd = model.forward(inp.to(device), pos.to(device), self.cache, real.to(device), num_logits=T - first,
-                            visible=vis.to(device), hidden=needs)
+                            visible=vis.to(device), hidden=needs, **extra)
         # [B, T - first, V], [B, T, H]
         logits, hidden = (fwd.logits, fwd.hidden) if isinstance(fwd, CausalOutput) else (fwd, None)
         shared = _clock(model) - t1

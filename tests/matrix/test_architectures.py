@@ -162,6 +162,8 @@ def _refusal(name: str, method: str, params: dict) -> str | None:
         return rf"state-space layers \({STATE[name]} \("
     if name in ALIBI and (method in TREE or params.get("tree")):
         return "uses ALiBi attention"
+    if method == "spec.sparse_self" and not model(name).preallocated:  # sparse attention needs fastdecode's cache
+        return "Sparse attention reads a subset of fastdecode's preallocated KV cache"
     return None
 
 

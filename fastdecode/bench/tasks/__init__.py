@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 from typing import Iterable, Optional
 
-from . import code, letters, lists, puzzles
+from . import code, letters, lists, longctx, puzzles
 from .base import (
     DEFAULT_TEST_SEED,
     FAMILIES,
@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_TEST_SEED",
     "FAMILIES",
     "PROMPT_TEMPLATE",
+    "LONG_TASKS",
     "TASKS",
     "TEST_SEED_START",
     "TRAIN_SEEDS",
@@ -61,20 +62,26 @@ def _registry(tasks: Iterable[Task]) -> dict[str, Task]:
 
 
 TASKS: dict[str, Task] = _registry((*lists.TASKS, *letters.TASKS, *puzzles.TASKS, *code.TASKS))
+# long-context tasks (`longctx.<op>@<size>`): apart from TASKS, which the zoo's training reads item by item
+LONG_TASKS: dict[str, Task] = _registry(longctx.TASKS)
 
 
 def get_task(name: str) -> Task:
     """The registered task called `name`; raises `UnknownTaskError` listing close names."""
-    try:
+    if name in TASKS:
         return TASKS[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, TASKS, n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; known tasks: {', '.join(TASKS)}"
-        raise UnknownTaskError(f"unknown task {name!r}{hint}") from None
+    if name in LONG_TASKS:
+        return LONG_TASKS[name]
+    close = difflib.get_close_matches(name, [*TASKS, *LONG_TASKS], n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; known tasks: {', '.join(TASKS)}"
+    raise UnknownTaskError(f"unknown task {name!r}{hint}")
 
 
 def list_tasks(family: Optional[str] = None) -> list[str]:
-    """Registered task names in registration order, optionally of one family."""
+    """Registered task names in registration order, optionally of one family (the long-context tasks, kept apart
+    from the rest, only when asked for by their family, "longctx")."""
     if family is not None and family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; families are {', '.join(FAMILIES)}")
+    if family == "longctx":
+        return list(LONG_TASKS)
     return [name for name, task in TASKS.items() if family is None or task.family == family]

@@ -14,7 +14,7 @@ TRAIN_SEEDS = range(0, 1_000_000)  # seeds the trainer may use
 TEST_SEED_START = 1_000_000  # every seed >= this is a test seed
 DEFAULT_TEST_SEED = TEST_SEED_START
 PROMPT_TEMPLATE = "Q: {prompt}\nA: "  # the one prompt format every zoo model is trained on
-FAMILIES = ("lists", "letters", "puzzles", "code")
+FAMILIES = ("lists", "letters", "puzzles", "code", "longctx")
 CANVAS_ITEMS = 1000  # training items whose answers size a diffusion canvas
 CANVAS_MARGIN = 4  # tokens of slack beyond the longest of them
 # tokenizer -> task -> canvas

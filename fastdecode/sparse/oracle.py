@@ -1,0 +1,34 @@
+"""sparse.oracle: the exact top-`budget` columns of every head by this step's attention weights (summed over the
+forward's queries and a key/value head's query heads). It reads every key to choose, so it saves no time: it is
+the accuracy ceiling of a token budget, the yardstick of the cheaper rules."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..models.causal import CausalLM
+from ..registry import RunContext, register
+from ..types import PromptBatch, StepEvent
+from . import register_rule, sparse_decode
+from .base import Selection, Selector, SparseConfig, query_scores
+
+
+@dataclass(frozen=True)
+class OracleConfig(SparseConfig):
+    pass
+
+
+class OracleSelector(Selector):
+    def choose(self, layer, q, k, mask, visible) -> Selection:
+        self.add_reads(k.shape[0] * k.shape[1] * k.shape[2])  # every key, to score it
+        return Selection(self.top(query_scores(q, k, mask), visible))
+
+
+register_rule("oracle", OracleSelector, OracleConfig)
+
+
+@register("sparse.oracle", kind="causal", config=OracleConfig)
+def run(model: CausalLM, batch: PromptBatch, cfg: OracleConfig, ctx: RunContext) -> Iterator[StepEvent]:
+    """Exact top-k columns per head by attention weight (the accuracy ceiling of a budget)."""
+    return sparse_decode(model, batch, cfg, ctx, OracleSelector)

@@ -1,0 +1,47 @@
+"""sparse.tidal: TidalDecode (Yang et al. 2025), position-persistent sparse attention. The first `dense_layers`
+layers are dense; a token-selection layer (the first sparse one, and again at `reselect_layer`) attends densely and
+keeps the top-`budget` columns of each head by its attention weights; the layers after it read only those columns
+(per key/value head, as TidalDecode's reference code selects per head), until the next selection layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..config import check
+from ..models.causal import CausalLM
+from ..registry import RunContext, register
+from ..types import PromptBatch, StepEvent
+from . import register_rule, sparse_decode
+from .base import Selection, Selector, SparseConfig, query_scores
+
+
+@dataclass(frozen=True)
+class TidalConfig(SparseConfig):
+    reselect_layer: int = 4  # a second token-selection layer (TidalDecode: layer 13 of 32); -1 = none
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.reselect_layer == -1 or self.reselect_layer > self.dense_layers, "reselect_layer",
+              self.reselect_layer, f"must come after the dense layers (> dense_layers = {self.dense_layers}) or be -1")
+
+
+class TidalSelector(Selector):
+    cfg: TidalConfig
+
+    def choose(self, layer, q, k, mask, visible) -> Selection | None:
+        cols = self.state.get("cols")
+        if cols is None or layer == self.cfg.reselect_layer or cols.shape[0] != k.shape[0]:
+            # a selection layer: dense attention, whose weights pick the columns of the layers below
+            self.state["cols"] = self.top(query_scores(q, k, mask), visible)
+            return None
+        return Selection(cols)
+
+
+register_rule("tidal", TidalSelector, TidalConfig)
+
+
+@register("sparse.tidal", kind="causal", config=TidalConfig)
+def run(model: CausalLM, batch: PromptBatch, cfg: TidalConfig, ctx: RunContext) -> Iterator[StepEvent]:
+    """TidalDecode: selection layers attend densely and pick the top-k that the next layers reuse."""
+    return sparse_decode(model, batch, cfg, ctx, TidalSelector)

@@ -1,0 +1,90 @@
+"""spec.sparse_self: sparse self-speculation (MagicDec, TriForce, LongSpec). The target itself, reading only a
+budget of its KV cache per head (any `sparse.*` rule), drafts a chain; the same target with dense attention
+verifies it in one forward. Lossless: every kept cache entry is written by a dense verification forward, and the
+verification decides every emitted token (equals ar.greedy at temperature 0, ar.sample's distribution above).
+
+The drafter shares the target's cache instead of keeping its own (no second copy of a long context, no second
+prefill): it writes its draft entries after the accepted context and removes them again before the verification
+forward rewrites those columns densely. The first step drafts nothing, so the prompt is prefilled once, densely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+
+from ...config import check
+from ...models.causal import CausalLM
+from ...registry import RunContext, register
+from ...sparse import check_model, make_selector
+from ...types import PromptBatch, StepEvent
+from ..driver import BaseDrafter, Draft, SpecConfig, check_rollback, speculative
+from .model_draft import pick_token
+
+
+@dataclass(frozen=True)
+class SparseSelfConfig(SpecConfig):
+    rule: str = "quest"  # the drafts' sparse rule, optionally with its own parameters: "quest:page=32"
+    budget: int = 256  # cached columns per head a draft step reads
+    sinks: int = 4
+    recent: int = 32
+    draft_tokens: int = 4  # chain length per step
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.draft_tokens >= 1, "draft_tokens", self.draft_tokens, "must be at least 1")
+        check(not self.rule.startswith("dense"), "rule", self.rule, "must be a sparse rule (dense drafts are the "
+              "target itself: nothing to gain)")
+        make_selector(self.rule, None, budget=self.budget, sinks=self.sinks, recent=self.recent)
+
+
+class SparseSelfDrafter(BaseDrafter):
+    shares_target_cache = True
+
+    def __init__(self, model: CausalLM, cfg: SparseSelfConfig, generator: torch.Generator | None) -> None:
+        self.model, self.cfg, self.generator = model, cfg, generator
+        self.eos = model.eos_token_ids
+        self.selector = make_selector(cfg.rule, model, budget=cfg.budget, sinks=cfg.sinks, recent=cfg.recent)
+        self.cache: Any = None
+        self.forwards = 0
+
+    def bind(self, cache: Any) -> None:
+        """The target's cache of this row (set by the speculative driver before the first step)."""
+        self.cache = cache
+
+    def propose(self, context: torch.Tensor, k: int) -> Draft:
+        assert self.cache is not None, "the speculative driver binds the target's cache first"
+        base = self.cache.length
+        n = context.numel()
+        if n - base > 1 or k < 1:  # the prompt (or a gap): the verification forward prefills it, densely
+            return Draft.empty()
+        device = self.model.device
+        feed = context[base:].to(device)
+        pos = torch.arange(base, n, device=device)
+        tokens, probs = [], []
+        try:
+            for _ in range(min(k, self.cfg.draft_tokens)):
+                logits = self.model.forward(feed[None], pos[None], self.cache, num_logits=1,
+                                            sparse=self.selector)[0, -1]
+                self.forwards += 1
+                x, q = pick_token(logits, self.cfg, self.generator)
+                tokens.append(x)
+                probs.append(q)
+                if int(x) in self.eos:
+                    break
+                feed, pos = x.view(1), pos[-1:] + 1
+        finally:
+            self.cache.crop(base)  # the verification forward writes these columns again, densely
+        q_all = torch.stack(cast(list[torch.Tensor], probs)) if probs[0] is not None else None
+        return Draft(torch.stack(tokens).cpu(), q_all)
+
+
+@register("spec.sparse_self", kind="causal", config=SparseSelfConfig, lossless=True)
+def run(model: CausalLM, batch: PromptBatch, cfg: SparseSelfConfig, ctx: RunContext) -> Iterator[StepEvent]:
+    """Sparse self-speculation: the target with sparse attention drafts, the dense target verifies."""
+    check_rollback(model)  # a recurrent model is refused for that first
+    check_model(model)
+    return speculative(model, batch, cfg, ctx, lambda g: SparseSelfDrafter(model, cfg, g))
