@@ -152,6 +152,56 @@ class KVCache(Cache):
             out.append(int(real[-1]) + 1 if real.numel() else 0)
         return out
 
+    @torch.inference_mode()  # the stored tensors are made in the forward's inference mode
+    def resize(self, batch: int) -> None:
+        """Keep the first `batch` rows (new rows are empty): a running batch that grows or drops its last rows."""
+        if batch < 1 or self._write is not None:
+            raise ValueError(f"cannot resize a cache to {batch} rows" + (" during a forward" if batch >= 1 else ""))
+        keep = min(batch, self.batch)
+
+        def fit(old: torch.Tensor) -> torch.Tensor:
+            new = old.new_zeros(batch, *old.shape[1:])
+            new[:keep] = old[:keep]
+            return new
+
+        for layer in self.layers:
+            assert isinstance(layer, _Layer)
+            if layer.is_initialized:
+                assert layer.keys is not None and layer.values is not None
+                layer.keys, layer.values = fit(layer.keys), fit(layer.values)
+        self.positions, self.valid = fit(self.positions), fit(self.valid)
+        self.lengths = self.lengths[:keep] + [0] * (batch - keep)
+        self.batch = batch
+        self._seen = self.length
+
+    @torch.inference_mode()  # the stored tensors are made in the forward's inference mode
+    def adopt(self, slot: int, other: KVCache, row: int) -> None:
+        """Row `slot` takes over row `row` of `other` (a cache of the same model): its keys, values, positions and
+        valid flags, copied; what `slot` held before is dropped. How a row prefilled on its own joins a running
+        batch (`ar.driver.ARSession`)."""
+        if self._write is not None:
+            raise RuntimeError("a row cannot join the cache during a forward")
+        n = other.lengths[row]
+        self._reserve(n)
+        self.positions[slot, :n] = other.positions[row, :n].to(self.positions.device)
+        self.valid[slot, :n] = other.valid[row, :n].to(self.valid.device)
+        self.valid[slot, n:] = False
+        for mine, theirs in zip(self.layers, other.layers, strict=True):
+            assert isinstance(mine, _Layer) and isinstance(theirs, _Layer)
+            if not theirs.is_initialized:
+                continue
+            assert theirs.keys is not None and theirs.values is not None
+            if not mine.is_initialized:
+                k, v = theirs.keys, theirs.values
+                mine.lazy_initialization(k.new_zeros(self.batch, *k.shape[1:]), v.new_zeros(self.batch, *v.shape[1:]))
+            assert mine.keys is not None and mine.values is not None
+            if mine.keys.shape[2] < self.capacity:
+                mine._grow(self.capacity)
+            mine.keys[slot, :, :n] = theirs.keys[row, :, :n]
+            mine.values[slot, :, :n] = theirs.values[row, :, :n]
+        self.lengths[slot] = n
+        self._seen = self.length
+
     def _reserve(self, width: int) -> None:
         if width <= self.capacity:
             return

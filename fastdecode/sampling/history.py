@@ -76,6 +76,13 @@ class History:
             for t in tokens:
                 states[row] = proc.advance(states[row], t)
 
+    def adopt(self, row: int, other: History, other_row: int) -> None:
+        """Row `row` takes over `other`'s row `other_row` (its seen tokens and committed states): a sequence that
+        joins a running batch (`ar.driver.ARSession`)."""
+        self.seen[row] = other.seen[other_row].to(self.seen.device)
+        for proc, states in self.states.items():
+            states[row] = other.states[proc][other_row]
+
     def rows(self, rows: torch.Tensor | Sequence[int] | None = None) -> Positions:
         """One logit row per sequence (the ar picker): position n has seen exactly row `rows[n]`'s tokens."""
         idx = torch.arange(self.size) if rows is None else torch.as_tensor(rows, dtype=torch.long)

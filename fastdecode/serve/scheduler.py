@@ -1,17 +1,25 @@
 """The engine thread: one thread owns the model and runs every generation; HTTP handlers only queue requests.
 
-Batching (what it is, honestly): requests wait in one bounded queue. When the engine is free it waits a short window
-(`window_s`) for more, then takes the oldest request and every queued request with the same method and parameters
-(up to `max_batch` rows) and runs them as one batch through `fastdecode.stream()`: `ar.*` as one batched forward per
-token, `spec.*` with every row verified in the same target forward (`speculative/driver.py`'s `_Group`). Requests
-that arrive while a batch runs wait for the next batch; they do not join the running one. A row leaves when it
-finishes (EOS, max_tokens, a stop string), is cancelled (client gone) or times out: its output is no longer read
-and, once every row of the batch has left, the batch stops at once. Until then a row that left still rides along in
-the batched forward (the drivers have no API to drop a row mid-run), which costs compute but never changes another
-row's output: a batched run equals the one-by-one runs token for token.
+Batching: requests wait in one bounded queue. When the engine is free it waits a short window (`window_s`) for
+more, then takes the oldest request and every queued request with the same method and parameters (up to
+`max_batch` rows).
 
-Greedy outputs equal `fastdecode.generate()` for the same prompt and method; seeded sampling requests run as a
-batch of their own (their `n` rows), so a seed repeats whatever else the server is doing.
+- `ar.greedy` / `ar.sample` (unseeded) on a model with fastdecode's preallocated KV cache run as **continuous
+  batching** (`ar.driver.ARSession`): one forward per step for every running row, and between steps requests with
+  the same method and parameters that arrived meanwhile JOIN the running batch (their prompts prefilled in a
+  forward of their own, their keys and values copied into free slots), as long as slots are free (`max_batch`
+  rows) and the oldest waiting request is one of them (an incompatible request at the head of the queue stops
+  further joins, so it runs as soon as the batch drains). A row LEAVES at once when it finishes (EOS, max_tokens, a
+  stop string), is cancelled (client gone) or times out: its slot is freed and is padding in later forwards.
+- Every other method (`spec.*`, `hf.*`, diffusion), seeded sampling, and models on transformers' own cache run as
+  one batch to completion through `fastdecode.stream()` (`spec.*` with every row verified in the same target
+  forward, `speculative/driver.py`'s `_Group`); a request that arrives meanwhile waits for the next batch. A row
+  that left still rides along in the batched forward until every row has left (the drivers have no API to drop a
+  row mid-run), which costs compute but never changes another row's output.
+
+A row's tokens never depend on its batch companions, so greedy outputs equal `fastdecode.generate()` for the same
+prompt and method; seeded sampling requests run as a batch of their own (their `n` rows), so a seed repeats
+whatever else the server is doing.
 """
 
 from __future__ import annotations
@@ -26,14 +34,19 @@ from typing import Any
 
 import torch
 
-from ..engine import stream
+from ..ar.driver import ARSession
+from ..config import build_config
+from ..engine import resolve, stream
 from ..errors import FastDecodeError
 from ..models.base import ModelAdapter
+from ..models.causal import CausalLM
 from ..types import Finished
 from .metrics import Metrics
 from .protocol import ServeError
 
 Sink = Callable[[tuple], None]  # receives the request's events; must be thread-safe
+
+CONTINUOUS = ("ar.greedy", "ar.sample")  # methods whose requests join a running batch between steps
 
 
 @dataclass
@@ -90,6 +103,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._stopping = False
         self._live: set[int] = set()  # ids of requests accepted and not yet ended (for tests and /health)
+        self.joined = 0  # requests that joined a batch already running (continuous batching), for tests
         self._thread = threading.Thread(target=self._loop, name="fastdecode-engine", daemon=True)
         self._thread.start()
 
@@ -144,7 +158,9 @@ class Scheduler:
             if self.window_s > 0:
                 time.sleep(self.window_s)  # let requests that arrive together share the batch
             batch = self._take()
-            if batch:
+            if batch and self._continuous(batch[0]):
+                self._run_continuous(batch)
+            elif batch:
                 self._run(batch)
 
     def _take(self) -> list[Request]:
@@ -158,8 +174,8 @@ class Scheduler:
                     self._end(req, timed_out=not req.cancelled)
                     continue
                 if key is None:
-                    key = req.key()
-                elif req.key() != key or rows + req.rows > self.max_batch:
+                    key = self._key(req)
+                elif self._key(req) != key or rows + req.rows > self.max_batch:
                     continue
                 self._waiting.remove(req)
                 picked.append(req)
@@ -233,6 +249,114 @@ class Scheduler:
             for req in batch:  # whatever is still open (cancelled or timed out mid-run)
                 if id(req) not in ended:
                     self._close(req, rows)
+            with self.metrics.lock:
+                self.metrics.running = 0
+
+    def _continuous(self, req: Request) -> bool:
+        return (req.method in CONTINUOUS and not req.sampled_with_seed and isinstance(self.model, CausalLM)
+                and self.model.preallocated)
+
+    def _key(self, req: Request) -> Any:
+        """Requests with equal keys share a batch; in a continuous batch each row has its own token budget, so
+        `max_tokens` does not split them."""
+        if not self._continuous(req):
+            return req.key()
+        config = {k: v for k, v in req.config.items() if k != "max_new_tokens"}
+        return ("continuous", req.method, json.dumps(config, sort_keys=True, default=str))
+
+    @staticmethod
+    def _budget(req: Request) -> int | None:
+        value = req.config.get("max_new_tokens", req.params.get("max_new_tokens"))
+        return None if value is None else int(value)
+
+    def _joiners(self, key: Any, free: int) -> list[Request]:
+        """Waiting requests that join the running batch: from the head of the queue, while they share its method
+        and parameters and fit in the free slots (a request that does not stops the joins: first come, first run)."""
+        with self._cv:
+            picked: list[Request] = []
+            for req in list(self._waiting):
+                if req.cancelled or self._expired(req):
+                    self._waiting.remove(req)
+                    self._end(req, timed_out=not req.cancelled)
+                    continue
+                if self._key(req) != key or req.rows > free:
+                    break
+                self._waiting.remove(req)
+                picked.append(req)
+                free -= req.rows
+            self.metrics.waiting = len(self._waiting)
+            return picked
+
+    def _run_continuous(self, batch: list[Request]) -> None:
+        """`ar.*` with continuous batching: rows join between steps and leave as soon as they are done."""
+        first = batch[0]
+        key = self._key(first)
+        model = self.model
+        assert isinstance(model, CausalLM)  # _continuous
+        session = ARSession(model, build_config(resolve(model, first.method).config, first.params, first.method),
+                            slots=max(self.max_batch, sum(r.rows for r in batch)))
+        rows_of: dict[int, list[_Row]] = {}
+        running: list[Request] = []
+        by_slot: dict[int, _Row] = {}
+
+        def admit(reqs: list[Request]) -> None:
+            for req in reqs:
+                rows = [_Row(req, p * req.n + j, prompt) for p, prompt in enumerate(req.prompts) for j in range(req.n)]
+                width = max(len(r.prompt) for r in rows)
+                ids = torch.tensor([[model.pad_token_id] * (width - len(r.prompt)) + r.prompt for r in rows])
+                mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in rows])
+                try:
+                    slots = session.join(ids, mask, max_new_tokens=self._budget(req))
+                except (FastDecodeError, ValueError) as e:
+                    req.sink(("error", ServeError(400, str(e))))
+                    self._end(req)
+                    continue
+                except Exception as e:  # a bug must not leave the request unanswered
+                    req.sink(("error", ServeError(500, f"Generation failed: {type(e).__name__}: {e}",
+                                                  type_="server_error")))
+                    self._end(req)
+                    continue
+                for slot, row in zip(slots, rows, strict=True):
+                    by_slot[slot] = row
+                rows_of[id(req)] = rows
+                running.append(req)
+
+        try:
+            admit(batch)
+            while running:
+                with self.metrics.lock:
+                    self.metrics.running = len(running)
+                picked = session.step()
+                now = time.monotonic()
+                for slot, index, token, finished in picked:
+                    row = by_slot[slot]
+                    row.out[index] = token
+                    self._advance(row, finished, now)
+                    if row.done:  # finished (the session let it go) or a stop string
+                        session.leave(slot)
+                        del by_slot[slot]
+                for slot, row in list(by_slot.items()):
+                    if row.req.cancelled or self._expired(row.req):
+                        row.done, row.reason = True, "cancelled" if row.req.cancelled else "timeout"
+                        session.leave(slot)
+                        del by_slot[slot]
+                for req in list(running):
+                    if all(r.done for r in rows_of[id(req)]):
+                        running.remove(req)
+                        self._close(req, rows_of[id(req)])
+                joiners = self._joiners(key, session.room)
+                if joiners and running:
+                    self.joined += len(joiners)
+                admit(joiners)
+        except Exception as e:  # a bug must not kill the engine thread: the running requests get a 500
+            for req in running:
+                if all(r.done for r in rows_of[id(req)]):  # answered already
+                    self._close(req, rows_of[id(req)])
+                    continue
+                req.sink(("error", ServeError(500, f"Generation failed: {type(e).__name__}: {e}",
+                                              type_="server_error")))
+                self._end(req)
+        finally:
             with self.metrics.lock:
                 self.metrics.running = 0
 
