@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..bench.tasks.base import format_prompt
 from ..config import build_config
-from ..engine import check_draft, encode_batch, resolve
+from ..engine import check_draft, compile_constraint, encode_batch, resolve
 from ..errors import FastDecodeError
 from ..models.base import ModelAdapter
 from .metrics import Metrics
@@ -111,6 +111,7 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
             raise ServeError(400, "logprobs need a causal (left-to-right) model; a diffusion model has no "
                              "per-token log-probabilities of its output.", param="logprobs")
         method, params, config = _method(model, draft, cfg.method, body, default_max, prompts)
+        constraint = _constraint(model, method, config, body)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple] = asyncio.Queue()
 
@@ -122,7 +123,7 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
 
         sampled = bool(config.get("temperature", 0)) and body.seed is not None
         req = EngineRequest(prompts, body.n, method, params, config, sink, stops=body.stops(), logprobs=top,
-                            timeout_s=cfg.timeout_s, sampled_with_seed=sampled)
+                            timeout_s=cfg.timeout_s, sampled_with_seed=sampled, constraint=constraint)
         request.app.state.scheduler.submit(req)
         rid = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
         if body.stream:
@@ -201,6 +202,20 @@ def _logprobs_asked(kind: str, body: Any) -> int | None:
     if body.top_logprobs:
         raise ServeError(400, "top_logprobs needs logprobs=true.", param="top_logprobs")
     return None
+
+
+def _constraint(model: ModelAdapter, method: str, config: dict[str, Any], body: Any) -> Any:
+    """`response_format` as a constraint, compiled once here so that a bad schema or a method that cannot take one
+    is a 400 before the request is queued (the engine compiles it again for its batch: milliseconds)."""
+    constraint = body.constraint()
+    if constraint is None:
+        return None
+    spec = resolve(model, method)
+    try:
+        compile_constraint(spec, model, constraint, build_config(spec.config, config, method))
+    except FastDecodeError as e:
+        raise ServeError(400, str(e), param="response_format") from None
+    return constraint
 
 
 def _method(model: ModelAdapter, draft: ModelAdapter | None, default: str, body: Any, default_max: int | None,

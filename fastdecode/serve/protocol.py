@@ -36,7 +36,7 @@ class StreamOptions(BaseModel):
 
 # fields OpenAI defines that the server cannot honour: refused unless they hold their neutral value
 _NEUTRAL: dict[str, Any] = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None, "best_of": 1,
-                            "echo": False, "suffix": None, "tools": None, "functions": None, "response_format": None,
+                            "echo": False, "suffix": None, "tools": None, "functions": None,
                             "tool_choice": None}
 
 
@@ -53,6 +53,41 @@ class _Common(BaseModel):
     stop: Union[str, list[str], None] = None
     seed: int | None = None
     fastdecode: dict[str, Any] | None = None  # {"method": "spec.suffix", ...that method's parameters}
+    response_format: dict[str, Any] | None = None  # OpenAI's structured outputs -> a fastdecode constraint
+
+    def constraint(self) -> Any:
+        """The `fastdecode.constraints.Constraint` that `response_format` asks for, or None for free text.
+
+        OpenAI's shapes: `{"type": "text"}`, `{"type": "json_object"}` (any JSON object) and
+        `{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`; and two of fastdecode's own:
+        `{"type": "regex", "regex": "..."}` and `{"type": "grammar", "grammar": "..."}` (Lark or GBNF)."""
+        fmt = self.response_format
+        if fmt is None:
+            return None
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        from ..constraints import ConstraintError, grammar, json_schema, regex
+
+        try:
+            if kind == "text":
+                return None
+            if kind == "json_object":
+                return json_schema({"type": "object"})
+            if kind == "json_schema":
+                spec = fmt.get("json_schema")
+                if not isinstance(spec, dict) or "schema" not in spec:
+                    raise ServeError(400, 'response_format json_schema needs {"json_schema": {"name": ..., '
+                                     '"schema": {...}}}.', param="response_format")
+                return json_schema(spec["schema"])
+            if kind == "regex" and isinstance(fmt.get("regex"), str):
+                return regex(fmt["regex"])
+            if kind == "grammar" and isinstance(fmt.get("grammar"), str):
+                return grammar(fmt["grammar"])
+        except ConstraintError as e:
+            raise ServeError(400, str(e), param="response_format") from None
+        raise ServeError(400, "response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"}, "
+                         "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}}, or fastdecode's "
+                         "{\"type\": \"regex\", \"regex\": ...} / {\"type\": \"grammar\", \"grammar\": ...}.",
+                         param="response_format")
 
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -63,6 +63,7 @@ class Request:
     logprobs: int | None = None  # top-k alternatives to report with each token's log-probability; None: none
     timeout_s: float | None = None
     sampled_with_seed: bool = False
+    constraint: Any = None  # a fastdecode.constraints.Constraint (response_format), or None
     created: float = field(default_factory=time.monotonic)
     cancelled: bool = False
 
@@ -73,7 +74,7 @@ class Request:
     def key(self) -> Any:
         if self.sampled_with_seed:  # a seeded draw must not depend on which other rows share its generator
             return ("seeded", id(self))
-        return (self.method, json.dumps(self.config, sort_keys=True, default=str))
+        return (self.method, json.dumps(self.config, sort_keys=True, default=str), _constraint_key(self.constraint))
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -202,7 +203,9 @@ class Scheduler:
         with self.metrics.lock:
             self.metrics.running = len(batch)
         try:
-            events = stream(self.model, [r.prompt for r in rows], first.method, draft=self.draft, **first.params)
+            constraint = {"constraint": first.constraint} if first.constraint is not None else {}
+            events = stream(self.model, [r.prompt for r in rows], first.method, draft=self.draft, **first.params,
+                            **constraint)
         except FastDecodeError as e:  # validated before queueing, so only what depends on the batch gets here
             for req in batch:
                 req.sink(("error", ServeError(400, str(e))))
@@ -253,8 +256,8 @@ class Scheduler:
                 self.metrics.running = 0
 
     def _continuous(self, req: Request) -> bool:
-        return (req.method in CONTINUOUS and not req.sampled_with_seed and isinstance(self.model, CausalLM)
-                and self.model.preallocated)
+        return (req.method in CONTINUOUS and not req.sampled_with_seed and req.constraint is None
+                and isinstance(self.model, CausalLM) and self.model.preallocated)
 
     def _key(self, req: Request) -> Any:
         """Requests with equal keys share a batch; in a continuous batch each row has its own token budget, so
@@ -440,3 +443,11 @@ class Scheduler:
         top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
         return [(t, c, list(zip(i, v, strict=True)))
                 for t, c, i, v in zip(row.tokens, chosen, top_i.tolist(), top_v.tolist(), strict=True)]
+
+
+def _constraint_key(constraint: Any) -> Any:
+    """Requests share a batch only under the same constraint (kind, text and options), or none."""
+    if constraint is None:
+        return None
+    text = constraint.text if isinstance(constraint.text, str) else json.dumps(constraint.text, sort_keys=True)
+    return (constraint.kind, text, constraint.sampling, constraint.diffusion, constraint.lookahead)

@@ -400,3 +400,36 @@ def test_a_diffusion_model_is_served(tmp_path):
         assert bad.status_code == 400 and "diffusion" in bad.json()["error"]["message"]
     finally:
         server.stop()
+
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+          "required": ["answer"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("method", ["ar.greedy", "spec.pld"])
+def test_response_format_is_a_constraint(client, tiny, method):
+    """OpenAI's json_schema response_format (and fastdecode's regex one) constrain the output exactly as
+    generate(constraint=...) does; a bad schema is a 400 before anything runs."""
+    pytest.importorskip("llguidance")
+    import json
+
+    from fastdecode.constraints import json_schema, regex
+
+    prompt = prompts(1)[0]
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
+    r = client.completions.create(model=NAME, prompt=prompt, max_tokens=32, extra_body={
+        "response_format": fmt, **_extra(method)})
+    ref = fastdecode.generate(tiny, prompt, method, max_new_tokens=32, constraint=json_schema(SCHEMA))
+    assert r.choices[0].text == ref.text
+    assert json.loads(r.choices[0].text)["answer"] in ("yes", "no")
+    r = client.completions.create(model=NAME, prompt=prompt, max_tokens=8, extra_body={
+        "response_format": {"type": "regex", "regex": "[ab]{3}"}, **_extra(method)})
+    assert r.choices[0].text == fastdecode.generate(tiny, prompt, method, max_new_tokens=8,
+                                                    constraint=regex("[ab]{3}")).text
+    import openai
+
+    for bad in ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}},
+                {"type": "xml"}, {"type": "json_schema"}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=NAME, prompt=prompt, max_tokens=8, extra_body={"response_format": bad})
+        assert e.value.body["param"] == "response_format"
