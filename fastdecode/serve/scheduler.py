@@ -36,10 +36,12 @@ import torch
 
 from ..ar.driver import ARSession
 from ..config import build_config
-from ..engine import resolve, stream
+from ..engine import encode_batch, resolve, stream
 from ..errors import FastDecodeError
 from ..models.base import ModelAdapter
 from ..models.causal import CausalLM
+from ..registry import RunContext
+from ..speculative.driver import SpecSession
 from ..types import Finished
 from .metrics import Metrics
 from .protocol import ServeError
@@ -47,6 +49,9 @@ from .protocol import ServeError
 Sink = Callable[[tuple], None]  # receives the request's events; must be thread-safe
 
 CONTINUOUS = ("ar.greedy", "ar.sample")  # methods whose requests join a running batch between steps
+# and every spec.* method whose rows all verify over one preallocated cache (SpecSession.joinable), except those
+# whose drafter runs on the target's own cache (spec.sparse_self) or with a sparse attention rule
+NOT_JOINABLE = ("spec.sparse_self",)
 
 
 @dataclass
@@ -256,7 +261,9 @@ class Scheduler:
                 self.metrics.running = 0
 
     def _continuous(self, req: Request) -> bool:
-        return (req.method in CONTINUOUS and not req.sampled_with_seed and req.constraint is None
+        speculative = (req.method.startswith("spec.") and req.method not in NOT_JOINABLE
+                       and req.config.get("attention") in (None, "", "dense"))
+        return ((req.method in CONTINUOUS or speculative) and not req.sampled_with_seed and req.constraint is None
                 and isinstance(self.model, CausalLM) and self.model.preallocated)
 
     def _key(self, req: Request) -> Any:
@@ -290,14 +297,30 @@ class Scheduler:
             self.metrics.waiting = len(self._waiting)
             return picked
 
+    def _session(self, first: Request, slots: int) -> Any:
+        """An `ARSession` (ar.*) or the method's own `SpecSession` (spec.*), with room for `slots` rows and none yet
+        (a spec session starts with one row of the first request's first prompt, which then leaves)."""
+        model = self.model
+        assert isinstance(model, CausalLM)  # _continuous
+        spec = resolve(model, first.method)
+        cfg = build_config(spec.config, first.params, first.method)
+        if not first.method.startswith("spec."):
+            return ARSession(model, cfg, slots=slots)
+        session = spec.driver(model, encode_batch(model, [first.prompts[0]], cfg.max_new_tokens), cfg,
+                              RunContext(draft=self.draft))
+        if not isinstance(session, SpecSession) or not session.joinable:
+            raise ValueError(f"{first.method} cannot take rows between steps here")
+        session.leave(0)  # the seed row: the request's rows join like every other's
+        session.max_slots = slots
+        return session
+
     def _run_continuous(self, batch: list[Request]) -> None:
-        """`ar.*` with continuous batching: rows join between steps and leave as soon as they are done."""
+        """`ar.*` and `spec.*` with continuous batching: rows join between steps and leave as soon as they are
+        done."""
         first = batch[0]
         key = self._key(first)
         model = self.model
-        assert isinstance(model, CausalLM)  # _continuous
-        session = ARSession(model, build_config(resolve(model, first.method).config, first.params, first.method),
-                            slots=max(self.max_batch, sum(r.rows for r in batch)))
+        session = self._session(first, max(self.max_batch, sum(r.rows for r in batch)))
         rows_of: dict[int, list[_Row]] = {}
         running: list[Request] = []
         by_slot: dict[int, _Row] = {}
@@ -331,8 +354,16 @@ class Scheduler:
                     self.metrics.running = len(running)
                 picked = session.step()
                 now = time.monotonic()
+                for slot, (proposed, accepted) in getattr(session, "counts", {}).items():  # spec.* steps
+                    if slot in by_slot:
+                        by_slot[slot].proposed += proposed
+                        by_slot[slot].accepted += accepted
+                        if proposed:
+                            self.metrics.drafts(proposed, accepted)
                 for slot, index, token, finished in picked:
-                    row = by_slot[slot]
+                    row = by_slot.get(slot)
+                    if row is None:  # left at an earlier token of this step (a stop string)
+                        continue
                     row.out[index] = token
                     self._advance(row, finished, now)
                     if row.done:  # finished (the session let it go) or a stop string

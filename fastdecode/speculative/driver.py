@@ -7,6 +7,7 @@ padding and a batched run equals the one-by-one runs token for token.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ..cache import KVCache
 from ..errors import IncompatibleMethodError
 from ..models.capabilities import sliding_windows, state_layer_types, uses_alibi
 from ..models.causal import CausalLM, CausalOutput
@@ -168,8 +170,9 @@ def check_tree_attention(model: CausalLM, role: str = "target") -> None:
 
 def speculative(
     model: CausalLM, batch: PromptBatch, cfg: SpecConfig, ctx: RunContext, new_drafter: DrafterFactory
-) -> Iterator[StepEvent]:
-    """Check the model, then return the generator of step events (errors surface before the first step).
+) -> SpecSession:
+    """Check the model, then return the session whose iteration yields the batch's step events (errors surface
+    before the first step).
 
     On the preallocated cache every row of the batch is verified in one target forward per step (rows with their
     own lengths, drafts and acceptance; shorter rows padded); a model on transformers' own cache verifies row by row.
@@ -197,7 +200,102 @@ def speculative(
         for r in group.rows:
             if shared:
                 r.drafter.bind(group.cache)  # type: ignore[attr-defined]
-    return _steps(rows, groups)
+    return SpecSession(model, cfg, rows, groups, new_drafter, generator, ctx.constraint)
+
+
+class SpecSession:
+    """The rows of a speculative run; iterating it yields their step events (what `generate()` reads).
+
+    Where all rows share one preallocated cache (`joinable`), rows may also JOIN and LEAVE between steps, as
+    `fastdecode serve` does: a joining row takes a finished row's slot (its cache length set to 0) or a new one (the
+    cache grows a row), and its whole prompt is the unseen context its block feeds in the next verification forward,
+    beside the other rows' drafts; `leave` ends a row at once. A row's tokens never depend on the other rows (each
+    attends only to its own columns), so a row that joins late gets what a run of its own would give (greedy).
+    `step()` returns `(slot, index, token, finished)` for every token the step committed, as `ar.driver.ARSession`
+    does, and `counts` the step's `(proposed, accepted)` per slot.
+    """
+
+    def __init__(self, model: CausalLM, cfg: SpecConfig, rows: list[_Row], groups: list[_Group],
+                 new_drafter: DrafterFactory, generator: torch.Generator | None, constraint: Any = None) -> None:
+        self.model, self.cfg, self.rows, self.groups = model, cfg, rows, groups
+        self.new_drafter, self.generator, self.constraint = new_drafter, generator, constraint
+        self.counts: dict[int, tuple[int, int]] = {}
+        self.max_slots = len(rows)
+        self._events: Iterator[StepEvent] | None = None
+
+    def __iter__(self) -> Iterator[StepEvent]:
+        return self
+
+    def __next__(self) -> StepEvent:
+        if self._events is None:
+            self._events = _steps(self.rows, self.groups)
+        return next(self._events)
+
+    @property
+    def joinable(self) -> bool:
+        return len(self.groups) == 1 and isinstance(self.groups[0].cache, KVCache) and self.groups[0].sparse is None \
+            and not any(getattr(r.drafter, "shares_target_cache", False) for r in self.rows)
+
+    @property
+    def running(self) -> int:
+        return sum(not r.done for r in self.groups[0].rows) if self.joinable else 0
+
+    @property
+    def room(self) -> int:
+        return self.max_slots - self.running if self.joinable else 0
+
+    def join(self, ids: torch.Tensor, mask: torch.Tensor | None = None, max_new_tokens: int | None = None) -> list[int]:
+        """Rows for left-padded prompts `[R, L]` (`mask` 0 at padding), each in a free slot; returns the slots."""
+        if not self.joinable:
+            raise ValueError("rows cannot join this speculative run: it does not verify all rows over one "
+                             "preallocated cache (transformers' own cache, a sparse rule, or a drafter sharing the "
+                             "target's cache)")
+        ids = torch.as_tensor(ids, dtype=torch.long).cpu()
+        mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask).cpu()
+        if ids.shape[0] > self.room:
+            raise ValueError(f"{ids.shape[0]} rows cannot join a session with {self.room} slots free")
+        cfg = self.cfg if max_new_tokens is None else dataclasses.replace(self.cfg, max_new_tokens=max_new_tokens)
+        group = self.groups[0]
+        cache = group.cache
+        slots = []
+        for prompt_ids, real in zip(ids, mask, strict=True):
+            row = _Row(self.model, prompt_ids[real.bool()].tolist(), cfg, self.new_drafter(self.generator),
+                       self.generator, self.constraint)
+            free = next((i for i, r in enumerate(group.rows) if r.done), None)
+            if free is None:
+                cache.resize(len(group.rows) + 1)
+                group.rows.append(row)
+                free = len(group.rows) - 1
+            else:
+                group.rows[free] = row
+                lengths = list(cache.lengths)
+                lengths[free] = 0  # the slot's old entries are never seen again: its prompt is fed from scratch
+                cache.crop_rows(lengths)
+            slots.append(free)
+        return slots
+
+    def leave(self, slot: int) -> None:
+        """The row in `slot` ends now; the slot is free for a row that joins later."""
+        rows = self.groups[0].rows
+        if slot < len(rows) and not rows[slot].done:
+            rows[slot].done = True
+
+    def step(self) -> list[tuple[int, int, int, bool]]:
+        """One verification forward for every running row: `(slot, index, token, finished)` per committed token."""
+        group = self.groups[0]
+        self.counts = {}
+        if not any(not r.done for r in group.rows):
+            return []
+        outs = group.step()
+        picked = []
+        for slot, row in enumerate(group.rows):
+            out = outs.get(id(row))
+            if out is None:
+                continue
+            self.counts[slot] = (out.proposed, out.accepted)
+            for j, (index, token) in enumerate(out.tokens):
+                picked.append((slot, index, token, row.done and j == len(out.tokens) - 1))
+        return picked
 
 
 def _steps(rows: list[_Row], groups: list[_Group]) -> Iterator[StepEvent]:

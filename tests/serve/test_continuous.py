@@ -1,10 +1,12 @@
-"""Continuous batching in the serve scheduler: an ar.* request that arrives while a batch runs joins it at the
-next step, with its own max_tokens, and every output equals its single-request greedy output."""
+"""Continuous batching in the serve scheduler: an ar.* or spec.* request that arrives while a batch runs joins it at
+the next step, with its own max_tokens, and every output equals its single-request greedy output."""
 
 from __future__ import annotations
 
 import threading
 import time
+
+import pytest
 
 import fastdecode
 from fastdecode.bench.tasks import format_prompt
@@ -33,13 +35,14 @@ class _Sink:
         return next(e[5] for _, e in self.events if e[0] == "finish")
 
 
-def _request(model, prompt: list[int], max_tokens: int, sink: _Sink) -> Request:
+def _request(model, prompt: list[int], max_tokens: int, sink: _Sink, method: str = "ar.greedy") -> Request:
     params = {"max_new_tokens": max_tokens}
-    config = vars(build_config(resolve(model, "ar.greedy").config, params, "ar.greedy"))
-    return Request([prompt], 1, "ar.greedy", params, dict(config), sink)
+    config = vars(build_config(resolve(model, method).config, params, method))
+    return Request([prompt], 1, method, params, dict(config), sink)
 
 
-def test_a_request_arriving_mid_batch_joins_it(tiny):
+@pytest.mark.parametrize("method", ["ar.greedy", "spec.pld", "spec.suffix"])
+def test_a_request_arriving_mid_batch_joins_it(tiny, method):
     prompts = [tiny.encode(format_prompt(q)) for q in QUESTIONS]
     refs = [fastdecode.generate(tiny, p, "ar.greedy", max_new_tokens=48).token_ids for p in prompts]
     long = max(range(len(prompts)), key=lambda i: len(refs[i]))
@@ -50,12 +53,12 @@ def test_a_request_arriving_mid_batch_joins_it(tiny):
     scheduler = Scheduler(tiny, max_batch=4, window_s=0)
     try:
         a, b = _Sink(), _Sink()
-        scheduler.submit(_request(tiny, prompts[long], 48, a))
+        scheduler.submit(_request(tiny, prompts[long], 48, a, method))
         deadline = time.monotonic() + 30
         while scheduler.metrics.generation_tokens == 0:  # the first batch is running
             assert time.monotonic() < deadline
             time.sleep(0.001)
-        scheduler.submit(_request(tiny, prompts[short], 4, b))
+        scheduler.submit(_request(tiny, prompts[short], 4, b, method))
         assert a.done.wait(60) and b.done.wait(60)
         assert scheduler.joined == 1  # b joined a's running batch instead of waiting for it to end
         assert b.first("finish") < a.first("finish")  # and left it before a finished
