@@ -208,8 +208,9 @@ class SpecSession:
 
     Where all rows share one preallocated cache (`joinable`), rows may also JOIN and LEAVE between steps, as
     `fastdecode serve` does: a joining row takes a finished row's slot (its cache length set to 0) or a new one (the
-    cache grows a row), and its whole prompt is the unseen context its block feeds in the next verification forward,
-    beside the other rows' drafts; `leave` ends a row at once. A row's tokens never depend on the other rows (each
+    cache grows a row); its prompt but the last token is prefilled in a forward of its own and copied into the slot
+    (`KVCache.adopt`), the last token is the unseen context its block feeds in the next verification forward, beside
+    the other rows' drafts; `leave` ends a row at once. A row's tokens never depend on the other rows (each
     attends only to its own columns), so a row that joins late gets what a run of its own would give (greedy).
     `step()` returns `(slot, index, token, finished)` for every token the step committed, as `ar.driver.ARSession`
     does, and `counts` the step's `(proposed, accepted)` per slot.
@@ -269,8 +270,18 @@ class SpecSession:
             else:
                 group.rows[free] = row
                 lengths = list(cache.lengths)
-                lengths[free] = 0  # the slot's old entries are never seen again: its prompt is fed from scratch
+                lengths[free] = 0  # the slot's old entries are never seen again
                 cache.crop_rows(lengths)
+            if row.n > 1:
+                # the prompt but its last token is prefilled in a forward of its own and copied into the slot, so the
+                # next verification forward is not padded to a whole prompt for every row; the last token is the
+                # row's unseen context there
+                alone = self.model.new_cache(batch=1, capacity=row.n)
+                with torch.inference_mode():
+                    self.model.forward(row.ids[None, : row.n - 1].to(self.model.device),
+                                       torch.arange(row.n - 1, device=self.model.device)[None], alone, num_logits=1)
+                assert isinstance(alone, KVCache)
+                cache.adopt(free, alone, 0)
             slots.append(free)
         return slots
 
