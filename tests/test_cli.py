@@ -112,8 +112,15 @@ def test_ctrl_c_during_imports_exits_130_without_traceback():
     import time
 
     env = {**os.environ, "FASTDECODE_DEBUG": "0"}
+
+    def as_from_a_terminal() -> None:
+        # a child inherits ignored signals and the blocked-signal mask: an earlier test's server threads or libraries
+        # may leave SIGINT so in this process, and a Ctrl-C in a terminal reaches a process with neither
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
     proc = subprocess.Popen([sys.executable, "-m", "fastdecode", "methods"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=as_from_a_terminal)
     time.sleep(1.0)  # past interpreter start-up, while torch and transformers load
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
