@@ -114,9 +114,7 @@ class ARSession:
         if self._fed is not None:
             self._fed = fit(self._fed)
         if self.history is not None:
-            self.history.seen = fit(self.history.seen)
-            for proc, states in self.history.states.items():
-                self.history.states[proc] = states[:keep] + [proc.start() for _ in range(extra)]
+            self.history.resize(n)
         for name, empty in (("occupied", False), ("made", 0), ("budget", 0), ("_feeds", False)):
             setattr(self, name, getattr(self, name)[:keep] + [empty] * extra)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..errors import PromptError
+from ..errors import IncompatibleMethodError
 from ..hf.driver import Run, Step, replay
 from ..models.causal import CausalLM
 from ..types import PromptBatch, StepEvent
@@ -38,7 +38,7 @@ def runtime(model: CausalLM, n_ctx: int, logits_all: bool, dtype: str = "f32") -
     import llama_cpp  # an optional extra; the registry checks it is installed before the driver runs
 
     if model.device.type != "cpu":
-        raise PromptError(  # llama-cpp-python's CPU build is what the extra installs
+        raise IncompatibleMethodError(  # llama-cpp-python's CPU build is what the extra installs
             f"llamacpp.* runs llama.cpp on the CPU; load the model on the CPU (device='cpu'), not {model.device}."
         )
     path = str(cached_gguf(model, dtype))

@@ -76,6 +76,16 @@ class History:
             for t in tokens:
                 states[row] = proc.advance(states[row], t)
 
+    def resize(self, rows: int) -> None:
+        """Keep the first `rows` sequences; new ones have seen nothing and start every stateful processor afresh
+        (the slots of a running batch that grows or drops its last rows: `ar.driver.ARSession`)."""
+        keep = min(rows, self.size)
+        seen = self.seen.new_zeros(rows, *self.seen.shape[1:])
+        seen[:keep] = self.seen[:keep]
+        self.seen = seen
+        for proc, states in self.states.items():
+            self.states[proc] = states[:keep] + [proc.start() for _ in range(rows - keep)]
+
     def adopt(self, row: int, other: History, other_row: int) -> None:
         """Row `row` takes over `other`'s row `other_row` (its seen tokens and committed states): a sequence that
         joins a running batch (`ar.driver.ARSession`)."""

@@ -320,7 +320,15 @@ class Scheduler:
         first = batch[0]
         key = self._key(first)
         model = self.model
-        session = self._session(first, max(self.max_batch, sum(r.rows for r in batch)))
+        try:
+            session = self._session(first, max(self.max_batch, sum(r.rows for r in batch)))
+        except Exception as e:  # validated before queueing; whatever still fails answers the batch, never the engine
+            known = isinstance(e, (FastDecodeError, ValueError))
+            for req in batch:
+                req.sink(("error", ServeError(400, str(e)) if known else ServeError(
+                    500, f"Generation failed: {type(e).__name__}: {e}", type_="server_error")))
+                self._end(req)
+            return
         rows_of: dict[int, list[_Row]] = {}
         running: list[Request] = []
         by_slot: dict[int, _Row] = {}
@@ -328,11 +336,10 @@ class Scheduler:
         def admit(reqs: list[Request]) -> None:
             for req in reqs:
                 rows = [_Row(req, p * req.n + j, prompt) for p, prompt in enumerate(req.prompts) for j in range(req.n)]
-                width = max(len(r.prompt) for r in rows)
-                ids = torch.tensor([[model.pad_token_id] * (width - len(r.prompt)) + r.prompt for r in rows])
-                mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in rows])
                 try:
-                    slots = session.join(ids, mask, max_new_tokens=self._budget(req))
+                    budget = self._budget(req)
+                    padded = encode_batch(model, [r.prompt for r in rows], budget or 1)  # left-padded, checked
+                    slots = session.join(padded.input_ids, padded.attention_mask, max_new_tokens=budget)
                 except (FastDecodeError, ValueError) as e:
                     req.sink(("error", ServeError(400, str(e))))
                     self._end(req)
