@@ -475,7 +475,9 @@ class Scheduler:
         model = self.model
         ids = torch.tensor([row.prompt + row.tokens], device=model.device)
         start = len(row.prompt) - 1
-        logits = model.model(input_ids=ids).logits[0, start : start + len(row.tokens)].float()
+        positions = torch.arange(ids.shape[1], device=model.device)[None]
+        assert isinstance(model, CausalLM)  # refused for diffusion models at the door
+        logits = model.forward(ids, positions)[0, start : start + len(row.tokens)]  # the adapter's one forward path
         lp = torch.log_softmax(logits, dim=-1)
         chosen = lp.gather(1, torch.tensor(row.tokens, device=lp.device)[:, None])[:, 0].tolist()
         top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
