@@ -46,7 +46,7 @@ def stream(
     if not isinstance(method, str):
         raise ArgumentError("method must be a method name such as 'ar.greedy' (see fastdecode.methods()), "
                             f"not {type(method).__name__}.")
-    spec = resolve(model, method)
+    spec = resolve(model, method, constraint)
     check_draft(spec, model, draft)
     cfg = build_config(spec.config, params, method)
     batch = encode_batch(model, prompts, cfg.max_new_tokens)
@@ -104,7 +104,10 @@ def _check_model(model: Any, what: str) -> None:
     raise ArgumentError(f"{what} must be a model from fastdecode.load(), not {type(model).__name__}: {hint}.")
 
 
-def resolve(model: ModelAdapter, name: str) -> Method:
+def resolve(model: ModelAdapter, name: str, constraint: Any = None) -> Method:
+    """The registered method `name`, refused (with the fix) if it does not fit the model, cannot apply the given
+    constraint, or needs an optional package that is missing, in that order: a user is never told to install a
+    package for a method that would then refuse the request anyway."""
     spec = get_method(name)
     if spec.kind != model.kind:
         fitting = ", ".join(m.name for m in list_methods(model.kind))
@@ -112,6 +115,12 @@ def resolve(model: ModelAdapter, name: str) -> Method:
             f"Method {name!r} needs a {spec.kind} model, but {model.name!r} is a {model.kind} model. "
             f"Methods that fit it: {fitting}."
         )
+    if constraint is not None:
+        from .constraints import Compiled, as_constraint, support
+
+        given = as_constraint(constraint)
+        if given is not None:
+            support.check(spec, None, given.constraint if isinstance(given, Compiled) else given)
     missing = spec.missing()
     if missing:
         raise MissingDependencyError(

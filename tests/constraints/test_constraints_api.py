@@ -3,6 +3,8 @@ methods that cannot apply a constraint say so; every dlm.* method (and ar.sample
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from constraint_cases import CONSTRAINTS
@@ -53,7 +55,10 @@ def test_malformed_arguments_are_refused():
         constraints.from_file("grammar", "/no/such/file.lark")
 
 
-def test_methods_that_cannot_apply_a_constraint_say_so(causal, diffusion):
+def test_methods_that_cannot_apply_a_constraint_say_so(causal, diffusion, monkeypatch):
+    # the refusal comes before the missing-package check: nobody installs llama-cpp-python to be refused afterwards
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
     with pytest.raises(IncompatibleMethodError, match="llama.cpp's own decoding loop"):
         fastdecode.generate(causal, "the quick", "llamacpp.greedy", constraint=CONSTRAINTS["regex"])
     with pytest.raises(IncompatibleMethodError, match="loop of its own"):
