@@ -313,7 +313,7 @@ def demo(
 
 @app.command()
 def train(
-    name: Annotated[str, typer.Argument(help="Zoo model: ar-small, ar-tiny or dlm-small.")],
+    name: Annotated[str, typer.Argument(help="Zoo model: ar-small, ar-tiny, dlm-small or ar-long.")],
     out_dir: Annotated[
         Optional[str], typer.Option("--out", help="Output folder (default: the package's zoo/NAME).")
     ] = None,
@@ -334,6 +334,9 @@ def train(
     from fastdecode.train.recipes import get_recipe, override
     from fastdecode.train.zoo import build, zoo_folder
 
+    if name == "ar-long":  # stages of fine-tuning on zoo:ar-small (fastdecode/train/long.py), not a recipe
+        _train_ar_long(Path(out_dir) if out_dir else zoo_folder(name), seed, threads, steps, set_, eval_items)
+        return
     recipe = override(get_recipe(name), parse_param_strings(set_))
     folder = Path(out_dir) if out_dir else zoo_folder(name)
     command = (f"fastdecode train {name} --seed {seed} --threads {threads}" + (f" --steps {steps}" if steps else "")
@@ -363,6 +366,27 @@ def train(
                         status=lambda msg: bar.console.print(msg))
     out_metrics = {k: v for k, v in metrics.items() if k != "code_samples"}
     out.print_json(json.dumps(out_metrics))
+    err.print(f"saved {folder} (card: {folder / 'README.md'})")
+
+
+def _train_ar_long(folder, seed: int, threads: int, steps: int | None, set_: list[str], eval_items: int) -> None:
+    from fastdecode.errors import ArgumentError
+    from fastdecode.train import long
+
+    if steps or set_:
+        raise ArgumentError("ar-long is trained in stages (fastdecode/train/long.py, STAGES), which --steps and --set "
+                            "do not reach: run one stage with `python -m fastdecode.train.long --help` for trials.")
+    total = sum(s.steps for s in long.STAGES)
+    command = f"fastdecode train ar-long --seed {seed} --threads {threads}"
+    with err.status("training ar-long") as spinner:
+        done = [0]
+
+        def on_step(row: dict) -> None:
+            done[0] += 1
+            spinner.update(f"training ar-long: stage {row['stage']}, step {done[0]}/{total}, loss {row['loss']:.3f}")
+
+        metrics = long.build(folder, seed, threads, eval_items, command, status=err.print, on_step=on_step)
+    out.print_json(json.dumps(metrics))
     err.print(f"saved {folder} (card: {folder / 'README.md'})")
 
 
