@@ -18,7 +18,9 @@ pytestmark = pytest.mark.skipif(not ZOO, reason="no zoo model is bundled yet (do
 def test_zoo_is_bundled_and_small():
     assert "ar-small" in ZOO
     total = sum(f.stat().st_size for name in ZOO for f in resolve(f"zoo:{name}").iterdir())
-    assert total <= 100 * 2**20
+    # ar-small, ar-tiny and dlm-small in float32, ar-long in bfloat16: 109 MB, 97.5 MB zipped (a wheel stays
+    # under PyPI's default 100 MB per file; docs/zoo.md, "ar-long")
+    assert total <= 110 * 2**20
 
 
 @pytest.mark.parametrize("name", ZOO)
@@ -39,7 +41,11 @@ def test_card_records_command_time_and_accuracy(name):
     card = (resolve(f"zoo:{name}") / "README.md").read_text()
     assert f"fastdecode train {name}" in card and "minutes" in card
     metrics = json.loads(card.split("```json")[1].split("```")[0])
-    assert 0.0 <= metrics["mean_deterministic_list_accuracy"] <= 1.0
+    if name == "ar-long":  # the long-context model is measured on the longctx suite at each card length
+        assert set(metrics["mean_accuracy"]) == {"1k", "2k", "4k"} and metrics["items_per_task"] >= 10
+        assert all(0.0 <= v <= 1.0 for v in metrics["accuracy"].values())
+    else:
+        assert 0.0 <= metrics["mean_deterministic_list_accuracy"] <= 1.0
 
 
 @pytest.mark.parametrize("name", ZOO)

@@ -16,7 +16,8 @@ Keys:
   answers:SUITE|MODEL   the baseline's answer length in tokens: mean (shortest–longest)
   card:NAME|FIELD       a zoo model's figure from the card `fastdecode train` wrote (fastdecode/zoo/NAME/README.md):
                   mean (mean exact match on the deterministic list tasks), agreement (ar-tiny's greedy agreement
-                  with ar-small), minutes (training time), acc@TASK (one task's accuracy)
+                  with ar-small), minutes (training time), items (test items per task), acc@TASK (one task's
+                  accuracy)
   loops:SUITE|MODEL     "N of M": baseline answers that run to the token limit in a loop (at most LOOP_TOKENS
                   distinct tokens among their last LOOP_WINDOW)
   fig:STAT|SUITE|MODEL|LABEL[|REF]   one figure: acc, tpf, tps (tokens/s), speedup (over the file's baseline),
@@ -50,6 +51,12 @@ Keys:
   batch:METHOD|FIELD  a batch in one call against the same prompts one at a time, from
                   docs/results/engine/batch.jsonl (`tools/batch_speed.py`): speedup, batched / single (tokens/s),
                   batch (rows per call), equal (whether the outputs were equal)
+  sparse:PART|CONTEXT|METHOD|BUDGET|FIELD  long-context sparse decoding, from docs/results/sparse/PART.jsonl
+                  (`make results-sparse`); PART accuracy, speed or selfspec; CONTEXT e.g. 4k, or `all` (accuracy: every
+                  length); BUDGET a number or - (dense); FIELD: score (mean task accuracy; score@OP for one task, e.g.
+                  score@passkey), agree (mean agreement with dense greedy), mb (mean KV MB read per token), speedup
+                  (median over repeats, over dense), tps (median tokens/s), identical (selfspec: tokens equal to
+                  ar.greedy's)
 LABEL is the report's configuration label as in docs/results/report.md, e.g. `dlm.threshold (cache=dual,
 max_new_tokens=384)`, or a bare method name for its default configuration; MODEL is e.g. `zoo:dlm-small`.
 """
@@ -246,7 +253,8 @@ def card_text(spec: str) -> str:
         return pct(metrics["accuracy"][field[4:]])
     values = {"mean": lambda: pct(metrics["mean_deterministic_list_accuracy"]),
               "agreement": lambda: pct(metrics["greedy_agreement_with_ar_small"]),
-              "minutes": lambda: f"{metrics['train_minutes']:.1f} min"}
+              "minutes": lambda: f"{metrics['train_minutes']:.1f} min",
+              "items": lambda: str(metrics["items_per_task"])}
     return pick(values, field, "card", spec, ' or acc@TASK')
 
 
@@ -347,6 +355,29 @@ def step_text(table: Table, spec: str) -> str:
     return pick(values, field, "step", spec)
 
 
+def sparse_text(table: Table, spec: str) -> str:
+    from statistics import mean, median
+
+    part, context, method, budget, field = spec.split("|")
+    rows = [r for r in cost_rows(table.results / "sparse" / f"{part}.jsonl")
+            if r["method"] == method and (context == "all" or r["context"] == context)
+            and (r["budget"] is None if budget == "-" else r["budget"] == int(budget))]
+    if not rows:
+        raise SystemExit(f"docs/results/sparse/{part}.jsonl has no rows for {spec!r}; rerun `make results-sparse`")
+    if field.startswith("score@"):
+        scores = [r["score"] for r in rows if r["task"].split("@")[0] == f"longctx.{field[6:]}"]
+        if not scores:
+            raise SystemExit(f"bad sparse figure {spec!r}: no task longctx.{field[6:]} in its rows")
+        return pct(mean(scores))
+    values = {"score": lambda: pct(mean(r["score"] for r in rows)),
+              "agree": lambda: pct(mean(r["agree"] for r in rows)),
+              "mb": lambda: f"{mean(r['kv_read_bytes_per_token'] for r in rows) / 1e6:.1f} MB",
+              "speedup": lambda: f"{median(r['speedup'] for r in rows):.2f}×",
+              "tps": lambda: f"{median(r['tokens_per_s'] for r in rows):.1f}",
+              "identical": lambda: "yes" if all(r.get("identical", True) for r in rows) else "no"}
+    return pick(values, field, "sparse", spec, " or score@OP")
+
+
 def render(key: str, table: dict) -> str:
     kind, _, label = key.partition(":")
     if kind == "dlm":
@@ -379,6 +410,8 @@ def render(key: str, table: dict) -> str:
         return engine_text(table, label, "llamacpp.jsonl")
     if kind == "step":
         return step_text(table, label)
+    if kind == "sparse":
+        return sparse_text(table, label)
     raise SystemExit(f"unknown figure key {key!r}")
 
 

@@ -68,7 +68,8 @@ def figure(acc: list[dict], speed: list[dict], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.2))
+    solved = solved_tasks(acc)
     methods = sorted({r["method"] for r in acc + speed if r["method"] != "ar.greedy"})
     for m in methods:
         pts = defaultdict(list)
@@ -77,8 +78,10 @@ def figure(acc: list[dict], speed: list[dict], path: Path) -> bool:
                 pts[r["budget"]].append(r)
         bs = sorted(pts)
         if bs:
-            axes[0].plot(bs, [mean(r["agree"] for r in pts[b]) for b in bs], marker="o", label=m)
-            axes[1].plot(bs, [mean(r["kv_read_bytes_per_token"] / r["kv_dense_read_bytes_per_token"]
+            axes[0].plot(bs, [mean([r["score"] for r in pts[b] if r["task"] in solved] or [0.0]) for b in bs],
+                         marker="o", label=m)
+            axes[1].plot(bs, [mean(r["agree"] for r in pts[b]) for b in bs], marker="o", label=m)
+            axes[2].plot(bs, [mean(r["kv_read_bytes_per_token"] / r["kv_dense_read_bytes_per_token"]
                                    for r in pts[b]) for b in bs], marker="o", label=m)
         sp = defaultdict(list)
         for r in speed:
@@ -86,40 +89,70 @@ def figure(acc: list[dict], speed: list[dict], path: Path) -> bool:
                 sp[r["budget"]].append(r["speedup"])
         bs = sorted(sp)
         if bs:
-            axes[2].plot(bs, [median(sp[b]) for b in bs], marker="o", label=m)
-    for ax, title in zip(axes, ("agreement with dense greedy (1k-4k)", "KV bytes read / dense (1k-4k)",
+            axes[3].plot(bs, [median(sp[b]) for b in bs], marker="o", label=m)
+    dense = [r["score"] for r in acc if r["method"] == "ar.greedy" and r["task"] in solved]
+    if dense:
+        axes[0].axhline(mean(dense), color="black", lw=1.0, ls="--", label="dense greedy")
+    for ax, title in zip(axes, ("task accuracy on the tasks dense greedy solves (1k-4k)",
+                                "agreement with dense greedy (1k-4k)", "KV bytes read / dense (1k-4k)",
                                 "decode speed-up over dense (longest context)"), strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("budget (tokens per head)")
         ax.set_title(title, fontsize=10)
-    axes[2].axhline(1.0, color="grey", lw=0.8)
+    axes[3].axhline(1.0, color="grey", lw=0.8)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     return True
 
 
+def solved_tasks(acc: list[dict]) -> set[str]:
+    """The tasks (at a length) on which dense greedy scores above zero: where a rule's accuracy can be read."""
+    return {r["task"] for r in acc if r["method"] == "ar.greedy" and r["score"] > 0}
+
+
+def table_tasks(rows: list[dict]) -> list[str]:
+    """Accuracy per task (all lengths) of every method and budget."""
+    ops = sorted({r["task"].split("@")[0] for r in rows})
+    groups: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        groups[key(r)][r["task"].split("@")[0]].append(r["score"])
+    out = ["| method | budget | " + " | ".join(o.removeprefix("longctx.") for o in ops) + " |",
+           "|" + "---|" * (2 + len(ops))]
+    for (m, b), per in sorted(groups.items(), key=lambda kv: (kv[0][0] != "ar.greedy", kv[0])):
+        out.append(f"| {m} | {b or '—'} | " + " | ".join(f"{mean(per[o]):.2f}" if per[o] else "" for o in ops) + " |")
+    return out
+
+
+def describe(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    r = rows[0]
+    rope = "" if r.get("rope") in (None, "none") else f", positions stretched `{r['rope']}`"
+    return f"`{r.get('model')}`{rope}, {r.get('dtype')}, {r.get('threads')} thread(s)"
+
+
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/results/sparse")
     acc, speed = load(folder / "accuracy.jsonl"), load(folder / "speed.jsonl")
-    meta = (acc or speed)[0] if (acc or speed) else {}
-    lines = ["# Sparse decoding results", "",
-             f"Model `{meta.get('model')}` (positions stretched `{meta.get('rope')}`), {meta.get('dtype')}, "
-             f"{meta.get('threads')} thread(s); made by `make results-sparse` (tools/sparse_results.py). "
-             "score: the task's exact scorer; agree: the share of the dense greedy answer reproduced before the "
-             "first differing token; KV read: key and value bytes read per generated token (all layers, what a "
-             "rule reads to choose included); KV held: what the rule must keep (this cache keeps everything).", ""]
-    if acc:
-        lines += ["## Accuracy and bytes (mean over the longctx tasks, one test item each)", "",
-                  *table_accuracy(acc), ""]
-    if speed:
-        lines += ["## Decode speed (longctx.passkey, decode steps only; medians over interleaved repeats, each "
-                  "speed-up against the dense run of its own repeat)", "",
-                  *table_speed(speed), ""]
     selfspec = load(folder / "selfspec.jsonl")
+    lines = ["# Sparse decoding results", "",
+             "Made by `make results-sparse` (tools/sparse_results.py). score: the task's exact scorer; agree: the "
+             "share of the dense greedy answer reproduced before the first differing token; KV read: key and value "
+             "bytes read per generated token (all layers, what a rule reads to choose included); KV held: what the "
+             "rule must keep (this cache keeps everything).", ""]
+    if acc:
+        items = sum(r["method"] == "ar.greedy" for r in acc)
+        lines += [f"## Accuracy and bytes ({describe(acc)}; {items} test items over the longctx tasks and lengths)",
+                  "", "Mean over every task at each length:", "", *table_accuracy(acc), "",
+                  "Accuracy per task (1k, 2k and 4k together):", "", *table_tasks(acc), ""]
+    if speed:
+        lines += [f"## Decode speed ({describe(speed)}; longctx.passkey, decode steps only; medians over interleaved "
+                  "repeats, each speed-up against the dense run of its own repeat)", "",
+                  *table_speed(speed), ""]
     if selfspec:
-        lines += ["## spec.sparse_self against ar.greedy (longctx.passkey, 48 tokens; decode time after the first step,"
-                  " which holds the prefill)", "",
+        lines += [f"## spec.sparse_self against ar.greedy ({describe(selfspec)}; longctx.passkey, 48 tokens; decode "
+                  "time after the first step, which holds the prefill)", "",
                   "| context | method | budget | identical to ar.greedy | accepted / proposed | decode s | speed-up |",
                   "|---|---|---|---|---|---|---|"]
         for r in selfspec:
@@ -127,7 +160,7 @@ def main() -> None:
                          f"{r.get('accepted', '—')} / {r.get('proposed', '—')} | {r['decode_s']} | {r['speedup']}x |")
         lines.append("")
     if figure(acc, speed, folder / "sparse.png"):
-        lines += ["![agreement, bytes and speed-up against the budget](sparse.png)", ""]
+        lines += ["![accuracy, agreement, bytes and speed-up against the budget](sparse.png)", ""]
     (folder / "report.md").write_text("\n".join(lines))
 
 
