@@ -100,6 +100,7 @@ def figure(acc: list[dict], speed: list[dict], path: Path) -> bool:
         ax.set_xlabel("budget (tokens per head)")
         ax.set_title(title, fontsize=10)
     axes[3].axhline(1.0, color="grey", lw=0.8)
+    axes[0].set_ylim(0.0, 1.05)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
