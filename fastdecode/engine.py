@@ -50,7 +50,7 @@ def stream(
     check_draft(spec, model, draft)
     cfg = build_config(spec.config, params, method)
     batch = encode_batch(model, prompts, cfg.max_new_tokens)
-    compiled = compile_constraint(spec, model, constraint, cfg)
+    compiled = compile_constraint(model, constraint)
     ctx = RunContext(generator=generator, draft=draft, memory=memory, constraint=compiled)
     return _run(model, spec, cfg, batch, ctx, trace)
 
@@ -81,16 +81,15 @@ def generate(
     return results if _is_batch(_plain(prompts)) else results[0]
 
 
-def compile_constraint(spec: Method, model: ModelAdapter, constraint: Any, cfg: Any) -> Any:
-    """The request's constraint compiled against the model's tokenizer (None without one); refuses the methods
-    that cannot apply it."""
-    from .constraints import Compiled, as_constraint, support
+def compile_constraint(model: ModelAdapter, constraint: Any) -> Any:
+    """The request's constraint compiled against the model's tokenizer (None without one). Whether the method can
+    apply it is `resolve`'s check, made before this."""
+    from .constraints import Compiled, as_constraint
 
     given = as_constraint(constraint)
-    if given is None:
-        return None
-    support.check(spec, cfg, given if not isinstance(given, Compiled) else given.constraint)
-    return given if isinstance(given, Compiled) else given.compile(model)
+    if given is None or isinstance(given, Compiled):
+        return given
+    return given.compile(model)
 
 
 def _check_model(model: Any, what: str) -> None:
@@ -120,7 +119,7 @@ def resolve(model: ModelAdapter, name: str, constraint: Any = None) -> Method:
 
         given = as_constraint(constraint)
         if given is not None:
-            support.check(spec, None, given.constraint if isinstance(given, Compiled) else given)
+            support.check(spec, given.constraint if isinstance(given, Compiled) else given)
     missing = spec.missing()
     if missing:
         raise MissingDependencyError(

@@ -1,4 +1,4 @@
-"""Which methods take `constraint=`, checked before a request compiles its constraint."""
+"""Which methods take `constraint=`: `engine.resolve` checks it before a request compiles its constraint."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ _REFUSED = {
 }
 
 
-def check(spec: Any, cfg: Any, constraint: Any) -> None:
+def check(spec: Any, constraint: Any) -> None:
     """Refuse, with the fix, a method that cannot honour the constraint."""
     for prefix, why in _REFUSED.items():
         if spec.name == prefix or (prefix.endswith(".") and spec.name.startswith(prefix)):

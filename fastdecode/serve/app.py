@@ -111,7 +111,7 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
             raise ServeError(400, "logprobs need a causal (left-to-right) model; a diffusion model has no "
                              "per-token log-probabilities of its output.", param="logprobs")
         method, params, config = _method(model, draft, cfg.method, body, default_max, prompts)
-        constraint = _constraint(model, method, config, body)
+        constraint = _constraint(model, method, body)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple] = asyncio.Queue()
 
@@ -204,15 +204,15 @@ def _logprobs_asked(kind: str, body: Any) -> int | None:
     return None
 
 
-def _constraint(model: ModelAdapter, method: str, config: dict[str, Any], body: Any) -> Any:
+def _constraint(model: ModelAdapter, method: str, body: Any) -> Any:
     """`response_format` as a constraint, compiled once here so that a bad schema or a method that cannot take one
     is a 400 before the request is queued (the engine compiles it again for its batch: milliseconds)."""
     constraint = body.constraint()
     if constraint is None:
         return None
-    spec = resolve(model, method)
     try:
-        compile_constraint(spec, model, constraint, build_config(spec.config, config, method))
+        resolve(model, method, constraint)
+        compile_constraint(model, constraint)
     except FastDecodeError as e:
         raise ServeError(400, str(e), param="response_format") from None
     return constraint
