@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from session_driving import drive
 
 import fastdecode
 from fastdecode.ar.driver import ARSession
@@ -29,23 +30,15 @@ def _staggered(model, cfg: GreedyConfig, slots: int, budgets: list[int]) -> dict
     ids = [model.encode(p) for p in PROMPTS]
     session = ARSession(model, cfg, slots=slots)
     owner: dict[int, int] = {}  # slot -> prompt
-    out: dict[int, list[int]] = {i: [] for i in range(len(PROMPTS))}
-    waiting = [2, 3, 4]
     for s, i in zip(session.join(*_pad(model, [ids[0], ids[1]]), max_new_tokens=budgets[0]), (0, 1), strict=True):
         owner[s] = i
     session.budget[[k for k, v in owner.items() if v == 1][0]] = budgets[1]
-    step = 0
-    while session.running or waiting:
-        if waiting and session.free and (step >= 2 or waiting[0] != 2):
-            i = waiting.pop(0)
-            (s,) = session.join(*_pad(model, [ids[i]]), max_new_tokens=budgets[i])
-            owner[s] = i
-        for s, index, token, _ in session.step():
-            assert index == len(out[owner[s]])
-            out[owner[s]].append(token)
-        step += 1
-        assert step < 200
-    return out
+
+    def join(i: int) -> int:
+        (s,) = session.join(*_pad(model, [ids[i]]), max_new_tokens=budgets[i])
+        return s
+
+    return drive(session, owner, [2, 3, 4], lambda step, i: bool(session.free) and (step >= 2 or i != 2), join)
 
 
 def _check(model, cfg: GreedyConfig, slots: int) -> None:
