@@ -261,10 +261,12 @@ class Scheduler:
                 self.metrics.running = 0
 
     def _continuous(self, req: Request) -> bool:
-        speculative = (req.method.startswith("spec.") and req.method not in NOT_JOINABLE
-                       and req.config.get("attention") in (None, "", "dense"))
-        return ((req.method in CONTINUOUS or speculative) and not req.sampled_with_seed and req.constraint is None
-                and isinstance(self.model, CausalLM) and self.model.preallocated)
+        # a sparse attention rule keeps summaries of the cache that adopted rows would not be in, for ar.* and
+        # spec.* alike: such requests run as a batch of their own, through generate()
+        dense = req.config.get("attention") in (None, "", "dense")
+        speculative = req.method.startswith("spec.") and req.method not in NOT_JOINABLE
+        return ((req.method in CONTINUOUS or speculative) and dense and not req.sampled_with_seed
+                and req.constraint is None and isinstance(self.model, CausalLM) and self.model.preallocated)
 
     def _key(self, req: Request) -> Any:
         """Requests with equal keys share a batch; in a continuous batch each row has its own token budget, so

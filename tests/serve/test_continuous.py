@@ -69,3 +69,23 @@ def test_a_request_arriving_mid_batch_joins_it(tiny, method):
             time.sleep(0.01)
     finally:
         scheduler.shutdown()
+
+
+@pytest.mark.parametrize("method", ["ar.greedy", "spec.pld"])
+def test_a_request_with_a_sparse_attention_rule_is_served_with_it(tiny, method):
+    """Rows cannot join a session that decodes with a sparse rule, so such a request runs as its own batch through
+    generate(): its output is the sparse one, not the dense one a continuous session would give."""
+    prompt = tiny.encode(format_prompt(QUESTIONS[0]) + " " + " ".join(["the quick brown fox"] * 20))
+    params = {"max_new_tokens": 12, "attention": "streaming:budget=8,sinks=1,recent=4"}
+    ref = fastdecode.generate(tiny, prompt, method, **params).token_ids
+    scheduler = Scheduler(tiny, max_batch=4, window_s=0)
+    try:
+        sink = _Sink()
+        config = vars(build_config(resolve(tiny, method).config, dict(params), method))
+        req = Request([prompt], 1, method, dict(params), dict(config), sink)
+        assert not scheduler._continuous(req)
+        scheduler.submit(req)
+        assert sink.done.wait(60)
+        assert sink.tokens() == ref
+    finally:
+        scheduler.shutdown()
