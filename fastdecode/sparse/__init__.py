@@ -57,7 +57,7 @@ def sparse_decode(model: Any, batch: PromptBatch, cfg: SparseConfig, ctx: RunCon
 
     check_model(model)
     generator = None if cfg.greedy else make_generator(cfg.seed, ctx.generator, model.device)
-    return autoregressive(model, batch, cfg, generator, sparse=selector(cfg, model=model))
+    return autoregressive(model, batch, cfg, generator, constraint=ctx.constraint, sparse=selector(cfg, model=model))
 
 
 def parse_attention(text: str) -> tuple[str, dict[str, str]]:
