@@ -34,9 +34,9 @@ from .loop import cpu_bf16_is_fast
 
 
 def _encode(tokenizer, prompt: str, answer: str) -> tuple[torch.Tensor, int]:
-    p = tokenizer(format_prompt(prompt), add_special_tokens=True)["input_ids"]
-    a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return torch.tensor([p + a]), len(p)
+    """One item as the suite asks it: ids [1, T] and where its answer starts."""
+    ids, supervised = _encode_many(tokenizer, prompt, answer, [])
+    return torch.tensor([ids]), supervised.index(True)
 
 
 def _more_questions(op: str, prompt: str, reference: str, rng: random.Random, k: int) -> list[tuple[str, str]]:
