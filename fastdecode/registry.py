@@ -58,6 +58,14 @@ class Method:
         """The pip requirements of `requires` whose module is not installed."""
         return [pip for module, pip in self.requires if importlib.util.find_spec(module) is None]
 
+    def lossless_with(self, params: dict[str, Any]) -> bool:
+        """Whether a run with these parameters keeps `lossless`: a sparse `attention` rule changes every forward,
+        the verifying ones of spec.* included, so its output is no longer greedy decoding's."""
+        from .sparse import DENSE, parse_attention
+
+        attention = params.get("attention")
+        return self.lossless and (not attention or parse_attention(str(attention))[0] == DENSE)
+
     def params(self) -> list[tuple[str, Any]]:
         """(name, default) for each parameter."""
         return [(f.name, f.default) for f in dataclasses.fields(self.config)]

@@ -204,3 +204,11 @@ def test_calibration_record_is_json_ready(model):
     rec = model._sparse_calibration
     assert len(rec["far_mass"]) == 4 and len(rec["far_mass"][0]) == 2
     assert sorted(rec["channels"][0][0]) == list(range(16))
+
+
+def test_a_sparse_attention_rule_drops_the_lossless_claim():
+    """Results rows record `lossless` per configuration: spec.* verifying with a sparse rule is not greedy decoding."""
+    pld, self_spec = fastdecode.get_method("spec.pld"), fastdecode.get_method("spec.sparse_self")
+    assert pld.lossless_with({}) and pld.lossless_with({"attention": "dense"})
+    assert not pld.lossless_with({"attention": "quest:budget=64"})
+    assert self_spec.lossless_with({"rule": "quest"}) and not self_spec.lossless_with({"attention": "streaming"})
