@@ -161,22 +161,17 @@ class Selector:
         return float(context * heads * layers)
 
 
-def group_sum(scores: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """`[B, Hq, ...]` -> `[B, Hkv, ...]`: a key/value head scores with the sum of its query heads (GQA)."""
-    B, Hq = scores.shape[:2]
-    return scores.reshape(B, kv_heads, Hq // kv_heads, *scores.shape[2:]).sum(2)
-
-
 def query_scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Exact attention logits summed over queries and grouped query heads: `[B, Hkv, K]` (-inf where unseen)."""
+    """Attention weights (softmax of the 1/sqrt(d)-scaled logits, as the layer computes them) summed over queries and
+    grouped query heads: `[B, Hkv, K]` (0 where unseen)."""
     Hkv = k.shape[1]
     g = q.shape[1] // Hkv
     qg = q.reshape(q.shape[0], Hkv, g * q.shape[2], q.shape[3])  # [B, Hkv, g*Q, D]
-    s = torch.matmul(qg, k.transpose(-1, -2))  # [B, Hkv, g*Q, K]
+    s = torch.matmul(qg, k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # [B, Hkv, g*Q, K]
     allow = mask[:, :, None].expand(-1, 1, g, -1, -1).reshape(mask.shape[0], 1, g * q.shape[2], -1)
     s = s.masked_fill(~allow, float("-inf"))
     # softmax per query, then the probability mass a column gets from the group's queries
     return s.softmax(-1).nan_to_num(0.0).sum(2)
 
 
-__all__ = ["MethodConfig", "Reads", "Selection", "Selector", "SparseConfig", "group_sum", "query_scores"]
+__all__ = ["MethodConfig", "Reads", "Selection", "Selector", "SparseConfig", "query_scores"]
