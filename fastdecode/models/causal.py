@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
@@ -15,6 +15,7 @@ from .. import attention
 from ..cache import DynamicKVCache, KVCache
 from .base import ModelAdapter
 from .capabilities import layer_types
+from .hidden import captured, collect, layer_list, wanted
 from .native import native_forward
 
 # layer types the preallocated cache serves (a sliding window is applied by the attention plan, keys are kept)
@@ -29,10 +30,14 @@ class CausalOutput:
     last decoder layer's output *after* the model's final norm (Llama's `model.norm`, GPT-2's `ln_f`), so that
     `lm_head(hidden)` gives the logits (before any logit scaling or soft-capping the architecture applies). It
     covers every input position, also where `num_logits` kept fewer logits, in the model's dtype.
+
+    `layers` holds, for `hidden=(i, ...)`, the output of each decoder layer asked, in the order asked (see
+    `models/hidden.py`): before the final norm, every input position, in the model's dtype; empty for `hidden=True`.
     """
 
     logits: torch.Tensor  # [B, T', V] float32, T' = num_logits or T
     hidden: torch.Tensor  # [B, T, H] in the model's dtype
+    layers: tuple[torch.Tensor, ...] = ()  # one [B, T, H] per layer index asked
 
 
 class CausalLM(ModelAdapter):
@@ -90,6 +95,12 @@ class CausalLM(ModelAdapter):
     @overload
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
                 attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
+                visible: torch.Tensor | None = None, *, hidden: Sequence[int],
+                sparse: Any = None) -> CausalOutput: ...
+
+    @overload
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
+                attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
                 visible: torch.Tensor | None = None, *, hidden: bool,
                 sparse: Any = None) -> torch.Tensor | CausalOutput: ...
 
@@ -102,11 +113,13 @@ class CausalLM(ModelAdapter):
         attention_mask: torch.Tensor | None = None,  # [B, cache.length + T] 0 = padding, or a 4-D mask (see below)
         num_logits: int | None = None,  # keep logits of only the last num_logits positions
         visible: torch.Tensor | None = None,  # [T, T] or [B, T, T] bool: new token i may see new token j
-        hidden: bool = False,  # also return the last hidden states (costs nothing when False)
+        hidden: bool | Sequence[int] = False,  # also return the last hidden states (and these layers' outputs)
         sparse: Any = None,  # a sparse attention rule (`fastdecode.sparse`): which cached columns each layer reads
     ) -> torch.Tensor | CausalOutput:
         """Run the model over `input_ids` appended after `cache`; returns float32 logits `[B, T', V]`, or with
-        `hidden=True` a `CausalOutput` holding them and the last hidden states `[B, T, H]`.
+        `hidden=True` a `CausalOutput` holding them and the last hidden states `[B, T, H]`; with layer indices
+        `hidden=(i, ...)` also the outputs `[B, T, H]` of those decoder layers (0-based, negative from the end, before
+        the final norm) for every position, also where `num_logits` keeps fewer logits. Nothing is kept when False.
 
         The new tokens see every real token stored before them, and each other as `visible` says (default: causal).
         A 4-D `attention_mask` `[B|1, 1, T, C + T]` (additive or bool) is read for its last T columns as `visible`.
@@ -114,25 +127,28 @@ class CausalLM(ModelAdapter):
         kwargs = {}
         if num_logits is not None and self._has_logits_to_keep:
             kwargs["logits_to_keep"] = num_logits
-        if hidden:
+        picked = None if isinstance(hidden, bool) else wanted(hidden, len(layer_list(self.model)))
+        asked = picked is not None or bool(hidden)
+        if asked:
             kwargs["output_hidden_states"] = True
         if self.preallocated:
-            logits, states = self._planned(input_ids, positions, cache, attention_mask, visible, kwargs, num_logits,
-                                           sparse)
+            logits, states, layers = self._planned(input_ids, positions, cache, attention_mask, visible, kwargs,
+                                                   num_logits, sparse, picked)
         else:
             if sparse is not None:
                 from ..sparse import check_model
 
                 check_model(self)
-            out = self._legacy(input_ids, positions, cache, attention_mask, visible, kwargs)
-            logits, states = out.logits, out.hidden_states[-1] if hidden else None
+            out, layers = self._legacy(input_ids, positions, cache, attention_mask, visible, kwargs, picked)
+            logits, states = out.logits, out.hidden_states[-1] if asked else None
         if num_logits is not None:
             logits = logits[:, -num_logits:]
-        if hidden:
-            return CausalOutput(logits.float(), states)
+        if asked:
+            return CausalOutput(logits.float(), states, layers)
         return logits.float()
 
-    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs, num_logits, sparse=None):
+    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs, num_logits, sparse=None,
+                 picked=None):
         B, T = input_ids.shape
         real, vis, past = _new_block(attention_mask, visible, B, T, input_ids.device)
         if cache is None:
@@ -149,12 +165,13 @@ class CausalLM(ModelAdapter):
                 sparse.begin(cache, plan)
         try:
             if self.native is not None:
-                logits, states = self.native(input_ids, positions, cache, plan, num_logits)
+                logits, states, layers = self.native(input_ids, positions, cache, plan, num_logits, picked)
             else:
-                with self._attention(), attention.planned(plan):
+                with self._attention(), attention.planned(plan), self._capture(picked) as found:
                     out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=None,
                                      use_cache=cache is not None, **{self._cache_arg: cache}, **kwargs)
                 logits, states = out.logits, out.hidden_states[-1] if "output_hidden_states" in kwargs else None
+                layers = collect(found, picked or (), self.name)
         except BaseException:
             if cache is not None:  # nothing half-written stays in the cache
                 cache.crop_rows(before)
@@ -162,9 +179,18 @@ class CausalLM(ModelAdapter):
             raise
         if cache is not None:
             cache.end()
-        return logits, states
+        return logits, states, layers
 
-    def _legacy(self, input_ids, positions, cache, attention_mask, visible, kwargs):
+    @contextlib.contextmanager
+    def _capture(self, picked: tuple[int, ...] | None) -> Iterator[list[torch.Tensor | None]]:
+        """Hooks recording the outputs of the layers `picked` during one transformers forward (none if None)."""
+        if not picked:
+            yield []
+            return
+        with captured(layer_list(self.model), picked) as found:
+            yield found
+
+    def _legacy(self, input_ids, positions, cache, attention_mask, visible, kwargs, picked=None):
         if visible is not None:  # a verification block: `attention_mask`, if any, flags its new tokens as real
             if attention_mask is not None and not bool(attention_mask.all()):
                 raise ValueError(f"{self.name!r} runs on transformers' own cache, which cannot pad a forward's rows")
@@ -173,15 +199,16 @@ class CausalLM(ModelAdapter):
             # plain causal: transformers' own mask (the only one ALiBi models such as Bloom take); else 4-D additive
             attention_mask = None if bool((visible.bool() == causal).all()) else _additive(
                 visible, input_ids.shape[0], cache.length if cache is not None else 0, self.dtype, input_ids.device)
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=positions,
-            attention_mask=attention_mask,
-            use_cache=cache is not None,
-            **{self._cache_arg: cache.hf if cache is not None else None},
-            **kwargs,
-        )
-        return out
+        with self._capture(picked) as found:
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=positions,
+                attention_mask=attention_mask,
+                use_cache=cache is not None,
+                **{self._cache_arg: cache.hf if cache is not None else None},
+                **kwargs,
+            )
+        return out, collect(found, picked or (), self.name)
 
 
 def _new_block(mask: torch.Tensor | None, visible: torch.Tensor | None, B: int, T: int, device: torch.device):

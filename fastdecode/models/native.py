@@ -92,9 +92,10 @@ class NativeForward:
 
     def __call__(
         self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, plan: attention.Plan,
-        num_logits: int | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits `[B, T', V]` in the model's dtype, last hidden states after the final norm `[B, T, H]`)."""
+        num_logits: int | None, picked: tuple[int, ...] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """(logits `[B, T', V]` in the model's dtype, last hidden states after the final norm `[B, T, H]`, the
+        outputs `[B, T, H]` of the decoder layers `picked` (indices into the layer list as it runs), in that order)."""
         B, T = ids.shape
         h = F.embedding(ids, self.embed.weight, self.embed.padding_idx)
         cos, sin = self.rotary(h, positions)
@@ -104,7 +105,8 @@ class NativeForward:
         half = sin.shape[-1] // 2
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         with attention.planned(plan):
-            for layer in self.inner.layers[: self.count]:
+            kept: dict[int, torch.Tensor] = {}
+            for i, layer in enumerate(self.inner.layers[: self.count]):
                 L = self._layer(layer)
                 x = _rms(h, L.in_norm, L.in_eps)
                 q = F.linear(x, L.q.weight, L.q.bias).view(B, T, -1, L.head_dim).transpose(1, 2)
@@ -119,9 +121,12 @@ class NativeForward:
                 x = _rms(h, L.post_norm, L.post_eps)
                 h = h + F.linear(F.silu(F.linear(x, L.gate.weight, L.gate.bias)) * F.linear(x, L.up.weight, L.up.bias),
                                  L.down.weight, L.down.bias)
+                if picked is not None and i in picked:
+                    kept[i] = h  # a new tensor each layer (never written in place), so no copy is needed
         h = _rms(h, self.norm, self.norm_eps)
         last = h if num_logits is None else h[:, -num_logits:]
-        return F.linear(last, self.lm_head.weight, self.lm_head.bias), h
+        layers = tuple(kept[i] for i in picked) if picked else ()
+        return F.linear(last, self.lm_head.weight, self.lm_head.bias), h, layers
 
 
 def native_forward(model: Any) -> NativeForward | None:

@@ -279,3 +279,17 @@ def test_direct_forward_equals_transformers_forward_bit_for_bit(name):
                       cache.layers[1].keys[:, :, : width + 3].clone()))
     for a, b in zip(*outs, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_chosen_layers_equal_transformers_hidden_states(name):
+    """`forward(hidden=(0, -1))` finds every architecture's decoder layers: layer 0's output over a cached prefill
+    equals transformers' own record of it (`hidden_states[1]`; Mamba's tuple starts after layer 0, at [0])."""
+    m = model(name)
+    ids = torch.tensor([PROMPT])
+    out = m.forward(ids, torch.arange(len(PROMPT))[None], m.new_cache(capacity=len(PROMPT)), num_logits=1,
+                    hidden=(0, -1))
+    with torch.inference_mode():
+        ref = m.model(input_ids=ids, output_hidden_states=True).hidden_states[0 if name in ("mamba", "mamba2") else 1]
+    assert len(out.layers) == 2 and out.layers[1].shape == (1, len(PROMPT), m.config.hidden_size)
+    torch.testing.assert_close(out.layers[0], ref, rtol=1e-5, atol=1e-5)
