@@ -1,0 +1,159 @@
+"""Heads on disk: `model.safetensors` plus a `config.json`, loaded by folder or by zoo name, never by unpickling.
+
+config.json holds `{"fastdecode_head": 1, "kind": ..., "config": {fields}, "target": {Target}, "dtype": ...}`.
+A shipped head lives beside the zoo model it was trained against, `fastdecode/zoo/<model>/heads/<name>/`, and is
+named `zoo:<model>/<name>` (e.g. `zoo:ar-small/eagle3`), so a model's heads travel with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ..errors import ModelLoadError, close_names
+from ..models.loading import DTYPES, UNSAFE_WEIGHTS, pick_device
+from .base import Head, Target, config_fields, config_from, head_class
+
+FORMAT_VERSION = 1
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+
+
+def _zoo() -> Path:
+    return Path(str(resources.files("fastdecode") / "zoo"))
+
+
+def head_names() -> list[str]:
+    """The shipped heads, as `zoo:` names without the prefix: `<model>/<name>`."""
+    root = _zoo()
+    if not root.is_dir():
+        return []
+    return sorted(f"{p.parent.parent.name}/{p.name}" for p in root.glob("*/heads/*") if (p / CONFIG).is_file())
+
+
+def resolve_head(source: str | Path) -> Path:
+    """`zoo:<model>/<name>` or a path to an existing head folder (one holding config.json)."""
+    text = str(source)
+    if text.startswith("zoo:"):
+        model, _, name = text[4:].partition("/")
+        folder = _zoo() / model / "heads" / name
+        if not name or not (folder / CONFIG).is_file():
+            raise ModelLoadError(f"No shipped head named {text!r} (zoo:<model>/<head>). "
+                                 f"{close_names(text[4:], head_names())}")
+        return folder
+    folder = Path(text).expanduser()
+    if not folder.is_dir():
+        what = "is a file, not a head folder" if folder.exists() else "does not exist"
+        raise ModelLoadError(f"Head folder {text!r} {what}. Pass a folder written by save_head (config.json and "
+                             f"{WEIGHTS}) or zoo:<model>/<head> ({', '.join(head_names()) or 'no heads shipped'}).")
+    if not (folder / CONFIG).is_file():
+        raise ModelLoadError(f"{text!r} has no {CONFIG}: it is not a head folder written by save_head.")
+    return folder
+
+
+def save_head(head: Head, folder: str | Path, dtype: str | torch.dtype | None = None) -> Path:
+    """Write `head`'s tensors (floating ones cast to `dtype`, default: as they are) and its config.json."""
+    kind = head.kind
+    if not kind or head_class(kind) is not type(head):
+        raise ValueError(f"{type(head).__name__} is not a registered head kind: decorate it with @register_head")
+    cast = _dtype(dtype) if dtype is not None else None
+    tensors = {k: v.detach().to(device="cpu", dtype=cast if cast is not None and v.is_floating_point() else v.dtype,
+                                copy=True).contiguous()
+               for k, v in head.state_dict().items()}
+    floating = {str(t.dtype).removeprefix("torch.") for t in tensors.values() if t.is_floating_point()}
+    out = Path(folder).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt", "kind": kind})
+    record = {
+        "fastdecode_head": FORMAT_VERSION,
+        "kind": kind,
+        "config": config_fields(head.config),
+        "target": dataclasses.asdict(head.target) if head.target is not None else None,
+        "dtype": floating.pop() if len(floating) == 1 else sorted(floating) or None,
+    }
+    (out / CONFIG).write_text(json.dumps(record, indent=2) + "\n")
+    return out
+
+
+def load_head(source: str | Path, device: str | torch.device | None = None,
+              dtype: str | torch.dtype | None = None) -> Head:
+    """The head saved in `source` (a folder or `zoo:<model>/<name>`), in eval mode on `device` (default: CUDA when
+    present), its floating tensors in `dtype` (default: as saved). Any mismatch between the kind's module and the
+    saved tensors is refused, naming the tensors."""
+    folder = resolve_head(source)
+    record = _read(folder)
+    kind = record.get("kind")
+    if not isinstance(kind, str):
+        raise ModelLoadError(f"{folder / CONFIG} names no head kind; it was not written by save_head.")
+    config = config_from(kind, record.get("config") or {})
+    target = record.get("target")
+    try:
+        head = head_class(kind)(config, Target(**target) if target else None)
+    except TypeError as e:
+        raise ModelLoadError(f"{folder / CONFIG} has a malformed target record ({e}).") from None
+    _load_tensors(head, folder)
+    head = head.to(device=pick_device(device))
+    if dtype is not None:
+        head = head.to(dtype=_dtype(dtype))
+    return head.eval()
+
+
+def _read(folder: Path) -> dict[str, Any]:
+    try:
+        record = json.loads((folder / CONFIG).read_text())
+    except ValueError as e:
+        raise ModelLoadError(f"{folder / CONFIG} is not valid JSON ({e}).") from None
+    if not isinstance(record, dict) or "fastdecode_head" not in record:
+        raise ModelLoadError(f"{folder / CONFIG} is not a head config (no 'fastdecode_head' entry): pass a folder "
+                             "written by save_head; a whole model loads with fastdecode.load.")
+    if record["fastdecode_head"] != FORMAT_VERSION:
+        raise ModelLoadError(f"{folder / CONFIG} has head format {record['fastdecode_head']!r}; this fastdecode "
+                             f"reads format {FORMAT_VERSION}.")
+    return record
+
+
+def _load_tensors(head: Head, folder: Path) -> None:
+    """Copy the folder's tensors into `head`, refusing missing, unexpected or wrongly shaped ones."""
+    path = folder / WEIGHTS
+    if not path.is_file():
+        pickled = [u for u in UNSAFE_WEIGHTS if (folder / u).exists()]
+        hint = f" The folder has {pickled[0]}, a pickle fastdecode never loads; save the head with save_head." \
+            if pickled else ""
+        raise ModelLoadError(f"Head weights {path} are missing.{hint}")
+    try:
+        saved = load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ModelLoadError(f"Head weights {path} are corrupt or truncated ({e}); save the head again.") from None
+    expected = head.state_dict()
+    missing = sorted(set(expected) - set(saved))
+    unexpected = sorted(set(saved) - set(expected))
+    if missing or unexpected:
+        raise ModelLoadError(f"{path} does not fit a {head.kind!r} head with this config: "
+                             f"missing tensors {_few(missing)}, unexpected tensors {_few(unexpected)}.")
+    wrong = [f"{k} {tuple(saved[k].shape)} (the config gives {tuple(v.shape)})"
+             for k, v in expected.items() if saved[k].shape != v.shape]
+    if wrong:
+        raise ModelLoadError(f"{path} has tensors of the wrong shape for a {head.kind!r} head with this config: "
+                             f"{_few(wrong)}.")
+    head.load_state_dict(saved, strict=True, assign=True)  # the saved tensors themselves, in their saved dtypes
+
+
+def _few(names: list[str], n: int = 5) -> str:
+    if not names:
+        return "none"
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def _dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"Unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}.")
+    return DTYPES[dtype]
