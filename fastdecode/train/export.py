@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from .objectives import objective
 from .recipes import Recipe
 
 # the weights' dtype on disk: bfloat16 halves a zoo model's size; the zoo cards' accuracies hold with the weights
@@ -48,9 +49,7 @@ def write_card(folder: Path, recipe: Recipe, command: str, minutes: float, threa
         + (f", initialised from `{recipe.init_from}`" if recipe.init_from else "") + ".",
         "", "## Data mixture (train seeds only; the first test prompts of every task are removed)", "",
         ", ".join(f"`{k}` {v:g}" for k, v in sorted(mixture.items())), "",
-        *([f"Answers are padded with EOS to the task's fitted canvas (`Task.canvas_length`), {recipe.long_canvas:.0%} "
-           f"of them to a longer one, a multiple of 16 drawn uniformly up to {recipe.long_canvas_to} masks.", ""]
-          if recipe.objective == "mdlm" and recipe.long_canvas else []),
+        *objective(recipe.objective).card_lines(recipe),
         *([f"Curriculum: the first {recipe.curriculum_steps} steps draw only from "
            + ", ".join(f"`{k}` {v:g}" for k, v in sorted(recipe.curriculum.items())) + ".", ""]
           if recipe.curriculum_steps else []),

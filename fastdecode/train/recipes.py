@@ -16,7 +16,7 @@ from .tokenizer import PRE_TOKENIZERS
 @dataclass(frozen=True)
 class Recipe:
     name: str
-    objective: str  # "ar" (next-token) or "mdlm" (masked diffusion, LLaDA SFT)
+    objective: str  # a name in train/objectives: "ar" (next-token) or "mdlm" (masked diffusion, LLaDA SFT)
     hidden_size: int
     num_layers: int
     num_heads: int

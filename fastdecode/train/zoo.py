@@ -10,13 +10,10 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from ..bench.evaluate import DETERMINISTIC_LIST_TASKS, bits_per_byte, greedy_agreement, task_accuracy
-from ..bench.tasks import DEFAULT_TEST_SEED, TASKS, format_prompt
-from ..engine import generate
-from ..models.causal import CausalLM
 from ..models.loading import load, resolve
 from .export import save_folder, write_card
 from .loop import Progress, make_tokenizer, train, uses_bf16
+from .objectives import objective
 from .recipes import Recipe
 
 Status = Callable[[str], None]
@@ -49,31 +46,5 @@ def build(recipe: Recipe, out: Path, seed: int, threads: int, steps: int | None,
 
 
 def evaluate_zoo_model(recipe: Recipe, folder: Path, n: int) -> dict:
-    model = load(folder, device="cpu", dtype="float32")
-    if recipe.objective == "mdlm":
-        acc = {t: task_accuracy(model, t, n, "dlm.baseline", {"block_length": 16}) for t in DETERMINISTIC_LIST_TASKS}
-        return {"method": "dlm.baseline, one token per step, block_length 16", "items_per_task": n,
-                "accuracy": acc, "mean_deterministic_list_accuracy": sum(acc.values()) / len(acc)}
-    assert isinstance(model, CausalLM)  # an "ar" recipe
-    names = [t for t in TASKS if TASKS[t].family != "code"]
-    acc = {t: task_accuracy(model, t, n, "ar.greedy") for t in names}
-    code_items = TASKS["code.complete"].items(DEFAULT_TEST_SEED, 100)
-    samples = generate(model, [format_prompt(i.prompt) for i in code_items[:3]], max_new_tokens=64)  # greedy
-    out = {
-        "method": "ar.greedy", "items_per_task": n, "accuracy": acc,
-        "mean_deterministic_list_accuracy": (
-            sum(acc[t] for t in DETERMINISTIC_LIST_TASKS) / len(DETERMINISTIC_LIST_TASKS)
-        ),
-        "code_bits_per_byte": round(bits_per_byte(model, code_items), 4),
-        "code_similarity": task_accuracy(model, "code.complete", 50, "ar.greedy"),
-        "code_samples": [
-            {"prompt_tail": i.prompt[-160:], "completion": r.text}
-            for i, r in zip(code_items[:3], samples, strict=True)
-        ],
-    }
-    if recipe.name != "ar-small":
-        target = load("zoo:ar-small", device="cpu", dtype="float32")
-        assert isinstance(target, CausalLM)
-        items = [i for t in TASKS.values() for i in t.items(DEFAULT_TEST_SEED, 10)]
-        out["greedy_agreement_with_ar_small"] = round(greedy_agreement(model, target, items), 4)
-    return out
+    """The card's measurements of the exported model in `folder`, as its recipe's objective takes them."""
+    return objective(recipe.objective).evaluate(recipe, load(folder, device="cpu", dtype="float32"), n)

@@ -12,7 +12,9 @@ import torch
 import fastdecode
 from fastdecode.bench.tasks import TASKS, format_prompt
 from fastdecode.train.data import DEFAULT_MIXTURE, batches, collate, encode, held_out_prompts, item_stream
-from fastdecode.train.loop import ar_loss, build_model, examples, mdlm_loss, train, training_canvas
+from fastdecode.train.loop import build_model, examples, train
+from fastdecode.train.objectives.ar import ar_loss
+from fastdecode.train.objectives.mdlm import mdlm_loss, training_canvas
 from fastdecode.train.recipes import RECIPES, Recipe
 
 ZOO = Path(fastdecode.__file__).parent / "zoo"
@@ -275,3 +277,17 @@ def test_bf16_recipe_trains_in_float32_where_the_cpu_emulates_bf16(tokenizer, mo
     monkeypatch.setattr("fastdecode.train.loop.cpu_bf16_is_fast", lambda: True)
     _, in_bf16 = train(dataclasses.replace(recipe, bf16=True), tokenizer, seed=0)
     assert [r["loss"] for r in in_bf16] != [r["loss"] for r in without]  # the flag does switch bf16 on where fast
+
+
+def test_objectives_are_looked_up_by_name_with_a_clear_error(tokenizer):
+    import dataclasses
+
+    from fastdecode.errors import ParameterError
+    from fastdecode.train.objectives import OBJECTIVES, Objective, objective
+
+    assert set(OBJECTIVES) == {"ar", "mdlm"} and all(isinstance(o, Objective) for o in OBJECTIVES.values())
+    assert objective("ar").causal and not objective("mdlm").causal
+    with pytest.raises(ParameterError, match="Unknown training objective 'mdml'. Did you mean 'mdlm'"):
+        objective("mdml")
+    with pytest.raises(ParameterError, match="Unknown training objective"):
+        train(dataclasses.replace(TINY, objective="dflash"), tokenizer, seed=0)
