@@ -47,10 +47,13 @@ def wanted(hidden: bool | Sequence[int], count: int) -> tuple[int, ...] | None:
             f"hidden={hidden!r}: pass False, True or a sequence of decoder layer indices, e.g. (2, -3)."
         )
     out = []
-    for i in hidden:
-        if isinstance(i, bool) or not hasattr(i, "__index__"):
-            raise ParameterError(f"hidden={tuple(hidden)!r}: layer indices must be integers, got {i!r}.")
-        i = operator.index(i)
+    for item in hidden:
+        try:
+            i = operator.index(item)  # ints, numpy and one-element integer tensors; not floats or strings
+        except TypeError:
+            i = None
+        if i is None or isinstance(item, bool):
+            raise ParameterError(f"hidden={tuple(hidden)!r}: layer indices must be integers, got {item!r}.")
         if not -count <= i < count:
             raise ParameterError(
                 f"hidden={tuple(hidden)!r}: layer {i} does not exist; this model runs {count} decoder layers "

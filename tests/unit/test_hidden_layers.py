@@ -133,6 +133,7 @@ def test_no_hook_stays_on_the_layers():
     ((0, "1"), "must be integers"),
     ((True,), "must be integers"),
     ((0.5,), "must be integers"),
+    ((torch.tensor(0.5),), "must be integers"),
     ("0", "a sequence of decoder layer indices"),
     (1, "a sequence of decoder layer indices"),
 ])
