@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ..attention import SparseSelector, check_attention, make_selector
 from ..cache import KVCache
 from ..errors import IncompatibleMethodError
 from ..models.capabilities import sliding_windows, state_layer_types, uses_alibi
@@ -43,8 +44,6 @@ class SpecConfig(SamplingConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        from ..sparse import check_attention
-
         check_attention(self.attention)
 
 
@@ -193,8 +192,6 @@ def speculative(
     else:
         groups = [_Group(model, [r], model.new_cache(capacity=room) if model.preallocated else model.new_cache())
                   for r in rows]
-    from ..sparse import make_selector
-
     for group in groups:
         group.sparse = make_selector(cfg.attention, model)
         for r in group.rows:
@@ -366,7 +363,7 @@ class _Group:
 
     def __init__(self, model: CausalLM, rows: list[_Row], cache) -> None:
         self.model, self.rows, self.cache = model, rows, cache
-        self.sparse: Any = None  # the target's sparse attention rule (SpecConfig.attention), None = dense
+        self.sparse: SparseSelector | None = None  # the target's sparse attention rule (SpecConfig.attention)
 
     def step(self) -> dict[int, _Out]:
         model = self.model
@@ -409,9 +406,8 @@ class _Group:
             for r, blk in zip(self.rows, blocks, strict=True)
             if blk is not None
         )
-        extra: dict[str, Any] = {"sparse": self.sparse} if self.sparse is not None else {}
         fwd = model.forward(inp.to(device), pos.to(device), self.cache, real.to(device), num_logits=T - first,
-                            visible=vis.to(device), hidden=needs, **extra)
+                            visible=vis.to(device), hidden=needs, sparse=self.sparse)
         # [B, T - first, V], [B, T, H]
         logits, hidden = (fwd.logits, fwd.hidden) if isinstance(fwd, CausalOutput) else (fwd, None)
         shared = _clock(model) - t1
