@@ -132,8 +132,7 @@ class CausalLM(ModelAdapter):
             return CausalOutput(logits.float(), states)
         return logits.float()
 
-    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs, num_logits,
-                 sparse: attention.SparseSelector | None = None):
+    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs, num_logits, sparse=None):
         B, T = input_ids.shape
         real, vis, past = _new_block(attention_mask, visible, B, T, input_ids.device)
         if cache is None:
