@@ -229,7 +229,9 @@ def register_rule(name: str, selector: Callable[..., SparseSelector], config: ty
                   description: str = "") -> Rule:
     """Make a rule usable as an `attention=` value; whoever watches the table (`on_rule`: the `sparse` family, which
     makes the method `sparse.<name>` of it) hears of it."""
-    if name == DENSE or name in RULES:
+    if name == DENSE:
+        raise ValueError(f"{DENSE!r} is dense attention, not a rule name")
+    if name in RULES:
         raise ValueError(f"attention rule {name!r} is registered twice")
     rule = RULES[name] = Rule(name, selector, config, description)
     for watcher in _WATCHERS:
