@@ -23,6 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from ..attention import check_attention
 from ..cache import DynamicKVCache, KVCache
 from ..sampling.config import SamplingConfig
 from .tree import depths
@@ -42,8 +43,6 @@ class SpecConfig(SamplingConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        from ..sparse import check_attention
-
         check_attention(self.attention)
 
 

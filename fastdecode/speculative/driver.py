@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..attention import SparseSelector, check_attention, make_selector
 from ..cache import KVCache
 from ..errors import IncompatibleMethodError
 from ..models.capabilities import sliding_windows, state_layer_types, uses_alibi
@@ -89,8 +90,6 @@ def speculative(
     else:
         groups = [_Group(model, [r], model.new_cache(capacity=room) if model.preallocated else model.new_cache())
                   for r in rows]
-    from ..sparse import make_selector
-
     for group in groups:
         group.sparse = make_selector(cfg.attention, model)
         for r in group.rows:
@@ -262,7 +261,7 @@ class _Group:
 
     def __init__(self, model: CausalLM, rows: list[_Row], cache) -> None:
         self.model, self.rows, self.cache = model, rows, cache
-        self.sparse: Any = None  # the target's sparse attention rule (SpecConfig.attention), None = dense
+        self.sparse: SparseSelector | None = None  # the target's sparse attention rule (SpecConfig.attention)
 
     def step(self) -> dict[int, _Out]:
         model = self.model
@@ -301,9 +300,8 @@ class _Group:
         first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
         device = model.device
         needs = any(r.drafter.needs_hidden for r, blk in zip(self.rows, blocks, strict=True) if blk is not None)
-        extra: dict[str, Any] = {"sparse": self.sparse} if self.sparse is not None else {}
         fwd = model.forward(inp.to(device), pos.to(device), self.cache, real.to(device), num_logits=T - first,
-                            visible=vis.to(device), hidden=needs, **extra)
+                            visible=vis.to(device), hidden=needs, sparse=self.sparse)
         # [B, T - first, V], [B, T, H]
         logits, hidden = (fwd.logits, fwd.hidden) if isinstance(fwd, CausalOutput) else (fwd, None)
         shared = _clock(model) - t1

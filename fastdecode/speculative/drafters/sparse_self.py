@@ -16,11 +16,12 @@ from typing import cast
 
 import torch
 
+from ...attention import make_selector
 from ...cache import DynamicKVCache, KVCache
 from ...config import check
+from ...models.capabilities import check_sparse_attention
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
-from ...sparse import check_model, make_selector
 from ...types import PromptBatch, StepEvent
 from ..drafter import BaseDrafter, Draft, SpecConfig
 from ..driver import check_rollback, speculative
@@ -88,5 +89,5 @@ class SparseSelfDrafter(BaseDrafter):
 def run(model: CausalLM, batch: PromptBatch, cfg: SparseSelfConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Sparse self-speculation: the target with sparse attention drafts, the dense target verifies."""
     check_rollback(model)  # a recurrent model is refused for that first
-    check_model(model)
+    check_sparse_attention(model)
     return speculative(model, batch, cfg, ctx, lambda g: SparseSelfDrafter(model, cfg, g))
