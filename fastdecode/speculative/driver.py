@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..attention import SparseSelector, check_attention, make_selector
+from ..attention import SparseSelector, make_selector
 from ..cache import KVCache
 from ..errors import IncompatibleMethodError
 from ..models.capabilities import sliding_windows, state_layer_types, uses_alibi
