@@ -4,23 +4,33 @@ It is registered with transformers' attention interface (and, with an empty mask
 name missing there would get no mask at all) under the name `fastdecode`. Instead of the mask transformers builds
 from the cache length, it reads the current forward's `Plan`: which stored key each query may see (padding,
 causality, token trees, side tokens), the logical position of every query and key, and applies each layer's
-sliding window from those positions. So tree masks, sliding windows (per layer type, as Gemma mixes them) and,
-later, sparse selection are one mechanism, and the cache may store keys at columns other than their positions.
+sliding window from those positions. So tree masks, sliding windows (per layer type, as Gemma mixes them) and
+sparse selection are one mechanism, and the cache may store keys at columns other than their positions.
+
+Sparse attention enters here too, as a contract and a table, so that a driver or a method config needs only this
+core module: `SparseSelector` is what a forward needs of a rule (`CausalLM.forward(..., sparse=selector)`), and the
+rule table (`register_rule`, `make_selector`, `check_attention`, `rules`) turns an `attention="quest:budget=128"`
+parameter into a selector. The rules themselves live in `fastdecode/sparse/`, loaded on demand (`plugins.load`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
+from . import plugins
+from .config import MethodConfig, build_config
+from .errors import ParameterError, close_names
+
 NAME = "fastdecode"
+DENSE = "dense"  # the `attention=` value of dense attention (no rule)
 
 _PLAN: ContextVar[Plan | None] = ContextVar("fastdecode_attention_plan", default=None)
 
@@ -37,8 +47,8 @@ class Plan:
     allow: torch.Tensor  # [B, Q, K] bool
     q_pos: torch.Tensor  # [B, Q] long
     k_pos: torch.Tensor  # [B, K] long
-    # a sparse attention rule (`fastdecode.sparse.base.Selector`): per layer, which columns each head reads
-    sparse: Any = None
+    # a sparse attention rule (its `begin` sets it): per layer, which columns each head reads; None = dense
+    sparse: SparseSelector | None = None
     _masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
 
     def mask(self, window: int | None) -> torch.Tensor:
@@ -51,6 +61,30 @@ class Plan:
                 allow = allow & ((self.q_pos[:, :, None] - self.k_pos[:, None, :]) < key)
             self._masks[key] = allow[:, None]
         return self._masks[key]
+
+
+@dataclass
+class Selection:
+    """Columns each key/value head reads: `cols[b, h, i]` (-1 = nothing); `dense[h]`: head h attends to all."""
+
+    cols: torch.Tensor  # [B, Hkv, n] long
+    dense: torch.Tensor | None = None  # [Hkv] bool
+
+
+class SparseSelector(Protocol):
+    """What a forward needs of a sparse attention rule (`fastdecode.sparse.base.Selector` is the base of every rule).
+
+    The adapter calls `begin(cache, plan)` once per forward, after the cache has placed the new keys (the selector
+    sets `plan.sparse` to itself); the attention function then calls `select` in every layer before it attends.
+    """
+
+    def begin(self, cache: Any, plan: Plan) -> None:
+        """A forward over `cache` (fastdecode's `KVCache`) starts; `plan` is its attention plan."""
+
+    def select(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor) -> Selection | None:
+        """`q` `[B, Hq, Q, D]`, `k`/`v` `[B, Hkv, K, D]`, `mask` `[B, 1, Q, K]` bool: the columns to read, or None
+        (attend densely)."""
 
 
 @contextlib.contextmanager
@@ -172,3 +206,89 @@ def register() -> str:
         AttentionMaskInterface.register(NAME, _no_mask)
         _registered = True
     return NAME
+
+
+# -- the rule table: `attention=` values -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A sparse attention rule: `selector(cfg, model=model)` makes one from its `config` (a `MethodConfig`)."""
+
+    name: str
+    selector: Callable[..., SparseSelector]
+    config: type[MethodConfig]
+    description: str = ""  # one line: what the rule keeps (the description of its method `sparse.<name>`)
+
+
+RULES: dict[str, Rule] = {}
+_WATCHERS: list[Callable[[Rule], None]] = []
+
+
+def register_rule(name: str, selector: Callable[..., SparseSelector], config: type[MethodConfig], *,
+                  description: str = "") -> Rule:
+    """Make a rule usable as an `attention=` value; whoever watches the table (`on_rule`: the `sparse` family, which
+    makes the method `sparse.<name>` of it) hears of it."""
+    if name == DENSE:
+        raise ValueError(f"{DENSE!r} is dense attention, not a rule name")
+    if name in RULES:
+        raise ValueError(f"attention rule {name!r} is registered twice")
+    rule = RULES[name] = Rule(name, selector, config, description)
+    for watcher in _WATCHERS:
+        watcher(rule)
+    return rule
+
+
+def on_rule(watcher: Callable[[Rule], None]) -> None:
+    """Call `watcher` with every rule registered so far and every rule registered later."""
+    _WATCHERS.append(watcher)
+    for rule in list(RULES.values()):
+        watcher(rule)
+
+
+def rules() -> list[str]:
+    """Names of the registered rules (every `sparse.*` method's)."""
+    plugins.load()
+    return sorted(RULES)
+
+
+def parse_attention(text: str) -> tuple[str, dict[str, str]]:
+    """"quest:budget=128,page=16" -> ("quest", {"budget": "128", "page": "16"})."""
+    name, _, rest = text.strip().partition(":")
+    params: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ParameterError(
+                f"Cannot read attention={text!r}: write the rule's parameters as name=value separated by commas, "
+                "e.g. attention='quest:budget=128,page=16'."
+            )
+        params[key.strip()] = value.strip()
+    return name.strip(), params
+
+
+def check_attention(text: str) -> None:
+    """Validate an `attention` parameter value (its rule and the rule's parameters)."""
+    make_selector(text, None)
+
+
+def make_selector(text: str, model: Any, **defaults: Any) -> SparseSelector | None:
+    """The selector an `attention` parameter names (None for dense); `defaults` fill parameters not given. With a
+    model, one that cannot run sparse attention is refused here (by the rule's selector), before any step."""
+    plugins.load()
+    name, params = parse_attention(text)
+    if name == DENSE:
+        if params:
+            raise ParameterError(f"attention={text!r}: dense attention takes no parameters.")
+        return None
+    if name not in RULES:
+        raise ParameterError(
+            f"Unknown attention rule {name!r}. {close_names(name, [DENSE, *RULES])} "
+            "(each sparse.* method's rule, or 'dense')."
+        )
+    rule = RULES[name]
+    known = {f for f in rule.config.__dataclass_fields__}
+    merged = {k: v for k, v in defaults.items() if k in known}
+    merged.update(params)
+    cfg = build_config(rule.config, merged, f"sparse.{name}")
+    return rule.selector(cfg, model=model)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.util
-import pkgutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from . import plugins
+from .attention import DENSE, parse_attention
 from .config import MethodConfig
 from .errors import UnknownMethodError, close_names
 from .types import ModelKind, PromptBatch, StepEvent
@@ -20,13 +20,6 @@ Driver = Callable[[Any, PromptBatch, Any, "RunContext"], Iterator[StepEvent]]
 C = TypeVar("C", bound=MethodConfig)
 DriverOf = Callable[[Any, PromptBatch, C, "RunContext"], Iterator[StepEvent]]  # a driver taking config class C
 
-# The method families: every module under these packages is imported (discovered, not listed), so a new method file
-# registers itself by existing.
-_FAMILY_PACKAGES = (
-    "fastdecode.ar", "fastdecode.diffusion", "fastdecode.hf", "fastdecode.llamacpp", "fastdecode.sparse",
-    "fastdecode.speculative",
-)
-_loaded = False
 _METHODS: dict[str, Method] = {}
 
 
@@ -61,8 +54,6 @@ class Method:
     def lossless_with(self, params: dict[str, Any]) -> bool:
         """Whether a run with these parameters keeps `lossless`: a sparse `attention` rule changes every forward,
         the verifying ones of spec.* included, so its output is no longer greedy decoding's."""
-        from .sparse import DENSE, parse_attention
-
         attention = params.get("attention")
         return self.lossless and (not attention or parse_attention(str(attention))[0] == DENSE)
 
@@ -89,14 +80,9 @@ def register(
 
 
 def _load_builtins() -> None:
-    global _loaded
-    if _loaded:
-        return
-    for name in _FAMILY_PACKAGES:
-        package = importlib.import_module(name)
-        for module in pkgutil.walk_packages(package.__path__, prefix=name + "."):
-            importlib.import_module(module.name)
-    _loaded = True
+    """The method families are discovered, not listed: every module under their packages registers itself by
+    existing (`plugins.FAMILIES`)."""
+    plugins.load()
 
 
 def get_method(name: str) -> Method:

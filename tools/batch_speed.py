@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import fastdecode  # noqa: E402
-from fastdecode.bench.harness import machine  # noqa: E402
+from fastdecode.bench.jobs import machine  # noqa: E402
 from fastdecode.bench.suites import get_suite  # noqa: E402
 from fastdecode.bench.tasks import format_prompt  # noqa: E402
 

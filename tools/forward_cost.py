@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import fastdecode  # noqa: E402
-from fastdecode.bench.harness import machine  # noqa: E402
+from fastdecode.bench.jobs import machine  # noqa: E402
 
 WIDTHS = [1, 2, 3, 4, 6, 8, 11, 16, 32, 71]  # 11: a spec.pld step (10 drafted); 71: spec.recycling's tree
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul")

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from fastdecode.bench.harness import _cpu_name, versions  # noqa: E402
+from fastdecode.bench.jobs import cpu_name, versions  # noqa: E402
 from fastdecode.bench.suites import get_suite  # noqa: E402
 from fastdecode.bench.tasks import format_prompt  # noqa: E402
 
@@ -214,7 +214,7 @@ def main() -> None:
     prompts = prompts_of(args.suites, args.requests * len(args.concurrency))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    machine = {"cores": os.cpu_count(), "cpu": _cpu_name() or platform.machine(), "torch_threads": args.threads,
+    machine = {"cores": os.cpu_count(), "cpu": cpu_name() or platform.machine(), "torch_threads": args.threads,
                "platform": platform.platform(), "python": platform.python_version()}
     rows: list[dict] = []
     for method in args.methods:

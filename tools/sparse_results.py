@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 import fastdecode
+from fastdecode.attention import make_selector, rules
 from fastdecode.bench.tasks import DEFAULT_TEST_SEED, format_prompt, get_task
 from fastdecode.bench.tasks.longctx import OPS
-from fastdecode.sparse import make_selector, rules
 
 CHUNK = 2048
 

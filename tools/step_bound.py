@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import fastdecode  # noqa: E402
-from fastdecode.bench.harness import machine  # noqa: E402
+from fastdecode.bench.jobs import machine  # noqa: E402
 from tools.batch_speed import prompts_of  # noqa: E402
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..attention import SparseSelector
 from ..cache import DynamicKVCache, KVCache
 from ..config import MethodConfig
 from ..models.capabilities import attention_free
@@ -46,16 +47,16 @@ class ARSession:
     """
 
     def __init__(self, model: CausalLM, cfg: MethodConfig, slots: int, generator: torch.Generator | None = None,
-                 capacity: int = 0, constraint: Any = None, sparse: Any = None) -> None:
+                 capacity: int = 0, constraint: Any = None, sparse: SparseSelector | None = None) -> None:
         if slots < 1:
             raise ValueError(f"a session needs at least one slot, not {slots}")
         self.model, self.cfg, self.max_slots, self.generator = model, cfg, slots, generator
         self.capacity = capacity
         self.eos = set(model.eos_token_ids)
-        # the constraint's grammar mask comes last in the pipeline; a sparse rule (`fastdecode.sparse`) chooses the
-        # cached columns every forward reads (passed only when set: adapters of one's own need not take it)
+        # the constraint's grammar mask comes last in the pipeline; a sparse attention rule chooses the cached
+        # columns every forward reads
         self.pipeline = LogitsPipeline.from_config(cfg, constraint=constraint)
-        self._extra = {"sparse": sparse} if sparse is not None else {}
+        self.sparse = sparse
         # what each row has seen (padding not counted), kept only when a processor reads it
         self._keeps_history = self.pipeline.uses_history or bool(self.pipeline.stateful)
         self.history: History | None = None
@@ -145,10 +146,10 @@ class ARSession:
                 free = self.free
             take = free[:R]
             target = model.new_cache(batch=R, capacity=ids.shape[1])
-        if not direct and self._extra:
+        if not direct and self.sparse is not None:
             raise ValueError("rows cannot join a running session that decodes with a sparse attention rule: its "
                              "summaries of the cache would not cover the adopted rows; start a new session")
-        logits = model.forward(ids, positions, target, mask, num_logits=1, **self._extra)[:, -1]  # [R, V]
+        logits = model.forward(ids, positions, target, mask, num_logits=1, sparse=self.sparse)[:, -1]  # [R, V]
         if not direct:
             assert isinstance(self.cache, KVCache) and isinstance(target, KVCache)
             for i, s in enumerate(take):
@@ -230,13 +231,13 @@ class ARSession:
         if isinstance(self.cache, KVCache):
             before = list(self.cache.lengths)
             mask = None if all(feeds) else real[:, None]
-            logits = model.forward(token[:, None], self.next_pos, self.cache, mask, **self._extra)[:, -1]
+            logits = model.forward(token[:, None], self.next_pos, self.cache, mask, sparse=self.sparse)[:, -1]
             if not all(feeds):  # padding slots (free, or joined since the last step) keep what they held
                 self.cache.crop_rows([n + 1 if f else n for n, f in zip(before, feeds, strict=True)])
         else:  # every row joined at once; a finished row rides along with the pad token, as a real one
             if self._mask is not None:
                 self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
-            logits = model.forward(token[:, None], self.next_pos, self.cache, self._mask, **self._extra)[:, -1]
+            logits = model.forward(token[:, None], self.next_pos, self.cache, self._mask, sparse=self.sparse)[:, -1]
         assert self.logits is not None
         self.logits = torch.where(real[:, None], logits, self.logits)
         self.next_pos = self.next_pos + real[:, None].long()
@@ -245,11 +246,11 @@ class ARSession:
 
 def autoregressive(
     model: CausalLM, batch: PromptBatch, cfg: MethodConfig, generator: torch.Generator | None = None,
-    constraint: Any = None, sparse: Any = None,
+    constraint: Any = None, sparse: SparseSelector | None = None,
 ) -> Iterator[StepEvent]:
     """Every row's next token from the request's logits pipeline (`cfg`'s processors, argmax or a draw; the
-    `constraint`'s grammar mask last); with `sparse` (a `fastdecode.sparse` rule) every forward reads the cached
-    columns the rule selects."""
+    `constraint`'s grammar mask last); with `sparse` (an `attention=` rule's selector) every forward reads the
+    cached columns the rule selects."""
     B = batch.size
     session = ARSession(model, cfg, slots=B, generator=generator,
                         capacity=batch.input_ids.shape[1] + cfg.max_new_tokens, constraint=constraint, sparse=sparse)

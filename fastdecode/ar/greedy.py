@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..attention import check_attention, make_selector
 from ..config import MethodConfig, check
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
-from ..sparse import check_attention, make_selector
 from ..types import PromptBatch, StepEvent
 from .driver import autoregressive
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..attention import check_attention, make_selector
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
 from ..sampling.config import SamplingConfig
 from ..sampling.samplers import make_generator
-from ..sparse import check_attention, make_selector
 from ..types import PromptBatch, StepEvent
 from .driver import autoregressive
 

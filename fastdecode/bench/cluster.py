@@ -15,6 +15,7 @@ from typing import Any
 
 from ..models.base import ModelAdapter
 from ..speculative.memory import DrafterMemory
+from .jobs import item_key, load_model, machine, make_row, preflight, run_job
 from .suites import BenchError
 
 
@@ -26,14 +27,12 @@ class BenchWorker:
                  reference: Mapping[tuple[str, int, int], list[int]]) -> None:
         import torch
 
-        from .harness import _model, machine
-
         if threads is not None:
             torch.set_num_threads(threads)
-        target, _ = _model(model, load_kwargs)
+        target, _ = load_model(model, load_kwargs)
         assert target is not None
         self.target: ModelAdapter = target
-        self.assistant, _ = _model(draft, load_kwargs)
+        self.assistant, _ = load_model(draft, load_kwargs)
         self.meta = {**meta, "machine": machine(self.target.device), "run": f"{meta['run']}-w{index}"}
         self.reference = dict(reference)
         self.memories: dict[str, DrafterMemory] = {}
@@ -42,19 +41,17 @@ class BenchWorker:
     def run_item(self, jobs: list[Any], warmup: bool) -> list[dict[str, Any]]:
         """Every pending row of one item, the baseline's first; a configuration this worker has not run yet is
         pre-flighted (and warmed up) first, as the local harness does before its first row."""
-        from .harness import _generate, _item_key, _preflight, _row
-
         rows = []
         for job in jobs:
             if job.entry not in self.ready:
-                _preflight(self.target, self.assistant, [job])
+                preflight(self.target, self.assistant, [job])
                 if warmup:
-                    _generate(self.target, self.assistant, job)
+                    run_job(self.target, self.assistant, job)
                 self.ready.add(job.entry)
                 self.memories[job.entry] = DrafterMemory()
-            row = _row(job, self.target, self.assistant, self.meta, self.reference, self.memories[job.entry])
+            row = make_row(job, self.target, self.assistant, self.meta, self.reference, self.memories[job.entry])
             if job.is_baseline:
-                self.reference[_item_key(row)] = row["token_ids"]
+                self.reference[item_key(row)] = row["token_ids"]
             rows.append(row)
         return rows
 

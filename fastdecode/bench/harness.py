@@ -11,52 +11,28 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 
 from ..config import build_config
-from ..engine import generate, resolve
+from ..engine import resolve
 from ..errors import ResultsFileWarning
 from ..models.base import ModelAdapter
-from ..models.loading import load
 from ..registry import get_method
 from ..speculative.memory import DrafterMemory
 from .evaluate import default_budget
+from .jobs import Job, item_key, load_model, machine, make_row, preflight, run_job, versions
 from .suites import BenchError, Suite, get_suite
-from .tasks import Item, Task, format_prompt
-from .tasks.code import first_line_exact
 
 SCHEMA = 1
 BASELINES = {"causal": "ar.greedy", "diffusion": "dlm.baseline"}
-# scores beyond the task's own scorer, by task name (all in [0, 1])
-EXTRA_SCORES: dict[str, dict[str, Callable[[Item, str], float]]] = {
-    "code.complete": {"first_line_exact": first_line_exact},
-}
-
-
-@dataclass(frozen=True)
-class Job:
-    """One generation to run: a method with its resolved parameters on one test item."""
-
-    task: Task
-    item: Item
-    index: int  # position of the item in task.items(seed, n)
-    seed: int
-    method: str
-    params: dict[str, Any]  # the method's full config, as a dict
-    is_baseline: bool
-    entry: str  # the --methods entry it came from: the method, or a configuration such as dlm.baseline:cache=dual
-    default_budget: bool = True  # max_new_tokens is the task's default for this model, not a --param / entry value
 
 
 @dataclass(frozen=True)
@@ -237,39 +213,6 @@ def _open_for_append(path: Path) -> tuple[list[dict[str, Any]], Any]:
 
 # -- environment -----------------------------------------------------------------------------------
 
-def machine(device: torch.device) -> dict[str, Any]:
-    """Where the numbers were measured."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = _cpu_name() or platform.processor() or platform.machine()
-    return {
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "device": str(device),
-        "device_name": name,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def versions() -> dict[str, str]:
-    from .. import __version__
-
-    return {"fastdecode_version": __version__, "torch_version": torch.__version__,
-            "transformers_version": transformers.__version__}
-
-
 # -- planning --------------------------------------------------------------------------------------
 
 def split_params(items: Sequence[str]) -> dict[str, dict[str, str]]:
@@ -331,12 +274,6 @@ def plan_jobs(suite: Suite, entries: Sequence[Entry], baseline: str, params: Map
     return jobs
 
 
-def _model(source: str | ModelAdapter | None, load_kwargs: Mapping[str, Any]) -> tuple[ModelAdapter | None, str | None]:
-    if source is None or isinstance(source, ModelAdapter):
-        return source, (source.name if source is not None else None)
-    return load(source, **load_kwargs), str(source)
-
-
 # -- running ---------------------------------------------------------------------------------------
 
 def run_bench(
@@ -368,8 +305,8 @@ def run_bench(
     check_out(out)
     asked = [Entry.parse(text) for text in dict.fromkeys(methods)]
     params = _check_request(suite, asked, params, seeds, limit)
-    target, model_id = _model(model, load_kwargs or {})
-    assistant, draft_id = _model(draft, load_kwargs or {})
+    target, model_id = load_model(model, load_kwargs or {})
+    assistant, draft_id = load_model(draft, load_kwargs or {})
     assert target is not None and model_id is not None
     baseline = BASELINES[target.kind]
     entries = [Entry.parse(baseline), *(e for e in asked if e.text != baseline)]
@@ -412,7 +349,7 @@ def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, targe
              report: Callable[[Progress], None]) -> None:
     """Skip the jobs already in the file, warm every configuration up, then run the rest item by item."""
     done_keys = {row_key(r) for r in existing}
-    reference = {_item_key(r): r["token_ids"] for r in existing
+    reference = {item_key(r): r["token_ids"] for r in existing
                  if r.get("is_baseline") and r.get("model") == meta["model"] and r.get("suite") == meta["suite"]}
     pending: dict[str, list[Job]] = {}
     for job in jobs:
@@ -421,21 +358,21 @@ def _execute(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, targe
             report(Progress(summary.skipped, summary.total, summary.skipped, job, "skip"))
         else:
             pending.setdefault(job.entry, []).append(job)
-    _preflight(target, assistant, [todo[0] for todo in pending.values()])
+    preflight(target, assistant, [todo[0] for todo in pending.values()])
     if warmup:
         for todo in pending.values():
             report(Progress(summary.written + summary.skipped, summary.total, summary.skipped, todo[0], "warmup"))
-            _generate(target, assistant, todo[0])
+            run_job(target, assistant, todo[0])
     # drafters that remember earlier requests (spec.suffix's global tree, spec.recycling's matrix: their method)
     # keep one memory per configuration, empty at its first measured row, so that neither the pre-flight and
     # warm-up runs (each with a memory of its own) nor another configuration's rows hand a row its own answer
     memories = {entry: DrafterMemory() for entry in pending}
     for job in _interleaved(pending):
-        row = _row(job, target, assistant, meta, reference, memories[job.entry])
+        row = make_row(job, target, assistant, meta, reference, memories[job.entry])
         handle.write(json.dumps(row) + "\n")
         handle.flush()
         if job.is_baseline:
-            reference[_item_key(row)] = row["token_ids"]
+            reference[item_key(row)] = row["token_ids"]
         summary.written += 1
         report(Progress(summary.written + summary.skipped, summary.total, summary.skipped, job, "row"))
 
@@ -448,7 +385,7 @@ def _execute_ray(jobs: list[Job], existing: list[dict[str, Any]], handle: Any, m
     from .cluster import execute_on_ray
 
     done_keys = {row_key(r) for r in existing}
-    reference = {_item_key(r): r["token_ids"] for r in existing
+    reference = {item_key(r): r["token_ids"] for r in existing
                  if r.get("is_baseline") and r.get("model") == meta["model"] and r.get("suite") == meta["suite"]}
     pending = []
     for job in jobs:
@@ -483,54 +420,9 @@ def _interleaved(pending: Mapping[str, list[Job]]) -> list[Job]:
     return sorted(jobs, key=lambda j: (rank[(j.task.name, j.index, j.seed)], entry_rank[j.entry]))
 
 
-def _item_key(row: Mapping[str, Any]) -> tuple[str, int, int]:
-    return row["task"], row["item"], row["seed"]
-
-
 def _job_row_key(job: Job, meta: Mapping[str, Any]) -> str:
     return row_key({"suite": meta["suite"], "task": job.task.name, "item": job.index, "seed": job.seed,
                     "method": job.method, "params": job.params, "model": meta["model"], "draft": meta["draft"]})
-
-
-def _generate(target: ModelAdapter, assistant: ModelAdapter | None, job: Job, memory: DrafterMemory | None = None,
-              **override: Any):
-    """One generation of `job`; drafters that learn across requests use `memory`, else one that starts empty and
-    is dropped (never the target's own, so a benchmark leaves what the library remembers alone)."""
-    memory = memory if memory is not None else DrafterMemory()
-    return generate(target, format_prompt(job.item.prompt), job.method, draft=assistant, memory=memory,
-                    **{**job.params, **override})
-
-
-def _preflight(target: ModelAdapter, assistant: ModelAdapter | None, jobs: list[Job]) -> None:
-    """One short generation per method, so a method that cannot run fails before any row is written."""
-    for job in jobs:
-        try:  # the shortest generation the config accepts (diffusion block sizes must divide it)
-            build_config(get_method(job.method).config, {**job.params, "max_new_tokens": 1}, job.method)
-            short = {"max_new_tokens": 1}
-        except ValueError:
-            short = {}
-        _generate(target, assistant, job, memory=None, **short)
-
-
-def _row(job: Job, target: ModelAdapter, assistant: ModelAdapter | None,
-         meta: Mapping[str, Any], reference: Mapping[tuple[str, int, int], list[int]],
-         memory: DrafterMemory) -> dict[str, Any]:
-    result = _generate(target, assistant, job, memory)
-    extra = EXTRA_SCORES.get(job.task.name, {})
-    base = reference.get((job.task.name, job.index, job.seed))
-    return {
-        "suite": meta["suite"], "task": job.task.name, "item": job.index, "seed": job.seed, "method": job.method,
-        "params": job.params, "default_budget": job.default_budget, "model": meta["model"], "draft": meta["draft"],
-        "is_baseline": job.is_baseline, "baseline": meta["baseline"],
-        "lossless": get_method(job.method).lossless_with(job.params),
-        "score": job.task.score(job.item, result.text),
-        "scores": {name: fn(job.item, result.text) for name, fn in extra.items()},
-        "equal_to_baseline": True if job.is_baseline else (None if base is None else result.token_ids == base),
-        **result.stats.to_dict(),
-        "output": result.text, "token_ids": result.token_ids,
-        **{k: v for k, v in meta.items() if k not in ("suite", "model", "draft", "baseline")},
-        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
 
 
 def iter_rows(paths: Sequence[str | Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
@@ -551,20 +443,20 @@ def measure_overhead(model: str | ModelAdapter, suite: str = "quick", method: st
     import statistics
     import tempfile
 
-    target, _ = _model(model, {})
+    target, _ = load_model(model, {})
     assert target is not None
     baseline = BASELINES[target.kind]
     methods = list(dict.fromkeys([baseline, method]))  # the harness always runs the baseline too
     jobs = plan_jobs(get_suite(suite), [Entry.parse(m) for m in methods], baseline, {}, None, limit, target)
     for name in methods:
-        _generate(target, None, next(j for j in jobs if j.method == name))
+        run_job(target, None, next(j for j in jobs if j.method == name))
     direct, bench = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeats):
             start = time.perf_counter()
             memory = DrafterMemory()  # one per repeat, as the harness keeps one per configuration and run
             for job in jobs:
-                _generate(target, None, job, memory)
+                run_job(target, None, job, memory)
             direct.append(time.perf_counter() - start)
             start = time.perf_counter()
             run_bench(suite, target, [method], Path(tmp) / f"{r}.jsonl", limit=limit, warmup=False)

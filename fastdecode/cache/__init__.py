@@ -1,3 +1,4 @@
+from .base import CacheBase
 from .kv import DynamicKVCache, KVCache
 
-__all__ = ["DynamicKVCache", "KVCache"]
+__all__ = ["CacheBase", "DynamicKVCache", "KVCache"]

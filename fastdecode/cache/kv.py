@@ -21,6 +21,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionCach
 
 from ..attention import Plan
 from ..errors import IncompatibleMethodError
+from .base import CacheBase
 
 
 class _Layer(CacheLayerMixin):
@@ -85,7 +86,7 @@ class _Layer(CacheLayerMixin):
         self.owner.crop(0)
 
 
-class KVCache(Cache):
+class KVCache(CacheBase, Cache):
     """Preallocated key/value storage for `batch` rows, with per-row lengths; see the module docstring.
 
     `lengths[b]` is how many columns row b holds; `positions[b, j]` the logical position of column j (the model's
@@ -119,21 +120,20 @@ class KVCache(Cache):
         """Every layer holds plain keys and values, so dropping the last entries of a row restores it exactly."""
         return True
 
+    def ragged(self) -> bool:
+        return True
+
+    def plans_attention(self) -> bool:
+        return True
+
     # -- lengths -----------------------------------------------------------------------------------------------------
     @property
-    def length(self) -> int:
-        """Stored columns of the longest row (the one length of a batch-1 or unragged cache)."""
-        return max(self.lengths)
+    def lengths(self) -> list[int]:
+        return self._lengths
 
-    def trim(self, n: int) -> None:
-        """Drop the last `n` entries of every row."""
-        if not 0 <= n <= min(self.lengths):
-            raise ValueError(f"cannot trim {n} positions from a cache whose rows hold {self.lengths}")
-        self.crop_rows([length - n for length in self.lengths])
-
-    def crop(self, length: int) -> None:
-        """Keep the first `length` columns of every row."""
-        self.crop_rows([min(length, n) for n in self.lengths])
+    @lengths.setter
+    def lengths(self, value: list[int]) -> None:
+        self._lengths = value
 
     def crop_rows(self, lengths: list[int]) -> None:
         """Row b keeps its first `lengths[b]` columns: the rollback of speculative decoding, no copies."""
@@ -175,12 +175,14 @@ class KVCache(Cache):
         self._seen = self.length
 
     @torch.inference_mode()  # the stored tensors are made in the forward's inference mode
-    def adopt(self, slot: int, other: KVCache, row: int) -> None:
+    def adopt(self, slot: int, other: CacheBase, row: int) -> None:
         """Row `slot` takes over row `row` of `other` (a cache of the same model): its keys, values, positions and
         valid flags, copied; what `slot` held before is dropped. How a row prefilled on its own joins a running
         batch (`ar.driver.ARSession`)."""
         if self._write is not None:
             raise RuntimeError("a row cannot join the cache during a forward")
+        if not isinstance(other, KVCache):
+            raise TypeError(f"a KVCache row adopts a row of another KVCache, not of {type(other).__name__}")
         n = other.lengths[row]
         self._reserve(n)
         self.positions[slot, :n] = other.positions[row, :n].to(self.positions.device)
@@ -257,8 +259,9 @@ class KVCache(Cache):
         self._start, self._write = None, None
 
 
-class DynamicKVCache:
-    """A `transformers` cache for models the preallocated cache cannot serve; grows by concatenation."""
+class DynamicKVCache(CacheBase):
+    """A `transformers` cache for models the preallocated cache cannot serve; grows by concatenation. Its rows all
+    hold one length (not `ragged`), and the model's own masks place its tokens (no attention plan)."""
 
     def __init__(self, hf_cache: Any) -> None:
         self.hf = hf_cache

@@ -18,13 +18,15 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..sampling.history import Positions
 from .backend import Matcher
-from .constraint import Compiled
+
+if TYPE_CHECKING:  # a type only: constraint.py makes this processor (`Compiled.processor()`), not the other way
+    from .constraint import Compiled
 
 State = tuple[int, tuple[int, ...]]  # (prompt key, output tokens)
 _MEMO = 256  # masks kept per request

@@ -8,7 +8,8 @@ first step, with the layer type or attention kind that blocks it named in the me
 - `uses_alibi(model)`: ALiBi attention that reads key positions from a 2D padding mask (Bloom, Falcon with alibi, MPT);
 - `sliding_windows(model)`: the window of every sliding-window layer (Mistral, Gemma 2/3, Qwen2 with windows);
 - `layer_types(model)`: transformers' per-layer cache types ("full_attention", "sliding_attention",
-  "linear_attention", ...).
+  "linear_attention", ...);
+- `check_sparse_attention(model)`: refuse a model whose attention cannot read a subset of the cache.
 
 Each takes a `CausalLM` adapter or a bare `transformers` model.
 """
@@ -19,6 +20,8 @@ from typing import Any
 
 from torch import nn
 from transformers.cache_utils import LinearAttentionCacheLayerMixin, get_layer_types_and_kwargs
+
+from ..errors import IncompatibleMethodError
 
 # transformers' cache layer types that attend over plain keys and values; "dummy" layers (MLP / MoE only) hold
 # nothing; any other type ("linear_attention", "conv", "hybrid", ...) holds a recurrent state
@@ -99,3 +102,14 @@ def sliding_windows(model: Any) -> dict[int, int]:
     except (AttributeError, KeyError, TypeError, ValueError):
         return {}
     return {i: int(kw["sliding_window"]) for i, kw in enumerate(kwargs) if kw.get("sliding_window") is not None}
+
+
+def check_sparse_attention(model: Any) -> None:
+    """Refuse, before the first step, a model whose attention cannot read a subset of the cache: sparse attention
+    (`attention=` a rule, `sparse.*`) selects columns of fastdecode's preallocated KV cache through fastdecode's
+    attention function, which only an adapter with `preallocated` set runs."""
+    if not getattr(model, "preallocated", False):
+        raise IncompatibleMethodError(
+            f"Sparse attention reads a subset of fastdecode's preallocated KV cache, which "
+            f"{getattr(model, 'name', 'this model')!r} cannot use (its layers are not all plain attention through "
+            "transformers' attention interface). Use dense attention (ar.greedy, or attention='dense').")

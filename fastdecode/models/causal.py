@@ -6,7 +6,7 @@ import contextlib
 import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import Literal, overload
 
 import torch
 from transformers import DynamicCache
@@ -14,7 +14,7 @@ from transformers import DynamicCache
 from .. import attention
 from ..cache import DynamicKVCache, KVCache
 from .base import ModelAdapter
-from .capabilities import layer_types
+from .capabilities import check_sparse_attention, layer_types
 from .hidden import captured, collect, layer_list, wanted
 from .native import native_forward
 
@@ -85,24 +85,25 @@ class CausalLM(ModelAdapter):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
                 attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
                 visible: torch.Tensor | None = None, hidden: Literal[False] = False,
-                sparse: Any = None) -> torch.Tensor: ...
+                sparse: attention.SparseSelector | None = None) -> torch.Tensor: ...
 
     @overload
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
                 attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
-                visible: torch.Tensor | None = None, *, hidden: Literal[True], sparse: Any = None) -> CausalOutput: ...
+                visible: torch.Tensor | None = None, *, hidden: Literal[True],
+                sparse: attention.SparseSelector | None = None) -> CausalOutput: ...
 
     @overload
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
                 attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
                 visible: torch.Tensor | None = None, *, hidden: Sequence[int],
-                sparse: Any = None) -> CausalOutput: ...
+                sparse: attention.SparseSelector | None = None) -> CausalOutput: ...
 
     @overload
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | DynamicKVCache | None = None,
                 attention_mask: torch.Tensor | None = None, num_logits: int | None = None,
                 visible: torch.Tensor | None = None, *, hidden: bool,
-                sparse: Any = None) -> torch.Tensor | CausalOutput: ...
+                sparse: attention.SparseSelector | None = None) -> torch.Tensor | CausalOutput: ...
 
     @torch.inference_mode()
     def forward(
@@ -114,7 +115,8 @@ class CausalLM(ModelAdapter):
         num_logits: int | None = None,  # keep logits of only the last num_logits positions
         visible: torch.Tensor | None = None,  # [T, T] or [B, T, T] bool: new token i may see new token j
         hidden: bool | Sequence[int] = False,  # also return the last hidden states (and these layers' outputs)
-        sparse: Any = None,  # a sparse attention rule (`fastdecode.sparse`): which cached columns each layer reads
+        # a sparse attention rule (an `attention=` value's selector): which cached columns each layer reads
+        sparse: attention.SparseSelector | None = None,
     ) -> torch.Tensor | CausalOutput:
         """Run the model over `input_ids` appended after `cache`; returns float32 logits `[B, T', V]`, or with
         `hidden=True` a `CausalOutput` holding them and the last hidden states `[B, T, H]`; with layer indices
@@ -136,9 +138,7 @@ class CausalLM(ModelAdapter):
                                                    num_logits, sparse, picked)
         else:
             if sparse is not None:
-                from ..sparse import check_model
-
-                check_model(self)
+                check_sparse_attention(self)
             out, layers = self._legacy(input_ids, positions, cache, attention_mask, visible, kwargs, picked)
             logits, states = out.logits, out.hidden_states[-1] if asked else None
         if num_logits is not None:

@@ -1,9 +1,10 @@
 """What every sparse attention rule shares: the selection hook, the always-kept tokens, budgets, accounting.
 
-A `Selector` is handed to `CausalLM.forward(..., sparse=selector)`. The adapter calls `begin(cache, plan)` once
-per forward; fastdecode's attention function (`fastdecode.attention`) then calls `select(layer, q, k, v, mask)`
-in every layer before it attends. `select` returns `None` (attend densely) or a `Selection`: for each row and
-key/value head the cache columns to read (`-1` = none), and optionally heads that stay dense. The attention
+A `Selector` (the core's `attention.SparseSelector`) is handed to `CausalLM.forward(..., sparse=selector)`. The
+adapter calls `begin(cache, plan)` once per forward; fastdecode's attention function (`fastdecode.attention`) then
+calls `select(layer, q, k, v, mask)` in every layer before it attends. `select` returns `None` (attend densely) or a
+`Selection`: for each row and key/value head the cache columns to read (`-1` = none), and optionally heads that
+stay dense. The attention
 function gathers only those columns (`fastdecode.attention.gathered`), so a decode step reads `budget` columns
 per head instead of the whole cache.
 
@@ -26,7 +27,9 @@ from typing import Any
 
 import torch
 
+from ..attention import Plan, Selection
 from ..config import MethodConfig, check
+from ..models.capabilities import check_sparse_attention
 from ..sampling.config import SamplingConfig
 
 
@@ -57,14 +60,6 @@ class SparseConfig(SamplingConfig):
 
 
 @dataclass
-class Selection:
-    """Columns each key/value head reads: `cols[b, h, i]` (-1 = nothing); `dense[h]`: head h attends to all."""
-
-    cols: torch.Tensor  # [B, Hkv, n] long
-    dense: torch.Tensor | None = None  # [Hkv] bool
-
-
-@dataclass
 class Reads:
     """Key and value columns read (summed over layers, heads and rows) and the forwards they were read in."""
 
@@ -92,8 +87,12 @@ class Selector:
     state: dict[str, Any] = field(default_factory=dict)  # per-forward state shared across layers (TidalDecode)
     state_static: dict[str, Any] = field(default_factory=dict)  # kept for the whole run (calibrated head sets)
 
+    def __post_init__(self) -> None:
+        if self.model is not None:  # refused when the rule is made, before any step
+            check_sparse_attention(self.model)
+
     # -- called by the adapter and the attention function -------------------------------------------------------
-    def begin(self, cache: Any, plan: Any) -> None:
+    def begin(self, cache: Any, plan: Plan) -> None:
         if self._cache is not cache:
             self._cache = cache
             self.reset()

@@ -1,34 +1,40 @@
 """The short calibration of sparse.duo, sparse.lychee and sparse.double, saved beside a model as JSON.
 
-One dense prefill over a few training items of the `longctx` tasks (train seeds) records, per layer and key/value
+A few dense prefills over prompts the caller gives (`calibrate(model, prompts)`) record, per layer and key/value
 head, from the last `tail` queries of each prompt (the question, which must find its answer far back):
 
 - `far_mass[layer][head]`: the attention weight that falls outside the first 4 and the last 64 columns, averaged.
   DuoAttention learns a gate per head by distillation (hours on GPUs); this is the cheap stand-in kvpress uses when
   no trained pattern exists (scoring heads on the fly): heads that look far are retrieval heads, the rest
   streaming heads. LycheeDecode's retrieval heads are chosen the same way here (its HardKuma gates are trained).
-- `channels[layer][head]`: key channels by mean |q_d| * mean |k_d| (Double Sparsity's offline "qk" channel
-  calibration), most important first.
+- `channels[layer][head]`: key channels by mean |q_d| * mean |k_d| (Double Sparsity's offline "qk" calibration),
+  most important first.
 
-`calibration(model)` reads `sparse_calibration.json` from the model's folder when it is there (the zoo's ar-long
-ships one) and otherwise calibrates in memory once per loaded model; `save(...)` writes the file.
+The file a model ships is made from the `longctx` suite's training items by the benchmark side
+(`python -m fastdecode.bench.calibration MODEL_FOLDER`): the prompts are the caller's, so this family never imports
+the benchmark. `calibration(model)` reads `sparse_calibration.json` from the model's folder when it is there (the
+zoo's ar-long ships one) and otherwise calibrates in memory once per loaded model, on pass-key haystacks of its own
+(`haystack_prompts`); `save(...)` writes the file.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..bench.tasks import format_prompt
-from ..bench.tasks.longctx import OPS
 from .base import Selector, SparseConfig
 
 FILE = "sparse_calibration.json"
 SINKS, RECENT = 4, 64
+# (name, text) of each calibration prompt: the names are recorded, the texts tokenised and prefilled
+Prompts = Sequence[tuple[str, str]]
+# the filler of `haystack_prompts`: plain sentences that say nothing about the key
+_FILLER = "A quiet river runs past the old mill. Leaves fall in the yard. The train leaves at noon. Rain comes later. "
 
 
 class _Recorder(Selector):
@@ -60,27 +66,37 @@ class _Recorder(Selector):
         return None
 
 
-def calibrate(model: Any, items: int = 4, context: int = 1024, tail: int = 16, seed: int = 0) -> dict:
-    """Run the calibration prefills (training items only) and return the JSON-ready record."""
-    rng = random.Random(seed)
+def calibrate(model: Any, prompts: Prompts, *, context: int, tail: int = 16,
+              source: str = "longctx training items") -> dict:
+    """Run one dense prefill per prompt and return the JSON-ready record (`context`: the prompts' intended length
+    in tokens, `source`: what they are, both recorded)."""
     rec = _Recorder(tail)
-    names = []
-    for i in range(items):
-        task = OPS[i % len(OPS)]("1k")
-        task.context = context
-        item = task.make_item(random.Random(rng.randrange(1_000_000)))  # train seeds
-        names.append(task.op)
-        ids = model.tokenizer(format_prompt(item.prompt), return_tensors="pt")["input_ids"].to(model.device)
+    for _, text in prompts:
+        ids = model.tokenizer(text, return_tensors="pt")["input_ids"].to(model.device)
         cache = model.new_cache(capacity=ids.shape[1])
         model.forward(ids, torch.arange(ids.shape[1], device=ids.device)[None], cache, num_logits=1, sparse=rec)
     layers = sorted(rec.far)
     return {
         "about": "fastdecode.sparse.calibration: far attention mass per (layer, kv head) and key channels by "
-                 "importance, from dense prefills of longctx training items",
-        "items": names, "context": context, "tail": tail, "sinks": SINKS, "recent": RECENT,
-        "far_mass": [[round(float(x) / items, 5) for x in rec.far[layer]] for layer in layers],
+                 f"importance, from dense prefills of {source}",
+        "items": [name for name, _ in prompts], "context": context, "tail": tail, "sinks": SINKS, "recent": RECENT,
+        "far_mass": [[round(float(x) / len(prompts), 5) for x in rec.far[layer]] for layer in layers],
         "channels": [rec.chan[layer].argsort(-1, descending=True).tolist() for layer in layers],
     }
+
+
+def haystack_prompts(model: Any, items: int = 4, context: int = 1024, seed: int = 0) -> list[tuple[str, str]]:
+    """`items` pass-key prompts of about `context` tokens of `model`'s tokenizer: filler with a 5-digit key at a
+    random depth, then the question (what a model without a calibration file is calibrated on)."""
+    rng = random.Random(seed)
+    unit = max(1, len(model.tokenizer(_FILLER)["input_ids"]))
+    units = max(1, context // unit)
+    prompts = []
+    for _ in range(items):
+        key, depth = rng.randint(10_000, 99_999), rng.randint(0, units)
+        text = _FILLER * depth + f"The pass key is {key}. Remember it. " + _FILLER * (units - depth)
+        prompts.append(("passkey", text + "What is the pass key? The pass key is"))
+    return prompts
 
 
 def save(record: dict, folder: str | Path) -> Path:
@@ -104,27 +120,6 @@ def calibration(model: Any) -> dict:
     except Exception:  # a model without a folder (built in memory): calibrate it
         record = None
     if record is None or len(record["far_mass"]) != getattr(model.config, "num_hidden_layers", -1):
-        record = calibrate(model)
+        record = calibrate(model, haystack_prompts(model), context=1024, source="pass-key haystacks")
     model._sparse_calibration = record
     return record
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m fastdecode.sparse.calibration MODEL_FOLDER`: calibrate and write the file beside the weights."""
-    import argparse
-
-    from ..models.loading import load, resolve
-
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("model", help="a model folder or zoo:NAME")
-    ap.add_argument("--out", default=None, help="folder to write sparse_calibration.json to (default: the model's)")
-    ap.add_argument("--items", type=int, default=4)
-    ap.add_argument("--context", type=int, default=1024)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    model = load(args.model)
-    save(calibrate(model, items=args.items, context=args.context), args.out or resolve(args.model))
-
-
-if __name__ == "__main__":
-    main()

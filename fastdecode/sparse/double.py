@@ -6,16 +6,12 @@ last step."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from ..attention import register_rule
 from ..config import check
-from ..models.causal import CausalLM
-from ..registry import RunContext, register
-from ..types import PromptBatch, StepEvent
-from . import register_rule, sparse_decode
 from .base import Selection, Selector, SparseConfig
 from .calibration import calibration
 
@@ -67,10 +63,7 @@ class DoubleSelector(Selector):
         return Selection(self.top(p, visible))
 
 
-register_rule("double", DoubleSelector, DoubleConfig)
-
-
-@register("sparse.double", kind="causal", config=DoubleConfig)
-def run(model: CausalLM, batch: PromptBatch, cfg: DoubleConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """Double Sparsity: approximate scores from a few calibrated key channels, then exact top-k attention."""
-    return sparse_decode(model, batch, cfg, ctx, DoubleSelector)
+register_rule(
+    "double", DoubleSelector, DoubleConfig,
+    description="Double Sparsity: approximate scores from a few calibrated key channels, then exact top-k attention.",
+)

@@ -6,16 +6,12 @@ heads kept dense (DuoAttention: 0.25 for MHA models, 0.5 for GQA). Every layer t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from ..attention import register_rule
 from ..config import check
-from ..models.causal import CausalLM
-from ..registry import RunContext, register
-from ..types import PromptBatch, StepEvent
-from . import register_rule, sparse_decode
 from .base import Selection
 from .calibration import calibration
 from .streaming import StreamingConfig, StreamingSelector
@@ -60,10 +56,7 @@ class DuoSelector(StreamingSelector):
         return float(dense * context + (heads * layers - dense) * window)
 
 
-register_rule("duo", DuoSelector, DuoConfig)
-
-
-@register("sparse.duo", kind="causal", config=DuoConfig)
-def run(model: CausalLM, batch: PromptBatch, cfg: DuoConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """DuoAttention: calibrated retrieval heads dense, streaming heads sinks + recent window."""
-    return sparse_decode(model, batch, cfg, ctx, DuoSelector)
+register_rule(
+    "duo", DuoSelector, DuoConfig,
+    description="DuoAttention: calibrated retrieval heads dense, streaming heads sinks + recent window.",
+)

@@ -6,16 +6,12 @@ calibration (`calibration.py`; LycheeDecode trains HardKuma gates instead, with 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from ..attention import register_rule
 from ..config import check
-from ..models.causal import CausalLM
-from ..registry import RunContext, register
-from ..types import PromptBatch, StepEvent
-from . import register_rule, sparse_decode
 from .base import Selection, Selector, SparseConfig, query_scores
 from .calibration import calibration
 
@@ -49,10 +45,7 @@ class LycheeSelector(Selector):
         return Selection(shared.expand(B, Hkv, -1), dense)
 
 
-register_rule("lychee", LycheeSelector, LycheeConfig)
-
-
-@register("sparse.lychee", kind="causal", config=LycheeConfig)
-def run(model: CausalLM, batch: PromptBatch, cfg: LycheeConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """LycheeDecode-style hybrid heads: a few dense retrieval heads pick top-k for the sparse heads."""
-    return sparse_decode(model, batch, cfg, ctx, LycheeSelector)
+register_rule(
+    "lychee", LycheeSelector, LycheeConfig,
+    description="LycheeDecode-style hybrid heads: a few dense retrieval heads pick top-k for the sparse heads.",
+)

@@ -4,13 +4,9 @@ the accuracy ceiling of a token budget, the yardstick of the cheaper rules."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..models.causal import CausalLM
-from ..registry import RunContext, register
-from ..types import PromptBatch, StepEvent
-from . import register_rule, sparse_decode
+from ..attention import register_rule
 from .base import Selection, Selector, SparseConfig, query_scores
 
 
@@ -25,10 +21,7 @@ class OracleSelector(Selector):
         return Selection(self.top(query_scores(q, k, mask), visible))
 
 
-register_rule("oracle", OracleSelector, OracleConfig)
-
-
-@register("sparse.oracle", kind="causal", config=OracleConfig)
-def run(model: CausalLM, batch: PromptBatch, cfg: OracleConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """Exact top-k columns per head by attention weight (the accuracy ceiling of a budget)."""
-    return sparse_decode(model, batch, cfg, ctx, OracleSelector)
+register_rule(
+    "oracle", OracleSelector, OracleConfig,
+    description="Exact top-k columns per head by attention weight (the accuracy ceiling of a budget).",
+)

@@ -9,17 +9,13 @@ so choosing reads 2 / `page` of the keys."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from ..attention import register_rule
 from ..config import check
-from ..models.causal import CausalLM
-from ..registry import RunContext, register
-from ..types import PromptBatch, StepEvent
-from . import register_rule, sparse_decode
 from .base import Selection, Selector, SparseConfig
 
 
@@ -81,10 +77,7 @@ class QuestSelector(Selector):
         return Selection(self.top(per_col, visible))
 
 
-register_rule("quest", QuestSelector, QuestConfig)
-
-
-@register("sparse.quest", kind="causal", config=QuestConfig)
-def run(model: CausalLM, batch: PromptBatch, cfg: QuestConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """Quest: per-page key min/max bounds, the pages with the highest bounds up to the budget."""
-    return sparse_decode(model, batch, cfg, ctx, QuestSelector)
+register_rule(
+    "quest", QuestSelector, QuestConfig,
+    description="Quest: per-page key min/max bounds, the pages with the highest bounds up to the budget.",
+)

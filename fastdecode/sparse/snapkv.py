@@ -7,17 +7,13 @@ Every layer takes part (SnapKV compresses all layers)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from ..attention import register_rule
 from ..config import check
-from ..models.causal import CausalLM
-from ..registry import RunContext, register
-from ..types import PromptBatch, StepEvent
-from . import register_rule, sparse_decode
 from .base import Selection, Selector, SparseConfig
 
 
@@ -77,10 +73,7 @@ class SnapKVSelector(Selector):
         return float(heads * layers * (min(prompt, self.cfg.budget) + max(0, context - prompt)))
 
 
-register_rule("snapkv", SnapKVSelector, SnapKVConfig)
-
-
-@register("sparse.snapkv", kind="causal", config=SnapKVConfig)
-def run(model: CausalLM, batch: PromptBatch, cfg: SnapKVConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """SnapKV: the prefill's observation window keeps the top prompt columns per head."""
-    return sparse_decode(model, batch, cfg, ctx, SnapKVSelector)
+register_rule(
+    "snapkv", SnapKVSelector, SnapKVConfig,
+    description="SnapKV: the prefill's observation window keeps the top prompt columns per head.",
+)

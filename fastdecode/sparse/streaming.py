@@ -3,16 +3,12 @@ ones, `budget` columns in all; nothing else is read, so nothing else need be kep
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from ..attention import register_rule
 from ..config import check
-from ..models.causal import CausalLM
-from ..registry import RunContext, register
-from ..types import PromptBatch, StepEvent
-from . import register_rule, sparse_decode
 from .base import Selection, Selector, SparseConfig
 
 
@@ -44,10 +40,7 @@ class StreamingSelector(Selector):
         return float(heads * (dense * context + (layers - dense) * min(context, self.cfg.budget)))
 
 
-register_rule("streaming", StreamingSelector, StreamingConfig)
-
-
-@register("sparse.streaming", kind="causal", config=StreamingConfig)
-def run(model: CausalLM, batch: PromptBatch, cfg: StreamingConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """StreamingLLM: attention sinks plus a recent window of `budget` tokens in all."""
-    return sparse_decode(model, batch, cfg, ctx, StreamingSelector)
+register_rule(
+    "streaming", StreamingSelector, StreamingConfig,
+    description="StreamingLLM: attention sinks plus a recent window of `budget` tokens in all.",
+)

@@ -5,14 +5,10 @@ keeps the top-`budget` columns of each head by its attention weights; the layers
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..attention import register_rule
 from ..config import check
-from ..models.causal import CausalLM
-from ..registry import RunContext, register
-from ..types import PromptBatch, StepEvent
-from . import register_rule, sparse_decode
 from .base import Selection, Selector, SparseConfig, query_scores
 
 
@@ -38,10 +34,7 @@ class TidalSelector(Selector):
         return Selection(cols)
 
 
-register_rule("tidal", TidalSelector, TidalConfig)
-
-
-@register("sparse.tidal", kind="causal", config=TidalConfig)
-def run(model: CausalLM, batch: PromptBatch, cfg: TidalConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """TidalDecode: selection layers attend densely and pick the top-k that the next layers reuse."""
-    return sparse_decode(model, batch, cfg, ctx, TidalSelector)
+register_rule(
+    "tidal", TidalSelector, TidalConfig,
+    description="TidalDecode: selection layers attend densely and pick the top-k that the next layers reuse.",
+)

@@ -2,135 +2,32 @@
 
 Every drafter, chain or tree, runs through `speculative()`. Rows of a batch advance in lock step, one target
 forward per row and step, each row with its own KV cache and drafter, so no row ever sees another row's
-padding and a batched run equals the one-by-one runs token for token.
+padding and a batched run equals the one-by-one runs token for token. What a drafter is and declares (its
+capabilities, `Draft`, `Verification`) is `drafter.py`; this file only runs the loop.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
+from ..attention import SparseSelector, make_selector
 from ..cache import KVCache
 from ..errors import IncompatibleMethodError
 from ..models.capabilities import sliding_windows, state_layer_types, uses_alibi
 from ..models.causal import CausalLM, CausalOutput
 from ..registry import RunContext
-from ..sampling.config import SamplingConfig
 from ..sampling.pipeline import LogitsPipeline
 from ..sampling.samplers import make_generator
 from ..types import PromptBatch, StepEvent
+from .drafter import Draft, Drafter, DrafterFactory, Side, SpecConfig, Verification
 from .tree import ancestor_mask, depths, verify_tree_greedy, verify_tree_rsd, verify_tree_sampling
-from .verification import Verification
 from .verify import Verdict, verify_greedy, verify_sampling
-
-
-@dataclass(frozen=True)
-class SpecConfig(SamplingConfig):
-    """Parameters every speculative method takes: ar.sample's (temperature, top_k, top_p, min_p,
-    repetition_penalty, seed), applied by the same `LogitsPipeline` at every verified position. temperature 0 is
-    greedy and lossless (equals ar.greedy with the same repetition_penalty); above 0 the output has exactly
-    ar.sample's distribution with the same parameters."""
-
-    temperature: float = 0.0
-    # the target's attention in verification forwards: "dense", or a sparse rule ("quest", "quest:budget=128");
-    # a sparse target is no longer the dense model, so only "dense" is lossless against ar.greedy
-    attention: str = "dense"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        from ..sparse import check_attention
-
-        check_attention(self.attention)
-
-
-@dataclass(frozen=True)
-class Side:
-    """Tokens a drafter rides on the verification forward for its own use (Lookahead's Jacobi window). They see
-    the context and each other as `mask` says; the draft never sees them; their logits go to `observe`."""
-
-    tokens: torch.Tensor  # [S] long
-    offsets: torch.Tensor  # [S] position = last context position + offset (>= 1)
-    mask: torch.Tensor  # [S, S] bool, side token i may attend to side token j
-
-
-@dataclass(frozen=True)
-class Draft:
-    """Proposed continuation of one row: a chain, or a tree when `parents` is given (see `tree.py`).
-
-    `probs=None` marks a deterministic drafter (verified with q one-hot). A tree with `probs` has the siblings
-    under each node drawn in listed order without replacement from their row of `probs` (RSD, `verify_tree_rsd`).
-    """
-
-    tokens: torch.Tensor  # [k] long
-    probs: torch.Tensor | None = None  # [k, V] q_i, the distribution each token was drawn from
-    parents: list[int] | None = None  # [k] tree parent of each node, -1 = root; None = chain
-    side: Side | None = None
-
-    @staticmethod
-    def empty() -> Draft:
-        return Draft(torch.empty(0, dtype=torch.long))
-
-    def as_chain(self) -> Draft:
-        """A deterministic tree without branches is the chain it spells: verified the same way, and its accepted
-        prefix keeps its cache entries instead of being fed again."""
-        if self.parents is None or self.probs is not None or self.side is not None:
-            return self
-        return Draft(self.tokens) if self.parents == list(range(-1, len(self.parents) - 1)) else self
-
-    @property
-    def depth(self) -> int:
-        """The most draft tokens that can be accepted."""
-        return max(depths(self.parents), default=0) if self.parents is not None else self.tokens.numel()
-
-
-class Drafter(Protocol):
-    """Proposes tokens for one row. Drafters that run a model count their forwards in `forwards`; a drafter that
-    reads the target's hidden states sets `needs_hidden = True` and finds them in `Verification.hidden`; drafters
-    that may propose trees or side tokens (verified under a custom attention mask) set `tree_drafts`."""
-
-    needs_hidden: bool
-    tree_drafts: bool
-
-    @property
-    def forwards(self) -> int:
-        """Model forwards run so far (read only: a plain attribute or a property both satisfy it)."""
-        ...
-
-    def propose(self, context: torch.Tensor, k: int) -> Draft:
-        """Draft a chain of at most k tokens, or a tree at most k deep, to follow `context` (`[N]` long, on the CPU)."""
-        ...
-
-    def observe(self, verification: Verification) -> None:
-        """The last draft was verified and the row goes on: `verification.accepted` draft tokens were accepted,
-        then the target emitted one more; it also holds the target's logits (and hidden states) of that step."""
-        ...
-
-    def finish(self, context: torch.Tensor) -> None:
-        """The row ended with this `[N]` context (prompt + output); drafters that learn across requests keep it."""
-        ...
-
-
-class BaseDrafter:
-    """Defaults for the Drafter protocol: no model forwards, nothing learnt from verification."""
-
-    forwards = 0
-    needs_hidden = False
-    tree_drafts = False
-
-    def observe(self, verification: Verification) -> None:
-        pass
-
-    def finish(self, context: torch.Tensor) -> None:
-        pass
-
-
-# makes the drafter of one row from the run's generator (drafters that sample share it); rows never share a drafter
-DrafterFactory = Callable[[torch.Generator | None], Drafter]
 
 
 def check_rollback(model: CausalLM) -> None:
@@ -181,25 +78,23 @@ def speculative(
     generator = make_generator(cfg.seed, ctx.generator, model.device)
     rows = [_Row(model, batch.row(b), cfg, new_drafter(generator), generator, ctx.constraint)
             for b in range(batch.size)]
-    if any(getattr(r.drafter, "tree_drafts", False) for r in rows):
+    if any(r.drafter.tree_drafts for r in rows):
         check_tree_attention(model)
         if isinstance(ctx.draft, CausalLM):  # a draft model that grows the tree itself runs tree masks too
             check_tree_attention(ctx.draft, "draft model")
     room = max(len(r.prompt) for r in rows) + cfg.max_new_tokens + 64
     # a drafter that runs the target on the target's own cache (spec.sparse_self) needs a cache of its row alone
-    shared = any(getattr(r.drafter, "shares_target_cache", False) for r in rows)
+    shared = any(r.drafter.shares_target_cache for r in rows)
     if model.preallocated and not shared:
         groups = [_Group(model, rows, model.new_cache(batch=len(rows), capacity=room))]
     else:
         groups = [_Group(model, [r], model.new_cache(capacity=room) if model.preallocated else model.new_cache())
                   for r in rows]
-    from ..sparse import make_selector
-
     for group in groups:
         group.sparse = make_selector(cfg.attention, model)
         for r in group.rows:
             if shared:
-                r.drafter.bind(group.cache)  # type: ignore[attr-defined]
+                r.drafter.bind(group.cache)
     return SpecSession(model, cfg, rows, groups, new_drafter, generator, ctx.constraint)
 
 
@@ -235,7 +130,7 @@ class SpecSession:
     @property
     def joinable(self) -> bool:
         return len(self.groups) == 1 and isinstance(self.groups[0].cache, KVCache) and self.groups[0].sparse is None \
-            and not any(getattr(r.drafter, "shares_target_cache", False) for r in self.rows)
+            and not any(r.drafter.shares_target_cache for r in self.rows)
 
     @property
     def running(self) -> int:
@@ -366,7 +261,7 @@ class _Group:
 
     def __init__(self, model: CausalLM, rows: list[_Row], cache) -> None:
         self.model, self.rows, self.cache = model, rows, cache
-        self.sparse: Any = None  # the target's sparse attention rule (SpecConfig.attention), None = dense
+        self.sparse: SparseSelector | None = None  # the target's sparse attention rule (SpecConfig.attention)
 
     def step(self) -> dict[int, _Out]:
         model = self.model
@@ -404,14 +299,9 @@ class _Group:
             pos[b, n:] = blk.positions[-1]
         first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
         device = model.device
-        needs = any(
-            getattr(r.drafter, "needs_hidden", False)
-            for r, blk in zip(self.rows, blocks, strict=True)
-            if blk is not None
-        )
-        extra: dict[str, Any] = {"sparse": self.sparse} if self.sparse is not None else {}
+        needs = any(r.drafter.needs_hidden for r, blk in zip(self.rows, blocks, strict=True) if blk is not None)
         fwd = model.forward(inp.to(device), pos.to(device), self.cache, real.to(device), num_logits=T - first,
-                            visible=vis.to(device), hidden=needs, **extra)
+                            visible=vis.to(device), hidden=needs, sparse=self.sparse)
         # [B, T - first, V], [B, T, H]
         logits, hidden = (fwd.logits, fwd.hidden) if isinstance(fwd, CausalOutput) else (fwd, None)
         shared = _clock(model) - t1

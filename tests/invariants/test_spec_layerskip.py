@@ -10,6 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForC
 
 import fastdecode
 from fastdecode.errors import IncompatibleMethodError, ParameterError
+from fastdecode.speculative.drafter import Verification
 from fastdecode.speculative.drafters.layerskip import (
     LayerSkipConfig,
     LayerSkipDrafter,
@@ -17,7 +18,6 @@ from fastdecode.speculative.drafters.layerskip import (
     decoder_layers,
     skipping,
 )
-from fastdecode.speculative.verification import Verification
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
 

@@ -11,12 +11,12 @@ import fastdecode
 from fastdecode.engine import encode_batch
 from fastdecode.errors import IncompatibleMethodError, ParameterError
 from fastdecode.registry import RunContext
+from fastdecode.speculative.drafter import BaseDrafter, Draft, SpecConfig, Verification
 from fastdecode.speculative.drafters.draft_model import DraftModelConfig, ModelDrafter
 from fastdecode.speculative.drafters.recycling import RecyclingConfig, template_nodes
-from fastdecode.speculative.driver import BaseDrafter, Draft, SpecConfig, speculative
+from fastdecode.speculative.driver import speculative
 from fastdecode.speculative.memory import DrafterMemory, forget, memory_of
 from fastdecode.speculative.tree import depths
-from fastdecode.speculative.verification import Verification
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
 LONG = PROMPTS[2]  # runs 40 tokens without EOS on the tiny model

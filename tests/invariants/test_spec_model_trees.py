@@ -13,11 +13,11 @@ import torch
 import fastdecode
 from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
+from fastdecode.speculative.drafter import BaseDrafter, Draft, Verification
 from fastdecode.speculative.drafters.dyntree import DynTreeConfig, DynTreeDrafter
 from fastdecode.speculative.drafters.rsd import RSDConfig, RSDDrafter
-from fastdecode.speculative.driver import Draft, speculative
+from fastdecode.speculative.driver import speculative
 from fastdecode.speculative.tree import check_tree, children, depths
-from fastdecode.speculative.verification import Verification
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
 LONG = PROMPTS[2]  # runs 40 tokens without EOS on the tiny model
@@ -67,11 +67,12 @@ def first_path(draft: Draft) -> int:
     return n
 
 
-class Recording:
+class Recording(BaseDrafter):
     """Wraps a drafter and keeps its drafts."""
 
     def __init__(self, inner) -> None:
         self.inner, self.drafts = inner, []
+        self.tree_drafts = inner.tree_drafts
 
     @property
     def forwards(self) -> int:

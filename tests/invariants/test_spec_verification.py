@@ -9,9 +9,9 @@ import torch
 import fastdecode
 from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
+from fastdecode.speculative.drafter import BaseDrafter, Draft, SpecConfig, Verification
 from fastdecode.speculative.drafters.lookahead import LookaheadConfig, LookaheadDrafter
-from fastdecode.speculative.driver import BaseDrafter, Draft, SpecConfig, speculative
-from fastdecode.speculative.verification import Verification
+from fastdecode.speculative.driver import speculative
 
 LONG = "Sort this"  # runs 40 tokens without EOS on the tiny model
 

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import fastdecode
-from fastdecode.attention import gathered
+from fastdecode.attention import gathered, make_selector, rules
+from fastdecode.bench.calibration import longctx_prompts
 from fastdecode.cache import KVCache
 from fastdecode.errors import ParameterError
-from fastdecode.sparse import make_selector, rules
 from fastdecode.sparse.base import Selector
 from fastdecode.sparse.calibration import calibrate
 from fastdecode.sparse.quest import bound_scores, page_bounds
@@ -38,7 +38,7 @@ def model(tokenizer):
     with torch.no_grad():
         net.lm_head.weight.mul_(8.0)
     m = fastdecode.CausalLM(net, tokenizer, name="tiny-sparse")
-    m._sparse_calibration = calibrate(m, items=2, context=96, tail=8)
+    m._sparse_calibration = calibrate(m, longctx_prompts(items=2, context=96), context=96, tail=8)
     return m
 
 

@@ -16,8 +16,9 @@ from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
 from fastdecode.sampling.config import SamplingConfig
 from fastdecode.sampling.pipeline import LogitsPipeline
+from fastdecode.speculative.drafter import SpecConfig
 from fastdecode.speculative.drafters.draft_model import DraftModelConfig, ModelDrafter
-from fastdecode.speculative.driver import SpecConfig, speculative
+from fastdecode.speculative.driver import speculative
 
 pytest.importorskip("llguidance")
 REGEX = r"[a-z ]{1,12}\."

@@ -17,7 +17,8 @@ import fastdecode
 from fastdecode import sampling
 from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
-from fastdecode.speculative.driver import BaseDrafter, Draft, SpecConfig, speculative
+from fastdecode.speculative.drafter import BaseDrafter, Draft, SpecConfig
+from fastdecode.speculative.driver import speculative
 from fastdecode.speculative.tree import depths
 
 PROCESSORS = dict(temperature=1.0, top_k=16, min_p=0.02, repetition_penalty=3.0)

@@ -9,8 +9,9 @@ from sampling_stats import PROCESSORS, N, chi_square_p_value, first_two, next_di
 import fastdecode
 from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
+from fastdecode.speculative.drafter import BaseDrafter, Draft, SpecConfig
 from fastdecode.speculative.drafters.draft_model import DraftModelConfig, ModelDrafter
-from fastdecode.speculative.driver import BaseDrafter, Draft, SpecConfig, speculative
+from fastdecode.speculative.driver import speculative
 
 
 def test_model_drafter_sampling_matches_the_target(causal, near_draft, prompt, marginals):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from fastdecode.speculative.drafter import Verification
 from fastdecode.speculative.drafters.lookahead import LookaheadConfig, LookaheadDrafter, candidate_tree, window_layout
-from fastdecode.speculative.verification import Verification
 
 
 def test_window_columns_are_jacobi_trajectories_anchored_on_the_last_token():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fastdecode.speculative.drafter import Verification
 from fastdecode.speculative.drafters.recycling import (
     RecyclingConfig,
     RecyclingDrafter,
@@ -20,7 +21,6 @@ from fastdecode.speculative.tree import (
     verify_tree_greedy,
     verify_tree_sampling,
 )
-from fastdecode.speculative.verification import Verification
 
 #        root
 #       /    \
@@ -139,7 +139,7 @@ def test_recycling_default_is_the_authors_2_2_2_tree():
 def test_a_branchless_deterministic_tree_is_verified_as_a_chain():
     import torch
 
-    from fastdecode.speculative.driver import Draft
+    from fastdecode.speculative.drafter import Draft
 
     tokens = torch.tensor([4, 5, 6])
     assert Draft(tokens, parents=[-1, 0, 1]).as_chain().parents is None

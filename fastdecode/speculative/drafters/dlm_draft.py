@@ -30,7 +30,8 @@ from ...models.causal import CausalLM
 from ...models.diffusion import MaskedDiffusionLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..driver import BaseDrafter, Draft, SpecConfig, speculative
+from ..drafter import BaseDrafter, Draft, SpecConfig
+from ..driver import speculative
 from ..verify import target_distribution
 
 

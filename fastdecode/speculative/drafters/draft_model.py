@@ -13,9 +13,9 @@ from ...config import check
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..driver import Draft, SpecConfig, check_rollback, speculative
-from ..verification import Verification
-from .model_draft import ModelChainDrafter
+from ..drafter import Draft, SpecConfig, Verification
+from ..driver import check_rollback, speculative
+from ..model_chain import ModelChainDrafter
 
 
 @dataclass(frozen=True)

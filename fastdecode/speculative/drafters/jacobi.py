@@ -17,8 +17,8 @@ from ...config import check
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..driver import BaseDrafter, Draft, SpecConfig, speculative
-from ..verification import Verification
+from ..drafter import BaseDrafter, Draft, SpecConfig, Verification
+from ..driver import speculative
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,9 @@ from ...errors import IncompatibleMethodError, ParameterError
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..driver import Draft, SpecConfig, check_rollback, speculative
-from .model_draft import ModelChainDrafter
+from ..drafter import Draft, SpecConfig
+from ..driver import check_rollback, speculative
+from ..model_chain import ModelChainDrafter
 
 # where transformers keeps the decoder layers: Llama/Mistral/Qwen/Gemma/Phi, OPT, GPT-2/GPT-J, GPT-NeoX
 _LAYER_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers")

@@ -24,8 +24,8 @@ from ...config import check
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..driver import BaseDrafter, Draft, Side, SpecConfig, speculative
-from ..verification import Verification
+from ..drafter import BaseDrafter, Draft, Side, SpecConfig, Verification
+from ..driver import speculative
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from ...config import check
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..driver import BaseDrafter, Draft, SpecConfig, speculative
+from ..drafter import BaseDrafter, Draft, SpecConfig
+from ..driver import speculative
 from ..lookup import longest_match
 
 

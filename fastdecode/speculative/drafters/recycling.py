@@ -23,9 +23,9 @@ from ...errors import ParameterError
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..driver import BaseDrafter, Draft, SpecConfig, speculative
+from ..drafter import BaseDrafter, Draft, SpecConfig, Verification
+from ..driver import speculative
 from ..memory import DrafterMemory, run_memory
-from ..verification import Verification
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,10 @@ from ...errors import ParameterError
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..driver import BaseDrafter, Draft, SpecConfig, check_rollback, speculative
+from ..drafter import BaseDrafter, Draft, SpecConfig
+from ..driver import check_rollback, speculative
+from ..model_tree import DraftModelTree
 from ..verify import target_distribution
-from .model_tree import DraftModelTree
 
 MAX_NODES = 512  # a larger tree would make one verification forward longer than any plausible gain
 

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import torch
 
+from ...attention import make_selector
+from ...cache import DynamicKVCache, KVCache
 from ...config import check
+from ...models.capabilities import check_sparse_attention
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
-from ...sparse import check_model, make_selector
 from ...types import PromptBatch, StepEvent
-from ..driver import BaseDrafter, Draft, SpecConfig, check_rollback, speculative
-from .model_draft import pick_token
+from ..drafter import BaseDrafter, Draft, SpecConfig
+from ..driver import check_rollback, speculative
+from ..model_chain import pick_token
 
 
 @dataclass(frozen=True)
@@ -48,10 +51,10 @@ class SparseSelfDrafter(BaseDrafter):
         self.model, self.cfg, self.generator = model, cfg, generator
         self.eos = model.eos_token_ids
         self.selector = make_selector(cfg.rule, model, budget=cfg.budget, sinks=cfg.sinks, recent=cfg.recent)
-        self.cache: Any = None
+        self.cache: KVCache | DynamicKVCache | None = None
         self.forwards = 0
 
-    def bind(self, cache: Any) -> None:
+    def bind(self, cache: KVCache | DynamicKVCache) -> None:
         """The target's cache of this row (set by the speculative driver before the first step)."""
         self.cache = cache
 
@@ -86,5 +89,5 @@ class SparseSelfDrafter(BaseDrafter):
 def run(model: CausalLM, batch: PromptBatch, cfg: SparseSelfConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Sparse self-speculation: the target with sparse attention drafts, the dense target verifies."""
     check_rollback(model)  # a recurrent model is refused for that first
-    check_model(model)
+    check_sparse_attention(model)
     return speculative(model, batch, cfg, ctx, lambda g: SparseSelfDrafter(model, cfg, g))

@@ -13,7 +13,8 @@ from ...config import check
 from ...models.causal import CausalLM
 from ...registry import RunContext, register
 from ...types import PromptBatch, StepEvent
-from ..driver import BaseDrafter, Draft, SpecConfig, speculative
+from ..drafter import BaseDrafter, Draft, SpecConfig
+from ..driver import speculative
 from ..memory import DrafterMemory, run_memory
 from ..suffix_tree import SuffixTree, best_draft
 

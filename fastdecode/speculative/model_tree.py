@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from ...models.causal import CausalLM
+from ..models.causal import CausalLM
 
 
 class DraftModelTree:
-    """Feeds a draft model the context and then chosen nodes of a tree (`tokens`, `parents` as in `spec/tree.py`).
+    """Feeds a draft model the context and then chosen nodes of a tree (`tokens`, `parents` as in `tree.py`).
 
     After `start(context)` the cache holds the context; `grow` appends nodes whose ancestors were all fed, each
     attending to the context and its ancestors, at position (last context position + depth). The next `start`

@@ -1,6 +1,7 @@
 """The autoregressive drafting loop shared by the chain drafters that run a causal model token by token with
 their own KV cache (spec.draft_model with a separate draft model, spec.layerskip with the target minus some
-layers). The tree drafters that run a draft model share `model_tree.py` instead."""
+layers), and their token pick (spec.sparse_self too). The tree drafters that run a draft model share
+`model_tree.py` instead."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ from typing import cast
 
 import torch
 
-from ...models.causal import CausalLM
-from ..driver import BaseDrafter, Draft, SpecConfig
-from ..verification import Verification
-from ..verify import target_distribution
+from ..models.causal import CausalLM
+from .drafter import BaseDrafter, Draft, SpecConfig, Verification
+from .verify import target_distribution
 
 
 def pick_token(
