@@ -104,6 +104,9 @@ class Verification:
     logits: torch.Tensor  # [1 + k + S, V] float32: the root's, the k draft nodes', the S side tokens'
     num_draft: int  # k, the draft nodes verified (0 for an empty draft)
     hidden: torch.Tensor | None = None  # [P + k + S, H] in the target's dtype; None unless the drafter needs it
+    # one [P + k + S, H] per index of the drafter's `hidden_layers`, in its order: each decoder layer's output
+    # before the final norm (`CausalOutput.layers`); empty unless the drafter asks for layers
+    layers: tuple[torch.Tensor, ...] = ()
 
     @property
     def root_logits(self) -> torch.Tensor:

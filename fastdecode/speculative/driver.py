@@ -299,11 +299,14 @@ class _Group:
             pos[b, n:] = blk.positions[-1]
         first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
         device = model.device
-        needs = any(r.drafter.needs_hidden for r, blk in zip(self.rows, blocks, strict=True) if blk is not None)
+        live = [r.drafter for r, blk in zip(self.rows, blocks, strict=True) if blk is not None]
+        asked = tuple(dict.fromkeys(i for d in live for i in d.hidden_layers))  # intermediate layers any row reads
+        needs: bool | tuple[int, ...] = asked or any(d.needs_hidden for d in live)
         fwd = model.forward(inp.to(device), pos.to(device), self.cache, real.to(device), num_logits=T - first,
                             visible=vis.to(device), hidden=needs, sparse=self.sparse)
-        # [B, T - first, V], [B, T, H]
-        logits, hidden = (fwd.logits, fwd.hidden) if isinstance(fwd, CausalOutput) else (fwd, None)
+        # [B, T - first, V], [B, T, H], {layer: [B, T, H]}
+        logits, hidden, layers = ((fwd.logits, fwd.hidden, dict(zip(asked, fwd.layers, strict=True)))
+                                  if isinstance(fwd, CausalOutput) else (fwd, None, {}))
         shared = _clock(model) - t1
 
         # 3. each row verifies its slice, keeps its tokens and rolls its part of the cache back
@@ -316,7 +319,8 @@ class _Group:
             lo = blk.pending - 1 - first
             n = blk.tokens.numel()
             out, kept = row.settle(draft, logits[b, lo : lo + 1 + n - blk.pending], base[b], blk.pending,
-                                   hidden[b, :n] if hidden is not None else None)
+                                   hidden[b, :n] if hidden is not None else None,
+                                   {i: t[b, :n] for i, t in layers.items()})
             keep[b] = kept
             out.draft_s, out.verify_s = draft_s[b], shared + _clock(model) - t2
             out.draft_forwards = row.drafter.forwards - before[b]
@@ -397,10 +401,10 @@ class _Row:
         return _Block(tokens, pos, self._visible(P, draft), P)
 
     def settle(self, draft: Draft, logits: torch.Tensor, cached: int, P: int,
-               hidden: torch.Tensor | None = None) -> tuple[_Out, int]:
-        """Verify with `[1 + k + S, V]` logits (and the row's `[P + k + S, H]` hidden states for drafters that read
-        them), keep accepted tokens up to the first EOS; returns the step's counts and how many cache entries of this
-        row stay valid."""
+               hidden: torch.Tensor | None = None, layers: dict[int, torch.Tensor] | None = None) -> tuple[_Out, int]:
+        """Verify with `[1 + k + S, V]` logits (and the row's `[P + k + S, H]` hidden states, and its outputs of the
+        decoder layers asked, for drafters that read them), keep accepted tokens up to the first EOS; returns the
+        step's counts and how many cache entries of this row stay valid."""
         made = self.n - self.prompt_len
         k = draft.tokens.numel()
         verdict = self._verify(draft, logits[: k + 1])
@@ -418,7 +422,8 @@ class _Row:
         if self.done:
             self.drafter.finish(self.ids[: self.n])
         else:
-            self.drafter.observe(Verification(verdict.accepted, tuple(tokens), logits, k, hidden))
+            mine = tuple(layers[i] for i in self.drafter.hidden_layers) if layers else ()
+            self.drafter.observe(Verification(verdict.accepted, tuple(tokens), logits, k, hidden, mine))
         out = _Out(tokens=tuple((made + i, t) for i, t in enumerate(tokens)), proposed=k,
                    accepted=min(verdict.accepted, len(tokens)))
         return out, min(kept, start + len(tokens))

@@ -83,6 +83,30 @@ def test_a_drafter_that_needs_hidden_states_gets_those_of_every_fed_token(causal
         fed = n + v.accepted  # a chain keeps its accepted prefix in the cache
 
 
+def test_a_drafter_that_asks_for_layers_gets_them_for_every_fed_token(causal, truth):
+    """`hidden_layers` (EAGLE-3 reads three layers): each layer asked, in the drafter's order, at every fed token,
+    where a plain transformers forward over the output has it (`hidden_states[i + 1]`)."""
+    prompt, out = truth
+    drafter = HalfRight(out, len(prompt), causal.vocab_size, needs_hidden=True)
+    drafter.hidden_layers = (-1, 0)  # any order; negative counts from the end
+    events = run(causal, drafter, prompt)
+    assert [t for e in events for _, t in e.tokens[0]] == out  # asking for layers changes no token
+    with torch.inference_mode():
+        states = causal.model(input_ids=torch.tensor([prompt + out]), output_hidden_states=True).hidden_states
+    fed = len(prompt)
+    for step, (n, v) in enumerate(drafter.seen):
+        P = n - fed if step else n
+        top, first = v.layers
+        assert top.shape == first.shape == v.hidden.shape
+        # layer 0 where transformers has it; the last layer is the hidden state before the final norm
+        assert torch.allclose(first[:P], states[1][0, n - P : n], atol=1e-4)
+        assert torch.allclose(first[P - 1 : P + v.accepted], states[1][0, n - 1 : n + v.accepted], atol=1e-4)
+        with torch.inference_mode():
+            assert torch.allclose(causal.model.model.norm(top), v.hidden, atol=1e-5)
+        fed = n + v.accepted
+    assert not HalfRight(out, len(prompt), causal.vocab_size, needs_hidden=True).hidden_layers  # declared default
+
+
 def test_side_tokens_logits_come_separately(causal, truth):
     prompt, _ = truth
     cfg = LookaheadConfig(ngram=3, window=4, guesses=2, max_new_tokens=16)
