@@ -86,7 +86,8 @@ def generate(
     results = fastdecode.generate(m, list(prompt), method, draft=d, **params)
     for r in results:
         if as_json:
-            row = {"text": r.text, "token_ids": r.token_ids, "method": r.method, "stats": r.stats.to_dict()}
+            row: dict[str, object] = {"text": r.text, "token_ids": r.token_ids, "method": r.method,
+                                      "stats": r.stats.to_dict()}
             if r.constraint_complete is not None:
                 row["constraint_complete"] = r.constraint_complete
             out.print_json(json.dumps(row))
