@@ -86,12 +86,18 @@ def generate(
     results = fastdecode.generate(m, list(prompt), method, draft=d, **params)
     for r in results:
         if as_json:
-            out.print_json(json.dumps(
-                {"text": r.text, "token_ids": r.token_ids, "method": r.method, "stats": r.stats.to_dict()}
-            ))
+            row: dict[str, object] = {"text": r.text, "token_ids": r.token_ids, "method": r.method,
+                                      "stats": r.stats.to_dict()}
+            if r.constraint_complete is not None:
+                row["constraint_complete"] = r.constraint_complete
+            out.print_json(json.dumps(row))
         else:
             out.print(r.text, markup=False, highlight=False)
             err.print(f"[dim]{r.method}: {r.stats.summary()}[/dim]")
+        if r.constraint_complete is False:
+            err.print(f"warning: max_new_tokens ({r.stats.new_tokens}) cut the output before the constraint was "
+                      "complete: it is a valid prefix, not a valid output; raise --max-new-tokens.",
+                      markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

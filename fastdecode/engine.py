@@ -49,6 +49,10 @@ def stream(
     spec = resolve(model, method, constraint)
     check_draft(spec, model, draft)
     cfg = build_config(spec.config, params, method)
+    if constraint is not None:
+        from .constraints import check_sampling
+
+        check_sampling(constraint, spec.name, cfg)
     batch = encode_batch(model, prompts, cfg.max_new_tokens)
     compiled = compile_constraint(model, constraint)
     ctx = RunContext(generator=generator, draft=draft, memory=memory, constraint=compiled)
@@ -296,7 +300,9 @@ def _run(
         st.peak_rss_mb = peak_rss_mb()
         st.peak_device_mb = torch.cuda.max_memory_allocated(model.device) / 2**20 if cuda else 0.0
         text = model.decode([t for t in ids if t not in eos]) if model.tokenizer is not None else ""
-        results.append(Result(ids, text, st, spec.name, batch.row(b), collector.trace[b] if trace else None))
+        complete = ctx.constraint.complete(ids) if ctx.constraint is not None else None
+        results.append(Result(ids, text, st, spec.name, batch.row(b), collector.trace[b] if trace else None,
+                              complete))
     yield Finished(results)
 
 

@@ -67,6 +67,9 @@ class Result:
     method: str
     prompt_ids: list[int] = field(default_factory=list)
     trace: list[StepEvent] | None = None
+    # with constraint=: False when max_new_tokens cut the output before it was a whole sentence of the grammar
+    # (a valid prefix, not a valid output); None without a constraint
+    constraint_complete: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,10 @@ of `Matcher`s, one cursor over one token sequence each:
     m.rollback(n)          # forget the last n consumed tokens
     m.accepting            # the consumed text is a complete sentence of the grammar (EOS allowed next)
 
-An EOS token counts as allowed where the text may end (the matcher then allows nothing more).
+An EOS token counts as allowed where the text may end (the matcher then allows nothing more). A matcher that
+fails (its engine enters an error state: a lexer over its size limits, no token that can continue the text) raises
+`MatcherError` from whichever call saw it: a token it refuses means "off the grammar" upstream (a rejected draft,
+left unmasked), so a failure read the same way would let the request decode free text.
 
 Drivers never talk to a backend: they see the logits pipeline's `GrammarMask` (constraints/processor.py) and the
 diffusion commit filters (constraints/diffusion.py). Another backend (xgrammar) implements `Backend` and `Matcher`.
@@ -30,7 +33,18 @@ from ..errors import ParameterError
 
 
 class ConstraintError(ParameterError):
-    """A JSON schema, regular expression or grammar that cannot be compiled (raised before generation starts)."""
+    """A JSON schema, regular expression or grammar that cannot be compiled (raised before generation starts), or a
+    matcher that failed during generation (`MatcherError`)."""
+
+
+class MatcherError(ConstraintError):
+    """The matcher failed mid-request: the request stops, since no mask could keep its text in the grammar."""
+
+    def __init__(self, reason: str, consumed: int, advice: str, dead_end: bool = False) -> None:
+        self.reason, self.consumed, self.dead_end = reason, consumed, dead_end  # dead_end: no token can continue
+        super().__init__(f"The constraint's matcher failed at generated token {consumed + 1}: llguidance reports "
+                         f"{reason!r}. The request was stopped rather than return text that breaks the constraint. "
+                         f"To fix: {advice}.")
 
 
 class Matcher(Protocol):
@@ -75,8 +89,28 @@ _FIX = {
 }
 
 
+# llguidance's stop reasons that mean "the grammar has no text left here", not a resource limit
+_DEAD_END = ("NoExtensionBias", "NoExtension")
+
+
+def _failure(inner: Any) -> tuple[str, str, bool] | None:
+    """(reason, advice, dead end) when an LLMatcher is in its error state, else None."""
+    if not inner.is_error():
+        return None
+    reason = (inner.get_error() or "").strip().splitlines()
+    stop = str(inner.stop_reason() or "")
+    text = reason[0] if reason else stop
+    if stop in _DEAD_END or text in _DEAD_END:
+        return ("no token can continue the text (NoExtensionBias)",
+                "the constraint asks for text the model's tokenizer cannot write; change the constraint", True)
+    if "lexer" in text.lower() or "too complex" in text.lower():
+        return (text, "simplify the constraint: a bounded repeat as large as (a{1000}){1000} exceeds llguidance's "
+                      "lexer limits; use smaller counts or + / *", False)
+    return (text, "simplify the constraint, or generate without it", False)
+
+
 class _LLMatcher:
-    """One llguidance LLMatcher as a `Matcher`."""
+    """One llguidance LLMatcher as a `Matcher`; every call checks llguidance's error state (`MatcherError`)."""
 
     def __init__(self, inner: Any, vocab_size: int, eos: list[int]) -> None:
         self.inner, self.vocab_size, self._n, self.eos = inner, vocab_size, 0, eos
@@ -94,6 +128,7 @@ class _LLMatcher:
         if self._ended:
             return torch.zeros(self.vocab_size, dtype=torch.bool)
         bits = np.frombuffer(self.inner.compute_bitmask(), dtype=np.uint8)
+        self._check()  # in its error state llguidance allows EOS alone: an empty or cut text, not the grammar's
         mask = np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool)
         out = torch.from_numpy(mask)
         if out.numel() < self.vocab_size:  # the model has more rows than the tokenizer has tokens
@@ -108,6 +143,7 @@ class _LLMatcher:
         tokens = [int(t) for t in tokens]
         stop = next((i for i, t in enumerate(tokens) if t in self.eos), len(tokens))
         n = int(self.inner.try_consume_tokens(tokens[:stop])) if stop else 0
+        self._check()  # an error consumes nothing, which would read as a forbidden token
         if n == stop < len(tokens) and self.inner.is_accepting():
             self._ended = True  # EOS is kept here, never fed to llguidance (whose rollback would not count it)
             n += 1
@@ -120,8 +156,10 @@ class _LLMatcher:
         tokens = [int(t) for t in tokens]
         stop = next((i for i, t in enumerate(tokens) if t in self.eos), len(tokens))
         n = int(self.inner.validate_tokens(tokens[:stop])) if stop else 0
+        self._check()
         if n == stop < len(tokens):  # EOS next: allowed where the text may end
             probe = self.inner.try_consume_tokens(tokens[:stop]) if stop else 0
+            self._check()
             if probe == stop and self.inner.is_accepting():
                 n += 1
             if probe:
@@ -135,7 +173,14 @@ class _LLMatcher:
             if self._ended:
                 self._ended, n = False, n - 1
             ok = self.inner.rollback(n) if n else True
+            self._check()
             assert ok, f"llguidance could not roll back {n} tokens: {self.inner.get_error()}"
+
+    def _check(self) -> None:
+        failed = _failure(self.inner)
+        if failed is not None:
+            reason, advice, dead_end = failed
+            raise MatcherError(reason, self._n, advice, dead_end)
 
 
 @dataclass
@@ -249,8 +294,14 @@ class LLGuidanceBackend:
             raise ConstraintError(f"The {_KINDS[kind]} is not valid: {msg} To fix: {_FIX[kind]}.")
         compiled = LLGrammar(grammar, tokenizer, model.vocab_size, 0.0)
         probe = compiled.start()  # the matcher's own construction compiles the lexer: part of the compile time
+        try:
+            first = probe.allowed()
+        except MatcherError as e:  # e.g. the regex [^\s\S]: refused here as an unsatisfiable schema is
+            what = (f"it is unsatisfiable (no text the tokenizer of {model.name!r} can write matches it)" if e.dead_end
+                    else f"llguidance fails before its first token ({e.reason})")
+            raise ConstraintError(f"The {_KINDS[kind]} is not valid: {what}. To fix: {_FIX[kind]}.") from None
         compiled.compile_s = time.perf_counter() - t0
-        if not bool(probe.allowed().any()):
+        if not bool(first.any()):
             raise ConstraintError(f"The {_KINDS[kind]} allows no token at all for {model.name!r}'s tokenizer: "
                                   f"{_FIX[kind]}.")
         return compiled

@@ -14,6 +14,7 @@ instead of the biased one plain masking gives (see docs/constraints.md).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
@@ -97,6 +98,25 @@ class Compiled:
         from .processor import GrammarMask
 
         return GrammarMask(self)
+
+    def complete(self, ids: Sequence[int]) -> bool:
+        """Whether `ids` (through EOS) is a whole sentence of the grammar, not a prefix that max_new_tokens cut
+        (`Result.constraint_complete`)."""
+        matcher = self.grammar.start()
+        return matcher.advance([int(t) for t in ids]) == len(ids) and matcher.accepting
+
+
+def check_sampling(constraint: Any, method: str, config: Any) -> None:
+    """Refuse GAD where nothing is sampled: ASAp corrects the law of sampled outputs, and a greedy method
+    (temperature 0, or none to set) has no law to correct, only an argmax that the reweighting would move."""
+    given = as_constraint(constraint)
+    plain = given.constraint if isinstance(given, Compiled) else given
+    if plain is not None and plain.gad and not float(getattr(config, "temperature", 0.0)) > 0:
+        raise ConstraintError(
+            f"Grammar-Aligned Decoding (sampling='gad', --constraint-sampling gad) corrects the distribution a "
+            f"sampled method draws from, but {method!r} decodes greedily here (temperature 0): use sampling='mask' "
+            "(the default), or sample: ar.sample, or a spec.* / sparse.* method with temperature > 0."
+        )
 
 
 def json_schema(schema: dict[str, Any] | str | bool, **options: Any) -> Constraint:

@@ -126,7 +126,8 @@ class GrammarMask:
         for s in states:
             m = self.mask(s)
             # off the grammar (after a forbidden draft token) or past the end (a finished row of a batch, fed
-            # padding): nothing this position emits is kept, so it is left unmasked rather than all -inf
+            # padding): nothing this position emits is kept, so it is left unmasked rather than all -inf. A matcher
+            # that failed never gets here: it raises MatcherError (backend.py), so no request decodes free text
             live.append(m is not None and bool(m.any()))
             rows.append(m if m is not None and live[-1] else torch.ones(self.vocab_size, dtype=torch.bool))
         self.compiled.calls += 1

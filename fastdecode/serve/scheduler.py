@@ -244,11 +244,11 @@ class Scheduler:
                 if all(r.done for r in rows):
                     break
         except Exception as e:  # a bug must not kill the engine thread: the batch's requests get a 500
-            for req in batch:
+            for req in batch:  # ...and a request the library stops (a constraint's matcher that failed) a 400
                 if id(req) not in ended:
                     ended.add(id(req))
-                    req.sink(("error", ServeError(500, f"Generation failed: {type(e).__name__}: {e}",
-                                                  type_="server_error")))
+                    req.sink(("error", ServeError(400, str(e)) if isinstance(e, FastDecodeError) else ServeError(
+                        500, f"Generation failed: {type(e).__name__}: {e}", type_="server_error")))
                     self._end(req)
         finally:
             close = getattr(events, "close", None)  # stops the driver (a generator) at once

@@ -433,3 +433,22 @@ def test_response_format_is_a_constraint(client, tiny, method):
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(model=NAME, prompt=prompt, max_tokens=8, extra_body={"response_format": bad})
         assert e.value.body["param"] == "response_format"
+
+
+def test_response_format_is_never_dropped(client, tiny):
+    """A constraint whose matcher fails mid-request is a 400 (it used to answer 200 with unconstrained text); an
+    unsatisfiable regex is a 400 before anything runs; output cut by max_tokens before the constraint is complete
+    ends with finish_reason "length" (issue #29)."""
+    pytest.importorskip("llguidance")
+    prompt = prompts(1)[0]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=NAME, prompt=prompt, max_tokens=8, extra_body={
+            "response_format": {"type": "regex", "regex": "(a{1000}){1000}"}})
+    assert "matcher failed" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=NAME, prompt=prompt, max_tokens=8, extra_body={
+            "response_format": {"type": "regex", "regex": r"[^\s\S]"}})
+    assert e.value.body["param"] == "response_format" and "unsatisfiable" in e.value.body["message"]
+    r = client.completions.create(model=NAME, prompt=prompt, max_tokens=2, extra_body={
+        "response_format": {"type": "regex", "regex": "[a-z]+( [a-z]+){5}"}})
+    assert r.choices[0].finish_reason == "length"
