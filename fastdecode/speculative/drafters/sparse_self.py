@@ -82,6 +82,7 @@ class SparseSelfDrafter(BaseDrafter):
         return Draft(torch.stack(tokens).cpu(), q_all)
 
 
+# no `session`: its drafter runs the target on the target's own cache, row by row, so rows cannot join a running batch
 @register("spec.sparse_self", kind="causal", config=SparseSelfConfig, lossless=True, drafts=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: SparseSelfConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Sparse self-speculation: the target with sparse attention drafts, the dense target verifies."""
