@@ -6,12 +6,13 @@ import dataclasses
 import importlib.util
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from . import plugins
 from .attention import DENSE, parse_attention
 from .config import MethodConfig
 from .errors import UnknownMethodError, close_names
+from .session import SessionFactory, driver_session
 from .types import ModelKind, PromptBatch, StepEvent
 
 # A driver runs one method: it owns every model call and yields one event per step. Its config is an instance of the
@@ -35,6 +36,22 @@ class RunContext:
 
 
 @dataclass(frozen=True)
+class ConstraintSupport:
+    """What a method does with `constraint=`, declared where it registers: `constraints.support.check` reads it before
+    a request compiles its constraint, and refuses with the method's own reason and fix."""
+
+    # why it cannot apply a constraint at all, and what to use instead, completing "it ..."; "" = it can
+    refused: str = ""
+    # the constraint sampling modes it honours: "mask" (the grammar mask), "gad" (Grammar-Aligned Decoding)
+    sampling: tuple[str, ...] = ("mask", "gad")
+    # why a mode outside `sampling` cannot apply, and what to use instead
+    why: str = ""
+
+
+EVERY_CONSTRAINT = ConstraintSupport()  # the default: the grammar mask and GAD both apply
+
+
+@dataclass(frozen=True)
 class Method:
     name: str
     kind: ModelKind
@@ -46,6 +63,10 @@ class Method:
     draft_kind: ModelKind = "causal"  # the kind of model that draft must be
     # optional packages imported when it runs: (module, pip requirement), e.g. ("llama_cpp", "llama-cpp-python")
     requires: tuple[tuple[str, str], ...] = ()
+    # how its requests join a running batch between steps (`fastdecode serve`, `session.py`); None: they never do
+    session: SessionFactory | None = None
+    drafts: bool = False  # its events' proposed / accepted count drafted tokens (serve's usage and spec_decode metrics)
+    constraints: ConstraintSupport = EVERY_CONSTRAINT
 
     def missing(self) -> list[str]:
         """The pip requirements of `requires` whose module is not installed."""
@@ -65,15 +86,20 @@ class Method:
 def register(
     name: str, *, kind: ModelKind, config: type[C], lossless: bool = False, needs_draft: bool = False,
     draft_kind: ModelKind = "causal", requires: tuple[tuple[str, str], ...] = (),
+    session: SessionFactory | Literal["driver"] | None = None, drafts: bool = False,
+    constraints: ConstraintSupport = EVERY_CONSTRAINT,
 ) -> Callable[[DriverOf[C]], DriverOf[C]]:
-    """Register `driver` under `name`; the first line of its docstring is the description."""
+    """Register `driver` under `name`; the first line of its docstring is the description. What others look up about
+    the method is declared here, never inferred from its name: `session` (how its requests join a running batch;
+    "driver": the driver itself returns the Session), `drafts` and `constraints`."""
 
     def wrap(driver: DriverOf[C]) -> DriverOf[C]:
         if name in _METHODS:
             raise ValueError(f"method {name!r} is registered twice")
         doc = (driver.__doc__ or "").strip().splitlines()
+        factory = driver_session(driver) if isinstance(session, str) else session
         _METHODS[name] = Method(name, kind, config, driver, doc[0] if doc else "", lossless, needs_draft, draft_kind,
-                                requires)
+                                requires, factory, drafts, constraints)
         return driver
 
     return wrap

@@ -22,6 +22,7 @@ from ..cache import DynamicKVCache, KVCache
 from ..config import MethodConfig
 from ..models.capabilities import attention_free
 from ..models.causal import CausalLM
+from ..registry import RunContext
 from ..sampling.history import History
 from ..sampling.pipeline import LogitsPipeline
 from ..types import PromptBatch, StepEvent
@@ -33,7 +34,8 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
 
 
 class ARSession:
-    """Up to `slots` rows decoded together, one forward per step; rows join and leave between steps.
+    """Up to `slots` rows decoded together, one forward per step; rows join and leave between steps (a
+    `session.Session`, which `fastdecode serve` drives through `ar_session`).
 
     `join(ids, mask)` takes left-padded prompts `[R, L]` into free slots and returns the slots; `step()` returns
     `(slot, index, token, finished)` for every running row (`index`: the token's offset in that row's output); a
@@ -97,6 +99,11 @@ class ARSession:
     def room(self) -> int:
         """Rows that may join now."""
         return self.max_slots - self.running if self.joinable else 0
+
+    @property
+    def counts(self) -> dict[int, tuple[int, int]]:
+        """Draft counts of the last step (`session.Session`): none, ar.* does not draft."""
+        return {}
 
     def _resize(self, n: int) -> None:
         """Cover slots 0 to n - 1 (the cache, the logits, the history and the per-slot lists follow)."""
@@ -266,3 +273,12 @@ def autoregressive(
             tokens[s], finished[s] = ((i, t),), fin
         yield StepEvent(index=step, tokens=tuple(tokens), finished=tuple(finished))
         step += 1
+
+
+def ar_session(model: CausalLM, cfg: MethodConfig, ctx: RunContext, slots: int) -> ARSession | None:
+    """How an ar.greedy / ar.sample request joins a running batch (`register(..., session=...)`): an `ARSession` with
+    room for `slots` rows; None where rows cannot join it: a model on transformers' own cache, or a sparse attention
+    rule (its summaries of the cache would not cover the adopted rows)."""
+    if not model.preallocated or getattr(cfg, "attention", None) not in (None, "", "dense"):
+        return None
+    return ARSession(model, cfg, slots=slots, generator=ctx.generator)

@@ -10,7 +10,7 @@ from ..config import MethodConfig, check
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
 from ..types import PromptBatch, StepEvent
-from .driver import autoregressive
+from .driver import ar_session, autoregressive
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class GreedyConfig(MethodConfig):
         check_attention(self.attention)
 
 
-@register("ar.greedy", kind="causal", config=GreedyConfig, lossless=True)
+@register("ar.greedy", kind="causal", config=GreedyConfig, lossless=True, session=ar_session)
 def run(model: CausalLM, batch: PromptBatch, cfg: GreedyConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Greedy decoding: the argmax token, one forward per token (the baseline)."""
     return autoregressive(model, batch, cfg, constraint=ctx.constraint, sparse=make_selector(cfg.attention, model))

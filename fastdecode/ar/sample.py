@@ -11,7 +11,7 @@ from ..registry import RunContext, register
 from ..sampling.config import SamplingConfig
 from ..sampling.samplers import make_generator
 from ..types import PromptBatch, StepEvent
-from .driver import autoregressive
+from .driver import ar_session, autoregressive
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class SampleConfig(SamplingConfig):
         check_attention(self.attention)
 
 
-@register("ar.sample", kind="causal", config=SampleConfig)
+@register("ar.sample", kind="causal", config=SampleConfig, session=ar_session)
 def run(model: CausalLM, batch: PromptBatch, cfg: SampleConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Sampling with temperature, top-k, top-p, min-p and repetition penalty; seeded runs repeat."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)

@@ -1,27 +1,29 @@
-"""Which methods take `constraint=`: `engine.resolve` checks it before a request compiles its constraint."""
+"""Which methods take `constraint=`: `engine.resolve` checks it before a request compiles its constraint.
+
+Each method declares what it honours where it registers (`registry.ConstraintSupport`: `register(...,
+constraints=...)`); this module only reads that declaration and words the refusal.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..errors import IncompatibleMethodError
+from ..registry import Method
 
-# methods that run a loop of their own the grammar mask cannot reach
-_REFUSED = {
-    "llamacpp.": "runs llama.cpp's own decoding loop, which fastdecode's grammar mask does not reach; "
-                 "use ar.greedy or a spec.* method (llama.cpp's own GBNF grammars are not wired in)",
-    "dlm.freedave": "runs a draft-and-verify loop of its own over the canvas; "
-                    "use dlm.threshold or another dlm.* method",
+# how each constraint sampling mode is named when a method refuses it
+_MODES = {
+    "mask": "The grammar mask (sampling='mask')",
+    "gad": "Grammar-Aligned Decoding (sampling='gad')",
 }
 
 
-def check(spec: Any, constraint: Any) -> None:
+def check(spec: Method, constraint: Any) -> None:
     """Refuse, with the fix, a method that cannot honour the constraint."""
-    for prefix, why in _REFUSED.items():
-        if spec.name == prefix or (prefix.endswith(".") and spec.name.startswith(prefix)):
-            raise IncompatibleMethodError(f"Method {spec.name!r} cannot apply constraint=: it {why}.")
-    if constraint.gad and spec.kind == "diffusion":
-        raise IncompatibleMethodError(
-            f"Grammar-Aligned Decoding (sampling='gad') reweights a left-to-right distribution, which {spec.name!r} "
-            "(a diffusion method) does not sample from: use sampling='mask' with dlm.*, or GAD with ar.sample / spec.*."
-        )
+    support = spec.constraints
+    if support.refused:
+        raise IncompatibleMethodError(f"Method {spec.name!r} cannot apply constraint=: it {support.refused}.")
+    mode = constraint.sampling
+    if mode not in support.sampling:
+        what = _MODES.get(mode, f"sampling={mode!r}")
+        raise IncompatibleMethodError(f"{what} cannot apply with {spec.name!r}: {support.why}.")

@@ -8,14 +8,33 @@ and the cache; the policy only sees tensors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 import torch
 
 from ..config import MethodConfig, check
+from ..registry import ConstraintSupport, DriverOf, register
 
 CacheKind = Literal["none", "prefix", "dual", "suffix", "delayed"]
+C = TypeVar("C", bound=MethodConfig)
+
+# A constraint on a dlm.* method is applied by the grammar mask over the canvas; Grammar-Aligned Decoding needs a
+# left-to-right distribution to reweight
+MASK_ONLY = ConstraintSupport(
+    sampling=("mask",),
+    why="it reweights a left-to-right distribution, which a diffusion method does not sample from; use "
+        "sampling='mask' with dlm.*, or GAD with ar.sample / spec.*",
+)
+
+
+def register_dlm(
+    name: str, *, config: type[C], lossless: bool = False, constraints: ConstraintSupport = MASK_ONLY,
+) -> Callable[[DriverOf[C]], DriverOf[C]]:
+    """`registry.register` for the dlm.* family: a masked-diffusion method that honours a constraint by the grammar
+    mask (`MASK_ONLY`) unless it declares otherwise."""
+    return register(name, kind="diffusion", config=config, lossless=lossless, constraints=constraints)
 
 
 @dataclass(frozen=True)

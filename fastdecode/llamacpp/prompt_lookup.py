@@ -11,7 +11,7 @@ from ..registry import RunContext, register
 from ..types import PromptBatch, StepEvent
 from .convert import check_convertible
 from .driver import llamacpp_driver
-from .greedy import REQUIRES
+from .greedy import NO_CONSTRAINT, REQUIRES
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,8 @@ class LlamaLookupConfig(MethodConfig):
         check(self.max_ngram_size >= 1, "max_ngram_size", self.max_ngram_size, "must be at least 1")
 
 
-@register("llamacpp.prompt_lookup", kind="causal", config=LlamaLookupConfig, requires=REQUIRES)
+@register("llamacpp.prompt_lookup", kind="causal", config=LlamaLookupConfig, requires=REQUIRES,
+          constraints=NO_CONSTRAINT)
 def run(model: CausalLM, batch: PromptBatch, cfg: LlamaLookupConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """llama.cpp with prompt-lookup drafts verified in one forward (reference; optional extra)."""
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding

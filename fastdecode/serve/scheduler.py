@@ -4,18 +4,20 @@ Batching: requests wait in one bounded queue. When the engine is free it waits a
 more, then takes the oldest request and every queued request with the same method and parameters (up to
 `max_batch` rows).
 
-- `ar.greedy` / `ar.sample` (unseeded) on a model with fastdecode's preallocated KV cache run as **continuous
-  batching** (`ar.driver.ARSession`): one forward per step for every running row, and between steps requests with
-  the same method and parameters that arrived meanwhile JOIN the running batch (their prompts prefilled in a
-  forward of their own, their keys and values copied into free slots), as long as slots are free (`max_batch`
-  rows) and the oldest waiting request is one of them (an incompatible request at the head of the queue stops
-  further joins, so it runs as soon as the batch drains). A row LEAVES at once when it finishes (EOS, max_tokens, a
-  stop string), is cancelled (client gone) or times out: its slot is freed and is padding in later forwards.
-- Every other method (`spec.*`, `hf.*`, diffusion), seeded sampling, and models on transformers' own cache run as
-  one batch to completion through `fastdecode.stream()` (`spec.*` with every row verified in the same target
-  forward, `speculative/driver.py`'s `_Group`); a request that arrives meanwhile waits for the next batch. A row
-  that left still rides along in the batched forward until every row has left (the drivers have no API to drop a
-  row mid-run), which costs compute but never changes another row's output.
+- A method that declares a session (`register(..., session=...)`: ar.greedy, ar.sample and the spec.* methods whose
+  rows all verify over one preallocated cache), unseeded, on a model with fastdecode's preallocated KV cache, runs as
+  **continuous batching** through the `session.Session` its factory makes: one forward per step for every running
+  row, and between steps requests with the same method and parameters that arrived meanwhile JOIN the running batch
+  (their prompts prefilled in a forward of their own, their keys and values copied into free slots), as long as
+  slots are free (`max_batch` rows) and the oldest waiting request is one of them (an incompatible request at the
+  head of the queue stops further joins, so it runs as soon as the batch drains). A row LEAVES at once when it
+  finishes (EOS, max_tokens, a stop string), is cancelled (client gone) or times out: its slot is freed and is
+  padding in later forwards.
+- Every other method (`hf.*`, diffusion, a spec.* drafter on the target's own cache), a request with a sparse
+  attention rule, seeded sampling, and models on transformers' own cache run as one batch to completion through
+  `fastdecode.stream()` (`spec.*` with every row verified in the same target forward); a request that arrives
+  meanwhile waits for the next batch. A row that left still rides along in the batched forward until every row has
+  left (the drivers have no API to drop a row mid-run), which costs compute but never changes another row's output.
 
 A row's tokens never depend on its batch companions, so greedy outputs equal `fastdecode.generate()` for the same
 prompt and method; seeded sampling requests run as a batch of their own (their `n` rows), so a seed repeats
@@ -34,24 +36,18 @@ from typing import Any
 
 import torch
 
-from ..ar.driver import ARSession
 from ..config import build_config
 from ..engine import encode_batch, resolve, stream
 from ..errors import FastDecodeError
 from ..models.base import ModelAdapter
 from ..models.causal import CausalLM
-from ..registry import RunContext
-from ..speculative.driver import SpecSession
+from ..registry import RunContext, get_method
+from ..session import Session
 from ..types import Finished
 from .metrics import Metrics
 from .protocol import ServeError
 
 Sink = Callable[[tuple], None]  # receives the request's events; must be thread-safe
-
-CONTINUOUS = ("ar.greedy", "ar.sample")  # methods whose requests join a running batch between steps
-# and every spec.* method whose rows all verify over one preallocated cache (SpecSession.joinable), except those
-# whose drafter runs on the target's own cache (spec.sparse_self) or with a sparse attention rule
-NOT_JOINABLE = ("spec.sparse_self",)
 
 
 @dataclass
@@ -205,6 +201,7 @@ class Scheduler:
         rows = [_Row(req, p * req.n + j, prompt) for req in batch for p, prompt in enumerate(req.prompts)
                 for j in range(req.n)]
         first = batch[0]
+        drafts = get_method(first.method).drafts  # its events' proposed / accepted are drafted tokens
         with self.metrics.lock:
             self.metrics.running = len(batch)
         try:
@@ -231,7 +228,7 @@ class Scheduler:
                         continue
                     for offset, token in ev.tokens[b]:
                         row.out[offset] = token
-                    if ev.proposed and first.method.startswith("spec."):
+                    if ev.proposed and drafts:
                         row.proposed += ev.proposed[b]
                         row.accepted += ev.accepted[b]
                         if ev.proposed[b]:
@@ -261,11 +258,11 @@ class Scheduler:
                 self.metrics.running = 0
 
     def _continuous(self, req: Request) -> bool:
-        # a sparse attention rule keeps summaries of the cache that adopted rows would not be in, for ar.* and
-        # spec.* alike: such requests run as a batch of their own, through generate()
+        """Whether the request runs in a session (its method declares one), asked without making one: a sparse
+        attention rule keeps summaries of the cache that adopted rows would not be in, so such a request (which the
+        method's session factory declines) runs as a batch of its own, through generate()."""
         dense = req.config.get("attention") in (None, "", "dense")
-        speculative = req.method.startswith("spec.") and req.method not in NOT_JOINABLE
-        return ((req.method in CONTINUOUS or speculative) and dense and not req.sampled_with_seed
+        return (get_method(req.method).session is not None and dense and not req.sampled_with_seed
                 and req.constraint is None and isinstance(self.model, CausalLM) and self.model.preallocated)
 
     def _key(self, req: Request) -> Any:
@@ -299,25 +296,16 @@ class Scheduler:
             self.metrics.waiting = len(self._waiting)
             return picked
 
-    def _session(self, first: Request, slots: int) -> Any:
-        """An `ARSession` (ar.*) or the method's own `SpecSession` (spec.*), with room for `slots` rows and none yet
-        (a spec session starts with one row of the first request's first prompt, which then leaves)."""
-        model = self.model
-        assert isinstance(model, CausalLM)  # _continuous
-        spec = resolve(model, first.method)
+    def _session(self, first: Request, slots: int) -> Session | None:
+        """The session the method's factory makes for the first request's parameters, with room for `slots` rows
+        and none yet; None where it declines them."""
+        spec = resolve(self.model, first.method)
         cfg = build_config(spec.config, first.params, first.method)
-        if not first.method.startswith("spec."):
-            return ARSession(model, cfg, slots=slots)
-        session = spec.driver(model, encode_batch(model, [first.prompts[0]], cfg.max_new_tokens), cfg,
-                              RunContext(draft=self.draft))
-        if not isinstance(session, SpecSession) or not session.joinable:
-            raise ValueError(f"{first.method} cannot take rows between steps here")
-        session.leave(0)  # the seed row: the request's rows join like every other's
-        session.max_slots = slots
-        return session
+        assert spec.session is not None  # _continuous
+        return spec.session(self.model, cfg, RunContext(draft=self.draft), slots)
 
     def _run_continuous(self, batch: list[Request]) -> None:
-        """`ar.*` and `spec.*` with continuous batching: rows join between steps and leave as soon as they are
+        """Continuous batching through the method's session: rows join between steps and leave as soon as they are
         done."""
         first = batch[0]
         key = self._key(first)
@@ -330,6 +318,10 @@ class Scheduler:
                 req.sink(("error", ServeError(400, str(e)) if known else ServeError(
                     500, f"Generation failed: {type(e).__name__}: {e}", type_="server_error")))
                 self._end(req)
+            return
+        if session is None:  # the method declined these parameters: each set of them runs as a batch to completion
+            for key in dict.fromkeys(req.key() for req in batch):
+                self._run([req for req in batch if req.key() == key])
             return
         rows_of: dict[int, list[_Row]] = {}
         running: list[Request] = []
@@ -363,7 +355,7 @@ class Scheduler:
                     self.metrics.running = len(running)
                 picked = session.step()
                 now = time.monotonic()
-                for slot, (proposed, accepted) in getattr(session, "counts", {}).items():  # spec.* steps
+                for slot, (proposed, accepted) in session.counts.items():  # drafts of methods that draft
                     if slot in by_slot:
                         by_slot[slot].proposed += proposed
                         by_slot[slot].accepted += accepted

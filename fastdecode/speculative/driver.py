@@ -107,8 +107,9 @@ class SpecSession:
     (`KVCache.adopt`), the last token is the unseen context its block feeds in the next verification forward, beside
     the other rows' drafts; `leave` ends a row at once. A row's tokens never depend on the other rows (each
     attends only to its own columns), so a row that joins late gets what a run of its own would give (greedy).
-    `step()` returns `(slot, index, token, finished)` for every token the step committed, as `ar.driver.ARSession`
-    does, and `counts` the step's `(proposed, accepted)` per slot.
+    `step()` returns `(slot, index, token, finished)` for every token the step committed, and `counts` the step's
+    `(proposed, accepted)` per slot: the `session.Session` contract, which `fastdecode serve` drives (spec.* methods
+    declare `register(..., session="driver")`: their driver's SpecSession, seeded with one row that leaves at once).
     """
 
     def __init__(self, model: CausalLM, cfg: SpecConfig, rows: list[_Row], groups: list[_Group],

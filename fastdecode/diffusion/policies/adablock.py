@@ -14,11 +14,11 @@ import torch
 
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import BlockConfig, Step, View, first_mask, in_block
+from ..policy import BlockConfig, Step, View, first_mask, in_block, register_dlm
 from ..rules import threshold
 
 
@@ -88,7 +88,7 @@ class AdaBlock:
         return torch.where(best >= self.cfg.delimiter_threshold, lo + at + 1, default)
 
 
-@register("dlm.adablock", kind="diffusion", config=AdaBlockConfig)
+@register_dlm("dlm.adablock", config=AdaBlockConfig)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: AdaBlockConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """AdaBlock: each block ends at a confident delimiter of a look-ahead window (else block_length); threshold
     inside."""

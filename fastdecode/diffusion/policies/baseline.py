@@ -17,11 +17,11 @@ import torch
 from ...config import check
 from ...errors import ParameterError
 from ...models.diffusion import DenoisingModel, MaskedDiffusionLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import Step, StepsConfig, View, block_view
+from ..policy import Step, StepsConfig, View, block_view, register_dlm
 from ..rules import select_topk
 from ..scores import confidence, num_transfer_tokens, random_score
 
@@ -157,7 +157,7 @@ class LowConfidence(Schedule):
         return select_topk(score, self.count(step.rows)), step.x0
 
 
-@register("dlm.baseline", kind="diffusion", config=BaselineConfig, lossless=True)
+@register_dlm("dlm.baseline", config=BaselineConfig, lossless=True)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: BaselineConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """LLaDA decoding: each forward commits the k most confident masked positions of the block."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)

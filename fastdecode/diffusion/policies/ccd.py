@@ -17,11 +17,11 @@ import torch
 
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import Step, StepsConfig, columns
+from ..policy import Step, StepsConfig, columns, register_dlm
 from ..rules import consistent, select_topk
 from ..scores import neg_entropy
 from .baseline import Schedule
@@ -63,7 +63,7 @@ class Coherent(Schedule):
         return torch.where(enough[:, None], chosen, select_topk(score, k)), step.x0
 
 
-@register("dlm.ccd", kind="diffusion", config=CCDConfig)
+@register_dlm("dlm.ccd", config=CCDConfig)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: CCDConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Coherent contextual decoding: commit positions whose top-entropy-rank prediction agrees across recent steps."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)

@@ -13,11 +13,11 @@ import torch
 
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise, propose
-from ..policy import BlockConfig, BlockPolicy, Step
+from ..policy import BlockConfig, BlockPolicy, Step, register_dlm
 from ..rules import credit_fuse, credit_update, threshold
 
 
@@ -59,7 +59,7 @@ class Credit(BlockPolicy):
         return threshold(conf, c.threshold), x0
 
 
-@register("dlm.credit", kind="diffusion", config=CreditConfig)
+@register_dlm("dlm.credit", config=CreditConfig)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: CreditConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """CreditDecoding: decayed trace credits (alpha 0.7, beta 0.8, gamma 0.2) fused into the logits, then threshold."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)

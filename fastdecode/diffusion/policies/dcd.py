@@ -17,11 +17,11 @@ import torch
 
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import DiffusionConfig, Step, View, first_mask
+from ..policy import DiffusionConfig, Step, View, first_mask, register_dlm
 from ..rules import threshold
 
 
@@ -61,7 +61,7 @@ class SlidingWindow:
         return threshold(step.conf, self.cfg.threshold), step.x0
 
 
-@register("dlm.dcd", kind="diffusion", config=DCDConfig)
+@register_dlm("dlm.dcd", config=DCDConfig)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: DCDConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Deferred commitment: a sliding window holding ~16 masks replaces fixed blocks; threshold rule inside."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)

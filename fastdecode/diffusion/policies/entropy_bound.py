@@ -9,11 +9,11 @@ import torch
 
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import BlockConfig, BlockPolicy, Step
+from ..policy import BlockConfig, BlockPolicy, Step, register_dlm
 from ..rules import entropy_bound
 from ..scores import neg_entropy
 
@@ -36,7 +36,7 @@ class EntropyBound(BlockPolicy):
         return entropy_bound(step.score(neg_entropy(step.logits)), self.gamma)
 
 
-@register("dlm.entropy_bound", kind="diffusion", config=EntropyBoundConfig)
+@register_dlm("dlm.entropy_bound", config=EntropyBoundConfig)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: EntropyBoundConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """EB-Sampler: commit the lowest-entropy masked positions while the entropy before the last stays <= gamma."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)

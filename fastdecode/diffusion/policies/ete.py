@@ -22,11 +22,11 @@ import torch
 
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import BlockConfig, Step, View, block_view, in_block
+from ..policy import BlockConfig, Step, View, block_view, in_block, register_dlm
 from ..rules import top1
 from ..scores import neg_entropy
 
@@ -68,7 +68,7 @@ class ExploreExploit:
         return exploit | best | (explore & stalled), step.x0
 
 
-@register("dlm.ete", kind="diffusion", config=ETEConfig)
+@register_dlm("dlm.ete", config=ETEConfig)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: ETEConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Explore-then-exploit: confident tokens committed across blocks; a stalled block also commits its most
     uncertain plausible token."""

@@ -10,11 +10,11 @@ import torch
 
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import BlockConfig, BlockPolicy, Step
+from ..policy import BlockConfig, BlockPolicy, Step, register_dlm
 from ..rules import factor
 
 
@@ -40,7 +40,7 @@ class Factor(BlockPolicy):
         return factor(step.conf, self.f, self.rule)
 
 
-@register("dlm.factor", kind="diffusion", config=FactorConfig)
+@register_dlm("dlm.factor", config=FactorConfig)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: FactorConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Fast-dLLM factor rule: commit the n most confident with (n + 1)(1 - c(n)) <= f, at least one (and the last
     mask once all before it passed, as the reference does; `rule=strict` commits only the passing prefix)."""

@@ -23,12 +23,12 @@ import torch
 
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
-from ...registry import RunContext, register
+from ...registry import ConstraintSupport, RunContext
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..cache import Forwarder
 from ..driver import Canvas, event, finished, make_step
-from ..policy import BlockConfig, block_view
+from ..policy import BlockConfig, block_view, register_dlm
 from ..rules import top1
 
 
@@ -166,7 +166,12 @@ def _next(state: State) -> tuple[int, int]:
     return state.lo + j, int(state.x0[j])
 
 
-@register("dlm.freedave", kind="diffusion", config=FreeDaveConfig, lossless=True)
+# its draft-and-verify loop over the canvas has no commit step the grammar mask could reach
+NO_CONSTRAINT = ConstraintSupport(refused="runs a draft-and-verify loop of its own over the canvas; "
+                                          "use dlm.threshold or another dlm.* method")
+
+
+@register_dlm("dlm.freedave", config=FreeDaveConfig, lossless=True, constraints=NO_CONSTRAINT)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: FreeDaveConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """FreeDave: draft the next K baseline steps, verify them in one batched forward; equals dlm.baseline."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)

@@ -9,11 +9,11 @@ import torch
 
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import BlockConfig, BlockPolicy, Step
+from ..policy import BlockConfig, BlockPolicy, Step, register_dlm
 from ..rules import local_leap
 
 
@@ -41,7 +41,7 @@ class LocalLeap(BlockPolicy):
         return local_leap(step.conf, c.threshold, c.radius, c.relaxed_threshold)
 
 
-@register("dlm.localleap", kind="diffusion", config=LocalLeapConfig)
+@register_dlm("dlm.localleap", config=LocalLeapConfig)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: LocalLeapConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """LocalLeap: anchors at p >= threshold; masked positions within `radius` of one commit at relaxed_threshold."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)

@@ -20,11 +20,11 @@ import torch
 from ...config import check
 from ...errors import ParameterError
 from ...models.diffusion import DenoisingModel, MaskedDiffusionLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import Step, StepsConfig, View, in_block, to_end
+from ..policy import Step, StepsConfig, View, in_block, register_dlm, to_end
 from ..rules import prophet_exit, select_topk
 from ..scores import logit_gap
 from .baseline import Guided, Schedule
@@ -143,7 +143,7 @@ class Prophet(Schedule):
         return torch.where(all_in[:, None], step.masked, commit), tokens
 
 
-@register("dlm.prophet", kind="diffusion", config=ProphetConfig)
+@register_dlm("dlm.prophet", config=ProphetConfig)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: ProphetConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Prophet: LLaDA top-k steps until the mean top-2 logit gap (over the answer window, or all remaining masks)
     passes 7.5/5.0/2.5 by progress, then fill all masks."""

@@ -18,11 +18,11 @@ import torch
 
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import BlockConfig, BlockPolicy, Step, columns
+from ..policy import BlockConfig, BlockPolicy, Step, columns, register_dlm
 from ..rules import cluster_one, streaks, threshold, window_average
 
 
@@ -63,7 +63,7 @@ class R2(BlockPolicy):
         return commit | (masked & ~commit & (count >= c.stable_steps) & (conf >= c.stable_threshold))
 
 
-@register("dlm.r2", kind="diffusion", config=R2Config)
+@register_dlm("dlm.r2", config=R2Config)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: R2Config, ctx: RunContext) -> Iterator[StepEvent]:
     """R²-dLLM: threshold, then confident 3-windows whole, one per duplicate run, and 3-step-stable predictions."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)

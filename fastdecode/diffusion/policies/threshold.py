@@ -9,11 +9,11 @@ import torch
 
 from ...config import check
 from ...models.diffusion import MaskedDiffusionLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..driver import denoise
-from ..policy import BlockConfig, BlockPolicy, Step
+from ..policy import BlockConfig, BlockPolicy, Step, register_dlm
 from ..rules import threshold
 
 
@@ -35,7 +35,7 @@ class Threshold(BlockPolicy):
         return threshold(step.conf, self.tau)
 
 
-@register("dlm.threshold", kind="diffusion", config=ThresholdConfig)
+@register_dlm("dlm.threshold", config=ThresholdConfig)
 def run(model: MaskedDiffusionLM, batch: PromptBatch, cfg: ThresholdConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Fast-dLLM threshold: commit every masked in-block position with confidence >= threshold, always the top-1."""
     generator = make_generator(cfg.seed, ctx.generator, model.device)

@@ -123,7 +123,7 @@ class DiffusionDrafter(BaseDrafter):
 
 
 @register("spec.dlm_draft", kind="causal", config=DlmDraftConfig, lossless=True, needs_draft=True,
-          draft_kind="diffusion")
+          draft_kind="diffusion", session="driver", drafts=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: DlmDraftConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """DEER-style speculative decoding: a masked-diffusion draft model (pass draft=) fills a block of masks at once."""
     draft = ctx.draft

@@ -48,7 +48,8 @@ class ModelDrafter(ModelChainDrafter):
             self.length = self.length + 2 if verification.accepted == self.length else max(1, self.length - 1)
 
 
-@register("spec.draft_model", kind="causal", config=DraftModelConfig, lossless=True, needs_draft=True)
+@register("spec.draft_model", kind="causal", config=DraftModelConfig, lossless=True, needs_draft=True,
+          session="driver", drafts=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: DraftModelConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Speculative decoding with a small draft model (pass draft=); constant or heuristic length, confidence stop."""
     check_rollback(ctx.draft)

@@ -98,7 +98,8 @@ class DynTreeDrafter(BaseDrafter):
         return Draft(torch.tensor([nodes.tokens[i] for i in keep], dtype=torch.long), parents=parents)
 
 
-@register("spec.dyntree", kind="causal", config=DynTreeConfig, lossless=True, needs_draft=True)
+@register("spec.dyntree", kind="causal", config=DynTreeConfig, lossless=True, needs_draft=True,
+          session="driver", drafts=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: DynTreeConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """EAGLE-2 / DySpec dynamic draft tree: a draft model's likeliest paths within a node budget, pass draft=."""
     check_rollback(ctx.draft)

@@ -47,7 +47,7 @@ class JacobiDrafter(BaseDrafter):
         self.guess = update[verification.accepted + 1 :]
 
 
-@register("spec.jacobi", kind="causal", config=JacobiConfig, lossless=True)
+@register("spec.jacobi", kind="causal", config=JacobiConfig, lossless=True, session="driver", drafts=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: JacobiConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Jacobi decoding: refine a window of guesses by fixed-point iteration, accept the converged prefix."""
     return speculative(model, batch, cfg, ctx, lambda generator: JacobiDrafter(cfg))

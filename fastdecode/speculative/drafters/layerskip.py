@@ -206,7 +206,7 @@ class LayerSkipDrafter(ModelChainDrafter):
             self.skip, self.cache = s, cache
 
 
-@register("spec.layerskip", kind="causal", config=LayerSkipConfig, lossless=True)
+@register("spec.layerskip", kind="causal", config=LayerSkipConfig, lossless=True, session="driver", drafts=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: LayerSkipConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Self-speculation (SWIFT): the target with some layers skipped drafts; the skip set is searched on the fly."""
     check_rollback(model)  # first, so that a state-space model hears why it cannot run, not where its layers are

@@ -122,7 +122,7 @@ class LookaheadDrafter(BaseDrafter):
             grams.popitem(last=False)
 
 
-@register("spec.lookahead", kind="causal", config=LookaheadConfig, lossless=True)
+@register("spec.lookahead", kind="causal", config=LookaheadConfig, lossless=True, session="driver", drafts=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: LookaheadConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Lookahead decoding: a Jacobi window fills an n-gram pool; pooled n-grams are verified as a tree (N5 W7 G7)."""
     return speculative(model, batch, cfg, ctx, lambda generator: LookaheadDrafter(cfg))

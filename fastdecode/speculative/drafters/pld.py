@@ -37,7 +37,7 @@ class PromptLookup(BaseDrafter):
         return Draft(longest_match(context, 1, self.cfg.max_ngram, min(k, self.cfg.num_tokens)))
 
 
-@register("spec.pld", kind="causal", config=PromptLookupConfig, lossless=True)
+@register("spec.pld", kind="causal", config=PromptLookupConfig, lossless=True, session="driver", drafts=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: PromptLookupConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Prompt lookup decoding: copy the tokens that followed the last n-gram's earlier occurrence (3 -> 1, 10
     tokens)."""

@@ -153,7 +153,7 @@ class RecyclingDrafter(BaseDrafter):
         self.adjacency[torch.tensor(self._inputs)] = top
 
 
-@register("spec.recycling", kind="causal", config=RecyclingConfig, lossless=True)
+@register("spec.recycling", kind="causal", config=RecyclingConfig, lossless=True, session="driver", drafts=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: RecyclingConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Token Recycling: a draft tree from an adjacency matrix of the target's recent top-k candidates."""
     k, memory = cfg.top_k_candidates, run_memory(ctx, model)

@@ -122,7 +122,7 @@ class RSDDrafter(BaseDrafter):
         return q, gumbel_top_k(q, b, self.generator)
 
 
-@register("spec.rsd", kind="causal", config=RSDConfig, lossless=True, needs_draft=True)
+@register("spec.rsd", kind="causal", config=RSDConfig, lossless=True, needs_draft=True, session="driver", drafts=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: RSDConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Recursive Speculative Decoding: a draft-model tree sampled without replacement (Gumbel-top-k), pass draft=."""
     check_rollback(ctx.draft)

@@ -85,7 +85,8 @@ class SparseSelfDrafter(BaseDrafter):
         return Draft(torch.stack(tokens).cpu(), q_all)
 
 
-@register("spec.sparse_self", kind="causal", config=SparseSelfConfig, lossless=True)
+# no `session`: its drafter runs the target on the target's own cache, row by row, so rows cannot join a running batch
+@register("spec.sparse_self", kind="causal", config=SparseSelfConfig, lossless=True, drafts=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: SparseSelfConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Sparse self-speculation: the target with sparse attention drafts, the dense target verifies."""
     check_rollback(model)  # a recurrent model is refused for that first

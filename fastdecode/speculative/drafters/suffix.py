@@ -87,7 +87,7 @@ class SuffixDrafter(BaseDrafter):
                 self.shared.remove(oldest)
 
 
-@register("spec.suffix", kind="causal", config=SuffixConfig, lossless=True)
+@register("spec.suffix", kind="causal", config=SuffixConfig, lossless=True, session="driver", drafts=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: SuffixConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """SuffixDecoding: frequency-scored drafts from suffix trees over the prompt, the output and earlier outputs."""
     shared = global_tree(run_memory(ctx, model), cfg.max_depth) if cfg.max_cached_requests else None
