@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..attention import SparseSelector
+from ..attention import DENSE, SparseSelector
 from ..cache import DynamicKVCache, KVCache
 from ..config import MethodConfig
 from ..models.capabilities import attention_free
@@ -80,7 +80,7 @@ class ARSession:
 
     @property
     def joinable(self) -> bool:
-        return self.cache is None or isinstance(self.cache, KVCache)
+        return self.cache is None or self.cache.ragged()
 
     @property
     def size(self) -> int:
@@ -110,7 +110,7 @@ class ARSession:
         old = self.size
         keep = min(n, old)
         extra = n - keep
-        assert isinstance(self.cache, KVCache)
+        assert self.cache is not None and self.cache.ragged()
         self.cache.resize(n)
 
         def fit(t: torch.Tensor) -> torch.Tensor:
@@ -158,7 +158,7 @@ class ARSession:
                              "summaries of the cache would not cover the adopted rows; start a new session")
         logits = model.forward(ids, positions, target, mask, num_logits=1, sparse=self.sparse)[:, -1]  # [R, V]
         if not direct:
-            assert isinstance(self.cache, KVCache) and isinstance(target, KVCache)
+            assert self.cache is not None
             for i, s in enumerate(take):
                 self.cache.adopt(s, target, i)
         if self.logits is None:
@@ -191,7 +191,7 @@ class ARSession:
         if slot >= self.size or not self.occupied[slot]:  # already gone (finished, or its slot was dropped)
             return
         self.occupied[slot] = self._feeds[slot] = False
-        if isinstance(self.cache, KVCache):
+        if self.cache is not None and self.cache.ragged():
             lengths = list(self.cache.lengths)
             lengths[slot] = 0
             self.cache.crop_rows(lengths)
@@ -235,7 +235,7 @@ class ARSession:
         device = model.device
         real = torch.tensor(feeds, dtype=torch.bool, device=device)
         token = torch.where(real, self._fed, model.pad_token_id)
-        if isinstance(self.cache, KVCache):
+        if self.cache is not None and self.cache.ragged():
             before = list(self.cache.lengths)
             mask = None if all(feeds) else real[:, None]
             logits = model.forward(token[:, None], self.next_pos, self.cache, mask, sparse=self.sparse)[:, -1]
@@ -279,6 +279,6 @@ def ar_session(model: CausalLM, cfg: MethodConfig, ctx: RunContext, slots: int) 
     """How an ar.greedy / ar.sample request joins a running batch (`register(..., session=...)`): an `ARSession` with
     room for `slots` rows; None where rows cannot join it: a model on transformers' own cache, or a sparse attention
     rule (its summaries of the cache would not cover the adopted rows)."""
-    if not model.preallocated or getattr(cfg, "attention", None) not in (None, "", "dense"):
+    if not model.preallocated or getattr(cfg, "attention", None) not in (None, "", DENSE):
         return None
     return ARSession(model, cfg, slots=slots, generator=ctx.generator)

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import torch
+
+from ..attention import Plan
+
 
 class CacheBase(ABC):
     """Lengths, rollback and the rows of a batch; the capabilities say which of them a cache supports."""
@@ -54,6 +58,17 @@ class CacheBase(ABC):
         if not 0 <= n <= min(self.lengths):
             raise ValueError(f"cannot trim {n} positions from a cache whose rows hold {self.lengths}")
         self.crop_rows([length - n for length in self.lengths])
+
+    # -- one forward (only where `plans_attention()`) ------------------------------------------------------------------
+    def begin(self, positions: torch.Tensor, visible: torch.Tensor, real: torch.Tensor,
+              past: torch.Tensor | None = None) -> Plan:
+        """Place the next forward's tokens after each row's entries and return its attention plan."""
+        raise NotImplementedError(f"{type(self).__name__} does not plan attention: the model's own masks place its "
+                                  "tokens (ask `plans_attention()` first)")
+
+    def end(self) -> None:
+        """The forward that `begin` placed is over."""
+        raise NotImplementedError(f"{type(self).__name__} does not plan attention (ask `plans_attention()` first)")
 
     # -- the rows of a running batch (only where `ragged()`) -----------------------------------------------------------
     def resize(self, batch: int) -> None:

@@ -157,8 +157,9 @@ class CausalLM(ModelAdapter):
             eye = torch.eye(T, dtype=torch.bool, device=input_ids.device)
             plan = attention.Plan(allow=(vis & real[:, None, :]) | eye, q_pos=positions, k_pos=positions)
         else:
-            if not isinstance(cache, KVCache):
-                raise TypeError(f"{self.name!r} runs on fastdecode's KVCache (model.new_cache()), got {type(cache)}")
+            if not cache.plans_attention():
+                raise TypeError(f"{self.name!r} runs on a cache that plans attention, fastdecode's KVCache "
+                                f"(model.new_cache()), not {type(cache).__name__}")
             before = list(cache.lengths)
             plan = cache.begin(positions, vis, real, past)
             if sparse is not None:

@@ -25,7 +25,9 @@ import torch
 
 from ..attention import check_attention
 from ..cache import DynamicKVCache, KVCache
+from ..registry import C, DriverOf, register
 from ..sampling.config import SamplingConfig
+from ..types import ModelKind
 from .tree import depths
 
 
@@ -202,3 +204,13 @@ class BaseDrafter:
 
 # makes the drafter of one row from the run's generator (drafters that sample share it); rows never share a drafter
 DrafterFactory = Callable[[torch.Generator | None], Drafter]
+
+
+def register_spec(
+    name: str, *, config: type[C], needs_draft: bool = False, draft_kind: ModelKind = "causal", joins: bool = True,
+) -> Callable[[DriverOf[C]], DriverOf[C]]:
+    """`registry.register` for the spec.* family: a lossless method on a causal target whose steps draft (counted in
+    `/metrics`) and whose requests join a running batch through the `SpecSession` its driver returns (`joins=False`
+    for a drafter that cannot, e.g. one running on the target's own cache)."""
+    return register(name, kind="causal", config=config, lossless=True, needs_draft=needs_draft,
+                    draft_kind=draft_kind, session="driver" if joins else None, drafts=True)

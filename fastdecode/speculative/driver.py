@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from ..attention import SparseSelector, make_selector
-from ..cache import KVCache
 from ..errors import IncompatibleMethodError
 from ..models.capabilities import sliding_windows, state_layer_types, uses_alibi
 from ..models.causal import CausalLM, CausalOutput
@@ -130,7 +129,7 @@ class SpecSession:
 
     @property
     def joinable(self) -> bool:
-        return len(self.groups) == 1 and isinstance(self.groups[0].cache, KVCache) and self.groups[0].sparse is None \
+        return len(self.groups) == 1 and self.groups[0].cache.ragged() and self.groups[0].sparse is None \
             and not any(r.drafter.shares_target_cache for r in self.rows)
 
     @property
@@ -176,7 +175,6 @@ class SpecSession:
                 with torch.inference_mode():
                     self.model.forward(row.ids[None, : row.n - 1].to(self.model.device),
                                        torch.arange(row.n - 1, device=self.model.device)[None], alone, num_logits=1)
-                assert isinstance(alone, KVCache)
                 cache.adopt(free, alone, 0)
             slots.append(free)
         return slots

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 
@@ -122,3 +123,33 @@ def test_batched_speculative_rows_share_one_forward_per_step(causal):
     assert len(calls) == len(steps) and all(e.forwards == 1 for e in steps)
     alone = [fastdecode.generate(causal, p, "spec.pld", max_new_tokens=20).token_ids for p in prompts]
     assert [r.token_ids for r in events[-1].results] == alone
+
+
+def test_both_caches_answer_the_contract_drivers_ask(causal):
+    """Drivers ask a cache what it can do (`cache/base.py`), never which class it is."""
+    from transformers import DynamicCache
+
+    from fastdecode.cache import CacheBase, DynamicKVCache, KVCache
+
+    mine = causal.new_cache(batch=2, capacity=8)
+    wrapped = DynamicKVCache(DynamicCache(config=causal.model.config))
+    assert isinstance(mine, KVCache) and isinstance(mine, CacheBase) and isinstance(wrapped, CacheBase)
+    assert (mine.can_rollback(), mine.ragged(), mine.plans_attention()) == (True, True, True)
+    assert (wrapped.ragged(), wrapped.plans_attention()) == (False, False)
+    assert mine.lengths == [0, 0] and wrapped.lengths == [0] and mine.length == wrapped.length == 0
+    for call in (lambda: wrapped.resize(2), lambda: wrapped.adopt(0, mine, 0), lambda: wrapped.end()):
+        with pytest.raises(NotImplementedError, match="first"):
+            call()
+
+
+def test_drivers_never_test_a_caches_class():
+    import re
+    from pathlib import Path
+
+    import fastdecode
+
+    root = Path(fastdecode.__file__).parent
+    found = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.parent.name != "cache"
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if re.search(r"isinstance\([^)]*(KVCache|DynamicKVCache)", line)]
+    assert not found, f"ask the cache (ragged(), plans_attention(), can_rollback()) instead: {found}"

@@ -64,10 +64,10 @@ def test_every_spec_drafter_declares_every_capability(method, causal, diffusion,
 
 
 def registered_in(path: Path) -> list[str]:
-    """The method names a file registers with `@register("...")`."""
+    """The method names a file registers with `@register_spec("...")` (or the plain `@register("...")`)."""
     names = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "register" and node.args:
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("register", "register_spec") and node.args:
             arg = node.args[0]
             names.append(arg.value if isinstance(arg, ast.Constant) else ast.dump(arg))
     return names

@@ -28,9 +28,9 @@ from ...diffusion.scores import num_transfer_tokens
 from ...errors import IncompatibleMethodError
 from ...models.causal import CausalLM
 from ...models.diffusion import MaskedDiffusionLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..drafter import BaseDrafter, Draft, SpecConfig
+from ..drafter import BaseDrafter, Draft, SpecConfig, register_spec
 from ..driver import speculative
 from ..verify import target_distribution
 
@@ -122,8 +122,7 @@ class DiffusionDrafter(BaseDrafter):
         return torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
 
 
-@register("spec.dlm_draft", kind="causal", config=DlmDraftConfig, lossless=True, needs_draft=True,
-          draft_kind="diffusion", session="driver", drafts=True)
+@register_spec("spec.dlm_draft", config=DlmDraftConfig, needs_draft=True, draft_kind="diffusion")
 def run(model: CausalLM, batch: PromptBatch, cfg: DlmDraftConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """DEER-style speculative decoding: a masked-diffusion draft model (pass draft=) fills a block of masks at once."""
     draft = ctx.draft

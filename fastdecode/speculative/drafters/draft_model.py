@@ -11,9 +11,9 @@ import torch
 
 from ...config import check
 from ...models.causal import CausalLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..drafter import Draft, SpecConfig, Verification
+from ..drafter import Draft, SpecConfig, Verification, register_spec
 from ..driver import check_rollback, speculative
 from ..model_chain import ModelChainDrafter
 
@@ -48,8 +48,7 @@ class ModelDrafter(ModelChainDrafter):
             self.length = self.length + 2 if verification.accepted == self.length else max(1, self.length - 1)
 
 
-@register("spec.draft_model", kind="causal", config=DraftModelConfig, lossless=True, needs_draft=True,
-          session="driver", drafts=True)
+@register_spec("spec.draft_model", config=DraftModelConfig, needs_draft=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: DraftModelConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Speculative decoding with a small draft model (pass draft=); constant or heuristic length, confidence stop."""
     check_rollback(ctx.draft)

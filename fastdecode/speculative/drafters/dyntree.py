@@ -19,9 +19,9 @@ import torch
 
 from ...config import check
 from ...models.causal import CausalLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..drafter import BaseDrafter, Draft, SpecConfig
+from ..drafter import BaseDrafter, Draft, SpecConfig, register_spec
 from ..driver import check_rollback, speculative
 from ..model_tree import DraftModelTree
 
@@ -98,8 +98,7 @@ class DynTreeDrafter(BaseDrafter):
         return Draft(torch.tensor([nodes.tokens[i] for i in keep], dtype=torch.long), parents=parents)
 
 
-@register("spec.dyntree", kind="causal", config=DynTreeConfig, lossless=True, needs_draft=True,
-          session="driver", drafts=True)
+@register_spec("spec.dyntree", config=DynTreeConfig, needs_draft=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: DynTreeConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """EAGLE-2 / DySpec dynamic draft tree: a draft model's likeliest paths within a node budget, pass draft=."""
     check_rollback(ctx.draft)

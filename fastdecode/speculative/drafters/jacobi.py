@@ -15,9 +15,9 @@ import torch
 
 from ...config import check
 from ...models.causal import CausalLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..drafter import BaseDrafter, Draft, SpecConfig, Verification
+from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import speculative
 
 
@@ -47,7 +47,7 @@ class JacobiDrafter(BaseDrafter):
         self.guess = update[verification.accepted + 1 :]
 
 
-@register("spec.jacobi", kind="causal", config=JacobiConfig, lossless=True, session="driver", drafts=True)
+@register_spec("spec.jacobi", config=JacobiConfig)
 def run(model: CausalLM, batch: PromptBatch, cfg: JacobiConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Jacobi decoding: refine a window of guesses by fixed-point iteration, accept the converged prefix."""
     return speculative(model, batch, cfg, ctx, lambda generator: JacobiDrafter(cfg))

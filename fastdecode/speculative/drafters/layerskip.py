@@ -29,9 +29,9 @@ from torch import nn
 from ...config import check
 from ...errors import IncompatibleMethodError, ParameterError
 from ...models.causal import CausalLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..drafter import Draft, SpecConfig
+from ..drafter import Draft, SpecConfig, register_spec
 from ..driver import check_rollback, speculative
 from ..model_chain import ModelChainDrafter
 
@@ -206,7 +206,7 @@ class LayerSkipDrafter(ModelChainDrafter):
             self.skip, self.cache = s, cache
 
 
-@register("spec.layerskip", kind="causal", config=LayerSkipConfig, lossless=True, session="driver", drafts=True)
+@register_spec("spec.layerskip", config=LayerSkipConfig)
 def run(model: CausalLM, batch: PromptBatch, cfg: LayerSkipConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Self-speculation (SWIFT): the target with some layers skipped drafts; the skip set is searched on the fly."""
     check_rollback(model)  # first, so that a state-space model hears why it cannot run, not where its layers are

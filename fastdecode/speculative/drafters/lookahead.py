@@ -22,9 +22,9 @@ import torch
 
 from ...config import check
 from ...models.causal import CausalLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..drafter import BaseDrafter, Draft, Side, SpecConfig, Verification
+from ..drafter import BaseDrafter, Draft, Side, SpecConfig, Verification, register_spec
 from ..driver import speculative
 
 
@@ -122,7 +122,7 @@ class LookaheadDrafter(BaseDrafter):
             grams.popitem(last=False)
 
 
-@register("spec.lookahead", kind="causal", config=LookaheadConfig, lossless=True, session="driver", drafts=True)
+@register_spec("spec.lookahead", config=LookaheadConfig)
 def run(model: CausalLM, batch: PromptBatch, cfg: LookaheadConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Lookahead decoding: a Jacobi window fills an n-gram pool; pooled n-grams are verified as a tree (N5 W7 G7)."""
     return speculative(model, batch, cfg, ctx, lambda generator: LookaheadDrafter(cfg))

@@ -9,9 +9,9 @@ import torch
 
 from ...config import check
 from ...models.causal import CausalLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..drafter import BaseDrafter, Draft, SpecConfig
+from ..drafter import BaseDrafter, Draft, SpecConfig, register_spec
 from ..driver import speculative
 from ..lookup import longest_match
 
@@ -39,7 +39,7 @@ class NgramLookup(BaseDrafter):
         return Draft(longest_match(context, self.cfg.min_n, self.cfg.max_n, min(k, self.cfg.num_tokens)))
 
 
-@register("spec.ngram", kind="causal", config=NgramConfig, lossless=True, session="driver", drafts=True)
+@register_spec("spec.ngram", config=NgramConfig)
 def run(model: CausalLM, batch: PromptBatch, cfg: NgramConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """n-gram speculation (vLLM-style): k tokens after the longest earlier match of the context's suffix."""
     return speculative(model, batch, cfg, ctx, lambda generator: NgramLookup(cfg))

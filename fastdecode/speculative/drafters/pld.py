@@ -9,9 +9,9 @@ import torch
 
 from ...config import check
 from ...models.causal import CausalLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..drafter import BaseDrafter, Draft, SpecConfig
+from ..drafter import BaseDrafter, Draft, SpecConfig, register_spec
 from ..driver import speculative
 from ..lookup import longest_match
 
@@ -37,7 +37,7 @@ class PromptLookup(BaseDrafter):
         return Draft(longest_match(context, 1, self.cfg.max_ngram, min(k, self.cfg.num_tokens)))
 
 
-@register("spec.pld", kind="causal", config=PromptLookupConfig, lossless=True, session="driver", drafts=True)
+@register_spec("spec.pld", config=PromptLookupConfig)
 def run(model: CausalLM, batch: PromptBatch, cfg: PromptLookupConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Prompt lookup decoding: copy the tokens that followed the last n-gram's earlier occurrence (3 -> 1, 10
     tokens)."""

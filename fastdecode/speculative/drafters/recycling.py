@@ -21,9 +21,9 @@ import torch
 from ...config import check
 from ...errors import ParameterError
 from ...models.causal import CausalLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..drafter import BaseDrafter, Draft, SpecConfig, Verification
+from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import speculative
 from ..memory import DrafterMemory, run_memory
 
@@ -153,7 +153,7 @@ class RecyclingDrafter(BaseDrafter):
         self.adjacency[torch.tensor(self._inputs)] = top
 
 
-@register("spec.recycling", kind="causal", config=RecyclingConfig, lossless=True, session="driver", drafts=True)
+@register_spec("spec.recycling", config=RecyclingConfig)
 def run(model: CausalLM, batch: PromptBatch, cfg: RecyclingConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Token Recycling: a draft tree from an adjacency matrix of the target's recent top-k candidates."""
     k, memory = cfg.top_k_candidates, run_memory(ctx, model)

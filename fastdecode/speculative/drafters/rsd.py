@@ -18,9 +18,9 @@ import torch
 from ...config import check
 from ...errors import ParameterError
 from ...models.causal import CausalLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..drafter import BaseDrafter, Draft, SpecConfig
+from ..drafter import BaseDrafter, Draft, SpecConfig, register_spec
 from ..driver import check_rollback, speculative
 from ..model_tree import DraftModelTree
 from ..verify import target_distribution
@@ -122,7 +122,7 @@ class RSDDrafter(BaseDrafter):
         return q, gumbel_top_k(q, b, self.generator)
 
 
-@register("spec.rsd", kind="causal", config=RSDConfig, lossless=True, needs_draft=True, session="driver", drafts=True)
+@register_spec("spec.rsd", config=RSDConfig, needs_draft=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: RSDConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Recursive Speculative Decoding: a draft-model tree sampled without replacement (Gumbel-top-k), pass draft=."""
     check_rollback(ctx.draft)

@@ -21,9 +21,9 @@ from ...cache import DynamicKVCache, KVCache
 from ...config import check
 from ...models.capabilities import check_sparse_attention
 from ...models.causal import CausalLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..drafter import BaseDrafter, Draft, SpecConfig
+from ..drafter import BaseDrafter, Draft, SpecConfig, register_spec
 from ..driver import check_rollback, speculative
 from ..model_chain import pick_token
 
@@ -85,8 +85,8 @@ class SparseSelfDrafter(BaseDrafter):
         return Draft(torch.stack(tokens).cpu(), q_all)
 
 
-# no `session`: its drafter runs the target on the target's own cache, row by row, so rows cannot join a running batch
-@register("spec.sparse_self", kind="causal", config=SparseSelfConfig, lossless=True, drafts=True)
+# joins=False: its drafter runs the target on the target's own cache, row by row, so rows cannot join a running batch
+@register_spec("spec.sparse_self", config=SparseSelfConfig, joins=False)
 def run(model: CausalLM, batch: PromptBatch, cfg: SparseSelfConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Sparse self-speculation: the target with sparse attention drafts, the dense target verifies."""
     check_rollback(model)  # a recurrent model is refused for that first

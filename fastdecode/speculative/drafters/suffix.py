@@ -11,9 +11,9 @@ import torch
 
 from ...config import check
 from ...models.causal import CausalLM
-from ...registry import RunContext, register
+from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..drafter import BaseDrafter, Draft, SpecConfig
+from ..drafter import BaseDrafter, Draft, SpecConfig, register_spec
 from ..driver import speculative
 from ..memory import DrafterMemory, run_memory
 from ..suffix_tree import SuffixTree, best_draft
@@ -87,7 +87,7 @@ class SuffixDrafter(BaseDrafter):
                 self.shared.remove(oldest)
 
 
-@register("spec.suffix", kind="causal", config=SuffixConfig, lossless=True, session="driver", drafts=True)
+@register_spec("spec.suffix", config=SuffixConfig)
 def run(model: CausalLM, batch: PromptBatch, cfg: SuffixConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """SuffixDecoding: frequency-scored drafts from suffix trees over the prompt, the output and earlier outputs."""
     shared = global_tree(run_memory(ctx, model), cfg.max_depth) if cfg.max_cached_requests else None
