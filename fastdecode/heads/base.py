@@ -9,6 +9,8 @@ with `@register_head("kind")` so that `load_head` can rebuild it from a folder's
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -81,6 +83,18 @@ class Head(nn.Module):
 
 
 _KINDS: dict[str, type[Head]] = {}
+_found = False
+
+
+def _discover() -> None:
+    """Import every module of this package once: a head kind registers itself by existing (one file a kind)."""
+    global _found
+    if _found:
+        return
+    package = importlib.import_module(__name__.rpartition(".")[0])
+    for module in pkgutil.iter_modules(package.__path__, prefix=package.__name__ + "."):
+        importlib.import_module(module.name)
+    _found = True
 H = TypeVar("H", bound=type[Head])
 
 
@@ -111,11 +125,13 @@ def register_head(kind: str) -> Callable[[H], H]:
 
 def head_kinds() -> list[str]:
     """The registered head kinds, sorted."""
+    _discover()
     return sorted(_KINDS)
 
 
 def head_class(kind: str) -> type[Head]:
     """The head class registered as `kind`; an unknown kind is refused with the known ones listed."""
+    _discover()
     found = _KINDS.get(kind)
     if found is None:
         raise ModelLoadError(f"Unknown head kind {kind!r}. {close_names(kind, _KINDS)} (A head kind is registered "

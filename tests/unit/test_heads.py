@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -18,6 +19,7 @@ from fastdecode.heads import (
     Head,
     HeadConfig,
     Target,
+    head_class,
     head_kinds,
     head_names,
     load_head,
@@ -211,3 +213,27 @@ def test_the_target_record_refuses_another_model():
     TARGET.check(model)
     with pytest.raises(IncompatibleMethodError, match="hidden_size 16 \\(trained on 32\\)"):
         dataclasses.replace(TARGET, hidden_size=32).check(model)
+
+
+def test_a_head_kind_in_its_own_file_is_found_without_an_import(tmp_path, monkeypatch):
+    """One file a kind: a module in fastdecode/heads/ registers its kind when a head is first looked up."""
+    import fastdecode.heads as package
+    from fastdecode.heads import base
+
+    (tmp_path / "test_found.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from fastdecode.heads import Head, HeadConfig, register_head\n\n"
+        "@dataclass(frozen=True)\n"
+        "class FoundConfig(HeadConfig):\n"
+        "    width: int = 2\n\n"
+        "@register_head('test-found')\n"
+        "class Found(Head):\n"
+        "    config_class = FoundConfig\n"
+    )
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+    monkeypatch.setattr(base, "_found", False)
+    try:
+        assert "test-found" in head_kinds() and head_class("test-found").__name__ == "Found"
+    finally:
+        base._KINDS.pop("test-found", None)
+        sys.modules.pop("fastdecode.heads.test_found", None)
