@@ -1,14 +1,28 @@
-"""Training objectives as plug-ins: one file each, one table here. Add an objective: write its file (an
-`Objective` subclass, see base.py) and list it in `OBJECTIVES`."""
+"""Training objectives as plug-ins: one file each, found here. Add an objective: write its file in this folder, an
+`Objective` subclass with its `name` (see base.py); it is in `OBJECTIVES` by existing."""
 
 from __future__ import annotations
 
-from ...errors import ParameterError, close_names
-from .ar import AR
-from .base import Batch, Objective
-from .mdlm import MDLM
+import importlib
+import pkgutil
 
-OBJECTIVES: dict[str, Objective] = {o.name: o for o in (AR(), MDLM())}
+from ...errors import ParameterError, close_names
+from .base import Batch, Objective
+
+for _module in pkgutil.iter_modules(__path__, prefix=__name__ + "."):
+    importlib.import_module(_module.name)
+
+
+def _table(cls: type[Objective]) -> dict[str, Objective]:
+    found: dict[str, Objective] = {}
+    for sub in cls.__subclasses__():
+        if "name" in vars(sub):
+            found[sub.name] = sub()
+        found.update(_table(sub))
+    return found
+
+
+OBJECTIVES: dict[str, Objective] = _table(Objective)
 
 
 def objective(name: str) -> Objective:

@@ -1,6 +1,6 @@
 """The training-objective contract: what the loop, the zoo build and the export ask of one objective.
 
-An objective is one file in this folder with one `Objective` subclass, listed by name in `__init__.py`'s table. The
+An objective is one file in this folder with one `Objective` subclass; `__init__.py` finds it and lists it by name. The
 loop looks it up once by `Recipe.objective`; nothing in `train/` tests an objective's name.
 """
 
