@@ -324,6 +324,8 @@ def demo(
     for note in notes:
         err.print(f"[yellow]skipped:[/yellow] {note}", highlight=False)
     require_models(plan)
+    for m in plan:  # the thread rule of generate, bench and serve (every zoo model is small: one thread)
+        _use_threads(m.model, None, None)
     with _progress_bar() as bar:
         tasks: dict[str, object] = {}
 
