@@ -100,6 +100,12 @@ results-engine: $(VENV)/.installed
 		--out $(RESULTS)/engine/step_bound.jsonl
 	$(BIN)/fastdecode report $(RESULTS)/engine/engine.jsonl --out $(RESULTS)/engine/report.md
 
+# the evidence for the CLI's default thread count (docs/cli.md): tokens/s at 1 and 2 threads per zoo model
+.PHONY: results-threads
+results-threads: $(VENV)/.installed
+	$(BIN)/python tools/thread_speed.py --models zoo:ar-tiny zoo:ar-small zoo:dlm-small --methods spec.pld \
+		--synthetic 25 100 --threads 1 2 --reps 5 --out $(RESULTS)/engine/threads.jsonl
+
 # llama.cpp beside fastdecode on the same weights and items (needs the optional extra: pip install '.[llamacpp]',
 # a ~40-minute source build of llama-cpp-python); every method against the same ar.greedy rows of one run
 .PHONY: results-llamacpp

@@ -31,6 +31,9 @@ KindOpt = Annotated[
 DtypeOpt = Annotated[
     Optional[str], typer.Option(help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on CPU).")
 ]
+ThreadsOpt = Annotated[Optional[int], typer.Option(
+    help="torch CPU threads (default: 1 for a model under 50 M parameters on the CPU, else torch's choice; "
+    "docs/cli.md); recorded in bench's rows.")]
 DraftOpt = Annotated[
     Optional[str],
     typer.Option(help="Draft model folder or zoo:NAME, for methods that take one (a diffusion LM for spec.dlm_draft)."),
@@ -58,6 +61,7 @@ def generate(
     constraint_sampling: Annotated[str, typer.Option(
         help="mask, or gad (Grammar-Aligned Decoding) for sampled methods.")] = "mask",
     constraint_diffusion: Annotated[str, typer.Option(help="dlm.* rule: lave or prefix.")] = "lave",
+    threads: ThreadsOpt = None,
 ) -> None:
     """Generate text with a method and print it with a one-line stats summary."""
     import fastdecode
@@ -79,6 +83,7 @@ def generate(
         params["constraint"] = constraints.from_file("grammar", constraint_grammar, **options)
     elif constraint_regex is not None:
         params["constraint"] = constraints.regex(constraint_regex, **options)
+    _use_threads(model, threads, device)
     with err.status(f"loading {model}"):
         m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         d = (fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code)
@@ -93,7 +98,7 @@ def generate(
             out.print_json(json.dumps(row))
         else:
             out.print(r.text, markup=False, highlight=False)
-            err.print(f"[dim]{r.method}: {r.stats.summary()}[/dim]")
+            err.print(f"[dim]{r.method}: {r.stats.summary()} · {_threads_in_use()}[/dim]")
         if r.constraint_complete is False:
             err.print(f"warning: max_new_tokens ({r.stats.new_tokens}) cut the output before the constraint was "
                       "complete: it is a valid prefix, not a valid output; raise --max-new-tokens.",
@@ -132,6 +137,27 @@ def info(
     for k, v in m.describe().items():
         table.add_row(k, f"{v:,}" if isinstance(v, int) else str(v))
     out.print(table)
+
+
+def _use_threads(model: str, threads: int | None, device: str | None) -> int | None:
+    """Set torch's CPU threads for generate, bench or serve on `model`: --threads, else the size rule of
+    `fastdecode.models.threads` (one thread for a small model on the CPU). Returns what was set; None: torch's
+    choice stands."""
+    import torch
+
+    from fastdecode.models.threads import cli_threads
+
+    chosen = cli_threads(model, threads, device)
+    if chosen is not None:
+        torch.set_num_threads(chosen)
+    return chosen
+
+
+def _threads_in_use() -> str:
+    import torch
+
+    n = torch.get_num_threads()
+    return f"{n} torch thread{'' if n == 1 else 's'}"
 
 
 def _progress_bar():
@@ -209,9 +235,7 @@ def bench(
         typer.Option("--seeds", help="Test seeds (>= 1000000) to draw items from: --seeds S1 S2 ..."),
     ] = None,
     warmup: Annotated[bool, typer.Option(help="One unrecorded generation per method first.")] = True,
-    threads: Annotated[
-        Optional[int], typer.Option(help="torch CPU threads (default: torch's choice); recorded in each row.")
-    ] = None,
+    threads: ThreadsOpt = None,
     ray: Annotated[Optional[str], typer.Option(
         "--ray", help="Run the jobs on a Ray cluster: --ray (RAY_ADDRESS, else a local one) or --ray ADDRESS "
         "(auto, ray://HEAD:10001); needs fastdecode[ray].")] = None,
@@ -224,15 +248,12 @@ def bench(
     dtype: DtypeOpt = None,
 ) -> None:
     """Run methods on a suite's test items, one generation at a time, one JSONL row each (resumable)."""
-    import torch
-
     import fastdecode
     from fastdecode.bench.harness import check_out, read_rows, run_bench, split_params
     from fastdecode.bench.report import summarize
 
     check_out(out_path)  # before the progress bar, so that the error is the only line
-    if threads is not None:
-        torch.set_num_threads(threads)
+    threads = _use_threads(model, threads, device)  # a default it set goes into the recorded command too
     command = _command("bench", suite=suite, model=model, draft=draft, methods=methods, param=param, limit=limit,
                        seeds=seeds, out=out_path, threads=threads, kind=kind, device=device, dtype=dtype,
                        no_warmup=not warmup, trust_remote_code=trust_remote_code, ray=ray, ray_workers=ray_workers)
@@ -303,6 +324,8 @@ def demo(
     for note in notes:
         err.print(f"[yellow]skipped:[/yellow] {note}", highlight=False)
     require_models(plan)
+    for m in plan:  # the thread rule of generate, bench and serve (every zoo model is small: one thread)
+        _use_threads(m.model, None, None)
     with _progress_bar() as bar:
         tasks: dict[str, object] = {}
 
@@ -411,7 +434,7 @@ def serve(
     max_batch: Annotated[int, typer.Option(help="Most rows (prompts x n) generated in one batch.")] = 16,
     batch_window_ms: Annotated[float, typer.Option(help="How long the engine waits for requests to batch.")] = 5.0,
     timeout: Annotated[float, typer.Option(help="Per-request timeout in seconds (0: none).")] = 600.0,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    threads: ThreadsOpt = None,
     trust_remote_code: RemoteOpt = False,
     kind: KindOpt = None,
     device: DeviceOpt = None,
@@ -425,13 +448,10 @@ def serve(
 
         raise ArgumentError(f"fastdecode serve needs the serve extra ({e.name} is missing): "
                             "pip install 'fastdecode[serve]'.") from None
-    import torch
-
     import fastdecode
 
-    if threads is not None:
-        torch.set_num_threads(threads)
     fastdecode.get_method(method)
+    _use_threads(model, threads, device)
     with err.status(f"loading {model}"):
         m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         d = (fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code)
@@ -439,7 +459,8 @@ def serve(
     config = ServeConfig(served_name=served_model_name or model, method=method, max_queue=max_queue,
                          max_batch=max_batch, window_s=batch_window_ms / 1000, timeout_s=timeout or None)
     server = make_server(create_app(m, d, config), host=host, port=port, log_level="info")
-    err.print(f"serving {config.served_name} ({method} by default) on http://{host}:{port}/v1", highlight=False)
+    err.print(f"serving {config.served_name} ({method} by default, {_threads_in_use()}) "
+              f"on http://{host}:{port}/v1", highlight=False)
     server.run()
 
 

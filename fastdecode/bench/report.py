@@ -1,9 +1,10 @@
 """`fastdecode report`: bench JSONL rows -> Markdown tables, the ParallelBench leaderboard figure and PNG plots.
 
 Per suite and model, each method configuration gets: accuracy (mean score), TPF (sum new tokens / sum
-forwards), forwards per item, tokens/s (sum tokens / sum wall time), speed-up over the baseline measured
-in the same bench run (the same file for rows from before runs were named), and the share of items whose tokens
-equal the baseline's.
+forwards), forwards per item, tokens/s (sum tokens / sum wall time over its rows, pooled over its runs), the
+baseline's tokens/s computed the same way over the baseline rows of the same bench runs (the same file for rows
+from before runs were named), the speed-up (the one divided by the other, so that a row's three columns agree
+whatever the other runs of the file measured), and the share of items whose tokens equal the baseline's.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Summary:
     forwards_per_item: float
     draft_forwards_per_item: float
     tokens_per_s: float
-    speedup: float | None
+    speedup: float | None  # tokens_per_s / baseline_tokens_per_s
     equal_rate: float | None
     peak_rss_mb: float
     acceptance_rate: float | None
@@ -49,6 +50,9 @@ class Summary:
     verify_share: float | None = None  # of wall time, the target's verification forward + accept rule
     sources: tuple[str, ...] = ()  # the result files its rows came from (each bench run measures its own baseline)
     baseline_other_run: bool = False  # its runs measured no baseline: the speed-up is against other runs' rows
+    # the baseline's tokens/s over the rows the speed-up compares with (its own runs'), pooled as tokens_per_s is;
+    # the baseline's own row pools all its runs, so this may differ from that row's tokens/s
+    baseline_tokens_per_s: float | None = None
 
 
 @dataclass
@@ -139,6 +143,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[Summary]:
                 draft_forwards_per_item=_mean([r.get("draft_forwards", 0) for r in rs]),
                 tokens_per_s=speed,
                 speedup=speed / base_speed if base_speed else None,
+                baseline_tokens_per_s=base_speed or None,
                 equal_rate=_mean(equal) if equal else None,
                 peak_rss_mb=max(r.get("peak_rss_mb", 0.0) for r in rs),
                 acceptance_rate=sum(r.get("accepted", 0) for r in rs) / proposed if proposed else None,
@@ -205,16 +210,17 @@ def _num(x: float | None, digits: int = 2, suffix: str = "") -> str:
 
 def method_table(group: Sequence[Summary]) -> list[str]:
     lines = [
-        "| method | accuracy | TPF (tokens/forward) | forwards/item | draft forwards/item | tokens/s | speed-up "
-        "| = baseline | acceptance | items | peak RSS (MiB) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| method | accuracy | TPF (tokens/forward) | forwards/item | draft forwards/item | tokens/s "
+        "| baseline tokens/s (same runs) | speed-up | = baseline | acceptance | items | peak RSS (MiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in group:
         name = f"**{s.label}** (baseline)" if s.is_baseline else s.label
         lines.append(
             f"| {name} | {_pct(s.accuracy)} | {s.tpf:.2f} | {s.forwards_per_item:.1f} "
             f"| {s.draft_forwards_per_item:.1f} "
-            f"| {s.tokens_per_s:.1f} | {_num(s.speedup, 2, '×')}{' †' if s.baseline_other_run else ''} "
+            f"| {s.tokens_per_s:.1f} | {_num(s.baseline_tokens_per_s, 1)} "
+            f"| {_num(s.speedup, 2, '×')}{' †' if s.baseline_other_run else ''} "
             f"| {_pct(s.equal_rate)} | {_pct(s.acceptance_rate)} | {s.items} | {s.peak_rss_mb:.0f} |"
         )
     if any(s.baseline_other_run for s in group):
@@ -259,9 +265,13 @@ def render(rows: Sequence[dict[str, Any]], summaries: Sequence[Summary], sources
         commands = sorted({r["command"] for r in mine if r.get("command")})
         made_by = "; made by " + "; ".join(f"`{c}`" for c in commands) if commands else ""
         lines.append(f"- `{src}`: {len(mine)} rows{made_by}")
-    lines += ["", "TPF = generated tokens ÷ target forward passes (hardware independent); tokens/s = generated tokens "
-              "÷ wall time, batch size 1; speed-up = tokens/s ÷ the baseline's tokens/s in the same bench run "
-              "(same machine, rows interleaved item by item); "
+    lines += ["", "TPF = generated tokens ÷ target forward passes (hardware independent); tokens/s = the row's "
+              "generated tokens ÷ its wall time, summed over its items (all its bench runs pooled), batch size 1; "
+              "baseline tokens/s (same runs) = the same sums over the baseline's items in the row's own bench runs "
+              "(same machine, rows interleaved item by item), which is what the row is compared with; speed-up = "
+              "tokens/s ÷ baseline tokens/s (same runs), the two columns before it. The baseline's own row pools "
+              "every run of the file, so its tokens/s can differ from another row's baseline tokens/s; "
+              ""
               "= baseline: share of items whose tokens equal the baseline's exactly; acceptance: accepted ÷ drafted "
               "tokens (diffusion: committed ÷ masked positions offered).", ""]
     for (suite, model), group in _grouped(summaries).items():

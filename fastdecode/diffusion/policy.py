@@ -8,6 +8,7 @@ and the cache; the policy only sees tensors.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
@@ -50,7 +51,8 @@ class DiffusionConfig(MethodConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 means argmax)")
+        check(0 <= self.temperature < math.inf, "temperature", self.temperature,
+              "must be a finite number >= 0 (0 means argmax)")
         check(self.cache in ("none", "prefix", "dual", "suffix", "delayed"), "cache", self.cache,
               "must be 'none', 'prefix', 'dual', 'suffix' or 'delayed'")
         if self.cache_refresh is not None:

@@ -3,6 +3,7 @@ spec.* method): the same fields build the same `LogitsPipeline`, so they apply i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..config import MethodConfig, check
@@ -19,7 +20,9 @@ class SamplingConfig(MethodConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 means greedy)")
+        # NaN and inf fail too: an infinite temperature would flatten the logits to NaN and ignore top_k
+        check(0 <= self.temperature < math.inf, "temperature", self.temperature,
+              "must be a finite number >= 0 (0 means greedy)")
         check(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 keeps all tokens)")
         check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
         check(0 <= self.min_p < 1, "min_p", self.min_p, "must be in [0, 1)")

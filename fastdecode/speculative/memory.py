@@ -3,7 +3,8 @@
 spec.suffix keeps a global tree of earlier outputs and spec.recycling its adjacency matrix across requests, as
 their authors' code does. They keep them in the run's memory, `generate(..., memory=...)`; without one, a run
 uses its target model's own memory (`memory_of(model)`), so successive calls to `generate` on one model share
-what they learnt, as before. `memory.clear()` (or `forget(model)` for a model's own) empties it, e.g. so that a
+what they learnt, as before; a seeded sampled run neither reads nor extends it (`learns_across_requests`), so
+that its seed repeats. `memory.clear()` (or `forget(model)` for a model's own) empties it, e.g. so that a
 warm-up run does not hand the first measured request its own answer; a benchmark keeps one memory per method
 configuration and passes it to that configuration's runs.
 """
@@ -65,6 +66,19 @@ def memory_of(model: Any) -> DrafterMemory:
 def run_memory(ctx: RunContext, model: Any) -> DrafterMemory:
     """The memory of a run: the run context's (`generate(..., memory=...)`), else the target model's own."""
     return ctx.memory if ctx.memory is not None else memory_of(model)
+
+
+def learns_across_requests(cfg: Any, generator: Any = None) -> bool:
+    """Whether a run may read and extend the memory of earlier requests: every run but a seeded sampled one (a
+    `seed`, or the caller's own `generator=`, at a temperature above 0).
+
+    At a temperature above 0 the drafts decide which random numbers the accept rule draws, so a seeded run that
+    drafted from what earlier requests left would give another text each time; it drafts from its own prompt and
+    output only, and leaves the memory as it found it, so that its seed repeats. Greedy runs never depend on their
+    drafts' tokens, and unseeded ones draw from torch's global RNG, so both keep learning.
+    """
+    seeded = getattr(cfg, "seed", None) is not None or generator is not None
+    return not seeded or float(getattr(cfg, "temperature", 0.0)) == 0
 
 
 def forget(model: Any) -> None:

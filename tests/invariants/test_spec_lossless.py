@@ -113,7 +113,8 @@ def test_recycling_without_a_shared_matrix_starts_every_request_empty(causal, ba
 
 
 def test_recycling_sampled_runs_repeat_from_the_same_matrix(causal):
-    """A seeded sampled run depends on the matrix it starts from: it repeats after `forget` or without sharing."""
+    """A seeded sampled run repeats: after `forget`, without sharing, and (since it starts from an empty matrix of
+    its own: tests/invariants/test_seeded_memory.py) after other runs filled the shared one."""
     def run(**kw):
         return [r.token_ids for r in fastdecode.generate(causal, PROMPTS, "spec.recycling", temperature=1.5, seed=5,
                                                           max_new_tokens=24, **kw)]

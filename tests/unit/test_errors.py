@@ -36,6 +36,9 @@ def test_method_that_does_not_fit_the_model_kind(diffusion):
         ({"max_new_tokens": 0}, r"max_new_tokens=0 is invalid: it must be at least 1"),
         ({"top_p": 1.5}, r"top_p=1.5 is invalid: it must be in \(0, 1\]"),
         ({"temperature": -1}, r"temperature=-1.0 is invalid"),
+        ({"temperature": float("nan")}, r"temperature=nan is invalid"),
+        ({"temperature": float("inf")}, r"temperature=inf is invalid: it must be a finite number"),
+        ({"temperature": "inf", "top_k": 2}, r"temperature=inf is invalid"),
         ({"top_k": "many"}, r"top_k='many' is invalid: expected a value of type int"),
         ({"top_k": 2.5}, r"expected a value of type int"),
     ],
@@ -43,6 +46,14 @@ def test_method_that_does_not_fit_the_model_kind(diffusion):
 def test_bad_parameters(causal, params, pattern):
     with pytest.raises(ParameterError, match=pattern):
         fastdecode.generate(causal, "hi", "ar.sample", **params)
+
+
+@pytest.mark.parametrize("method", ["spec.pld", "spec.suffix", "dlm.baseline"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), "inf"])
+def test_a_temperature_that_is_not_finite_is_refused_by_every_sampling_family(causal, diffusion, method, value):
+    model, extra = (diffusion, {}) if method.startswith("dlm.") else (causal, {"top_k": 2})
+    with pytest.raises(ParameterError, match=r"temperature=(inf|nan) is invalid: it must be a finite number"):
+        fastdecode.generate(model, "hi", method, temperature=value, **extra)
 
 
 def test_string_parameters_are_coerced(causal):

@@ -7,7 +7,8 @@ under a parent with token v gets token A[v, r]), verified in one forward with a 
 every input token of that forward with the top-k of its logits, so candidates from rejected branches are reused.
 As in the authors' evaluation code, which allocates A once and passes it to every question, A outlives the
 request: one matrix per k in the run's drafter memory (by default its target model's), shared by every run with
-that memory (`shared_matrix=False` gives each request an empty one).
+that memory (`shared_matrix=False` gives each request an empty one, as a seeded sampled run always gets, so that
+its seed repeats).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
 from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import speculative
-from ..memory import DrafterMemory, run_memory
+from ..memory import DrafterMemory, learns_across_requests, run_memory
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,9 @@ def run(model: CausalLM, batch: PromptBatch, cfg: RecyclingConfig, ctx: RunConte
     k, memory = cfg.top_k_candidates, run_memory(ctx, model)
 
     def drafter(generator) -> RecyclingDrafter:
-        matrix = shared_matrix(memory, model.vocab_size, k) if cfg.shared_matrix else new_matrix(model.vocab_size, k)
+        # a seeded sampled run starts from an empty matrix of its own, so that its seed repeats
+        shared = cfg.shared_matrix and learns_across_requests(cfg, ctx.generator)
+        matrix = shared_matrix(memory, model.vocab_size, k) if shared else new_matrix(model.vocab_size, k)
         return RecyclingDrafter(cfg, matrix)
 
     return speculative(model, batch, cfg, ctx, drafter)

@@ -15,7 +15,7 @@ from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
 from ..drafter import BaseDrafter, Draft, SpecConfig, register_spec
 from ..driver import speculative
-from ..memory import DrafterMemory, run_memory
+from ..memory import DrafterMemory, learns_across_requests, run_memory
 from ..suffix_tree import SuffixTree, best_draft
 
 
@@ -90,5 +90,7 @@ class SuffixDrafter(BaseDrafter):
 @register_spec("spec.suffix", config=SuffixConfig)
 def run(model: CausalLM, batch: PromptBatch, cfg: SuffixConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """SuffixDecoding: frequency-scored drafts from suffix trees over the prompt, the output and earlier outputs."""
-    shared = global_tree(run_memory(ctx, model), cfg.max_depth) if cfg.max_cached_requests else None
+    # a seeded sampled run drafts from its own request only, so that its seed repeats (`learns_across_requests`)
+    learns = cfg.max_cached_requests and learns_across_requests(cfg, ctx.generator)
+    shared = global_tree(run_memory(ctx, model), cfg.max_depth) if learns else None
     return speculative(model, batch, cfg, ctx, lambda generator: SuffixDrafter(cfg, shared))
