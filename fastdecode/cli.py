@@ -9,7 +9,9 @@ import sys
 import time
 import traceback
 import warnings
-from typing import Annotated, NoReturn, Optional
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -18,7 +20,7 @@ from rich.table import Table
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Fast decoding for language models, measured one way."
 )
-PIPE_WIDTH = 1000  # columns of output that goes to a pipe or a log: tables are never cut there, lines never wrapped
+PIPE_WIDTH = 4096  # columns of output that goes to a pipe or a log: tables are never cut there, lines never wrapped
 
 
 def _console(stderr: bool = False) -> Console:
@@ -169,7 +171,8 @@ def _write_line(text: str) -> None:
     out.file.flush()
 
 
-def _progress_bar():
+@contextmanager
+def _progress_bar() -> Iterator[Any]:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -181,7 +184,12 @@ def _progress_bar():
 
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    return Progress(*columns, console=err)
+    with Progress(*columns, console=err) as bar:
+        try:
+            yield bar
+        except BaseException:
+            bar.live.transient = True  # an error's line is the last word: no final bar in a log before it
+            raise
 
 
 def _check_threads(threads: int) -> int:

@@ -140,7 +140,7 @@ class _Keep(logging.Handler):
 
 
 # a row of transformers' load report: "KEY | MISMATCH | ... ckpt: torch.Size([64]) vs model:torch.Size([32])"
-_MISMATCH = re.compile(r"^(\S+)\s.*\bMISMATCH\b.*ckpt: torch\.Size\(\[([^\]]*)\]\)"
+_MISMATCH = re.compile(r"^\s*(.+?)\s*\|\s*MISMATCH\s*\|.*ckpt: torch\.Size\(\[([^\]]*)\]\)"
                        r" vs model:\s*torch\.Size\(\[([^\]]*)\]\)")
 
 
