@@ -245,8 +245,9 @@ def _print_summaries(summaries, title: str) -> None:
 
 @app.command()
 def bench(
-    suite: Annotated[str, typer.Option(help="Suite: parallel-lists, puzzles, code, structured, longctx, longctx-1k, "
-                                             "longctx-2k, longctx-4k or quick (docs/bench.md).")],
+    suite: Annotated[str, typer.Option(help="Suite: parallel-lists, puzzles, code, structured, quick, longctx (1k, "
+                                             "2k and 4k tokens), longctx-1k, longctx-2k, longctx-4k, longctx-8k or "
+                                             "longctx-16k (docs/bench.md).")],
     model: ModelOpt,
     methods: Annotated[list[str], typer.Option(
         "--methods", help="Methods to run: --methods m1 m2 ... (the baseline is added); m:name=value,... is a "

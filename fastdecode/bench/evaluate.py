@@ -36,8 +36,10 @@ class ItemRun:
 
 
 def run_item(model: ModelAdapter, task_name: str, index: int = 0, method: str = "ar.greedy", *,
-             seed: int = DEFAULT_TEST_SEED, draft: ModelAdapter | None = None, **params: Any) -> ItemRun:
+             test_seed: int = DEFAULT_TEST_SEED, draft: ModelAdapter | None = None, **params: Any) -> ItemRun:
     """Run item `index` of a task (the row with that `task`, `item` and `seed` in a bench file) with `method`.
+
+    `params` are the method's (`seed` among them is a sampler's; the row's item seed is `test_seed`).
 
     The bench's way, so that one row can be looked at or reproduced from Python: the prompt formatted with the
     template the zoo models are trained on (a raw `item.prompt` makes them answer something else),
@@ -47,7 +49,7 @@ def run_item(model: ModelAdapter, task_name: str, index: int = 0, method: str = 
     task = get_task(task_name)
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise BenchError(f"index must be an item number (0, 1, ...), not {index!r}.")
-    item = task.items(check_test_seed(seed), index + 1)[index]
+    item = task.items(check_test_seed(test_seed), index + 1)[index]
     prompt = format_prompt(item.prompt)
     result = generate(model, prompt, method, draft=draft, memory=DrafterMemory(),
                       **{"max_new_tokens": default_budget(task, model), **params})
