@@ -271,7 +271,7 @@ def test_generate_json_is_one_line_per_result(monkeypatch, capsys, causal_dir):
         ("[1]", ["holds a JSON list"]),
         ('{"model_type": "llama", "hidden_size": "abc"', ["not valid JSON"]),
         ('{"model_type": "llama", "hidden_size": "abc"}', ["config.json is invalid", "hidden_size"]),
-        ('{"model_type": "llama", "hidden_size": 32}', ["do not have the shapes config.json gives", "in the weights but"]),
+        ('{"model_type": "llama", "hidden_size": 32}', ["do not have the shapes config.json", "in the weights but"]),
     ],
 )
 def test_a_corrupt_config_is_one_line_without_the_load_report(monkeypatch, capfd, causal_dir, tmp_path, config,
