@@ -9,9 +9,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Annotated, Any, NoReturn, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -124,7 +122,7 @@ def generate(
                 row["constraint_complete"] = r.constraint_complete
             _write_line(json.dumps(row))  # one line per result, whatever the width
         else:
-            _write_line(r.text)  # the text as generated: not wrapped, no emoji codes or tabs rewritten
+            out.print(r.text, markup=False, highlight=False)
             err.print(f"[dim]{r.method}: {r.stats.summary()}[/dim]")
         if r.constraint_complete is False:
             err.print(f"warning: max_new_tokens ({r.stats.new_tokens}) cut the output before the constraint was "
@@ -166,13 +164,7 @@ def info(
     out.print(table)
 
 
-def _write_line(text: str) -> None:
-    out.file.write(text + "\n")
-    out.file.flush()
-
-
-@contextmanager
-def _progress_bar() -> Iterator[Any]:
+def _progress_bar():
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -182,23 +174,23 @@ def _progress_bar() -> Iterator[Any]:
         TimeRemainingColumn,
     )
 
+    class ProgressBar(Progress):
+        def __exit__(self, exc_type, exc_val, exc_tb) -> None:
+            if exc_type is not None:  # an error's one line is the last word: no final bar drawn in a log before it
+                self.live.transient = True
+            super().__exit__(exc_type, exc_val, exc_tb)
+
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=err) as bar:
-        try:
-            yield bar
-        except BaseException:
-            bar.live.transient = True  # an error's line is the last word: no final bar in a log before it
-            raise
+    return ProgressBar(*columns, console=err)
 
 
-def _check_threads(threads: int) -> int:
-    """A --threads value torch accepts (it raises a bare RuntimeError for 0 or less)."""
+def _check_threads(threads: int | None) -> None:
+    """Refuse a --threads value torch refuses (with a bare RuntimeError, for 0 or less)."""
     from fastdecode.errors import ArgumentError
 
-    if threads < 1:
+    if threads is not None and threads < 1:
         raise ArgumentError(f"--threads must be at least 1, not {threads}.")
-    return threads
 
 
 def _command(name: str, *args: str, **options) -> str:
@@ -286,9 +278,10 @@ def bench(
     from fastdecode.bench.suites import get_suite
 
     get_suite(suite)  # an unknown suite is refused before any model loads (--kind loads the target here)
+    _check_threads(threads)
     check_out(out_path)  # before the progress bar, so that the error is the only line
     if threads is not None:
-        torch.set_num_threads(_check_threads(threads))
+        torch.set_num_threads(threads)
     command = _command("bench", suite=suite, model=model, draft=draft, methods=methods, param=param, limit=limit,
                        seeds=seeds, out=out_path, threads=threads, kind=kind, device=device, dtype=dtype,
                        no_warmup=not warmup, trust_remote_code=trust_remote_code, ray=ray, ray_workers=ray_workers)
@@ -523,6 +516,12 @@ def expand_list_options(argv: list[str]) -> list[str]:
             out.append(current)
         out.append(arg)
     return out
+
+
+def _write_line(text: str) -> None:
+    """Plain text on stdout as it is: one line of JSON, a report; never wrapped or read as markup."""
+    out.file.write(text + "\n")
+    out.file.flush()
 
 
 def _say(label: str, style: str, message: str) -> None:
