@@ -176,9 +176,11 @@ def _progress_bar():
 
     class ProgressBar(Progress):
         def __exit__(self, exc_type, exc_val, exc_tb) -> None:
-            if exc_type is not None:  # an error's one line is the last word: no final bar drawn in a log before it
+            if exc_type is None:
+                super().__exit__(exc_type, exc_val, exc_tb)
+            else:  # an error's one line is the last word: no final bar (nor Progress.stop's empty line) in a log
                 self.live.transient = True
-            super().__exit__(exc_type, exc_val, exc_tb)
+                self.live.stop()
 
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())

@@ -377,3 +377,22 @@ def test_tables_in_a_pipe_are_not_cut_to_80_columns(monkeypatch, capsys):
     table.add_row(name, "90%", "1.50", "120", "1.10×")
     cli._console().print(table)
     assert name in capsys.readouterr().out
+
+
+def test_bench_into_a_read_only_folder_is_one_line_after_the_model_loads(monkeypatch, capsys, causal_dir, tmp_path):
+    import errno
+    from pathlib import Path
+
+    out, open_ = tmp_path / "ro" / "r.jsonl", Path.open
+
+    def read_only(self, *args, **kwargs):  # the results file cannot be created (root writes anywhere: say it here)
+        if self == out:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return open_(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", read_only)
+    assert main_in_process(monkeypatch, "bench", "--suite", "quick", "-m", str(causal_dir), "--methods",
+                           "ar.greedy", "--out", str(out), "--limit", "1", "--no-warmup") == 2
+    captured = capsys.readouterr()
+    one_error_line(captured.err, f"{out}: Permission denied")  # no progress bar drawn before it, no empty line
+    assert captured.out == ""
