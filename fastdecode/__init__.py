@@ -1,12 +1,16 @@
-"""fastdecode: fast decoding methods for language models behind one interface, measured one way."""
+"""fastdecode: fast decoding methods for language models behind one interface, measured one way.
 
-from .errors import exit_on_interrupt_while_starting
+`import fastdecode` is light: the names that need torch and transformers (`load`, `generate`, `stream`, the
+model and result classes, the registry) are imported on first use, so that `fastdecode --help` and a program
+that only catches `fastdecode.FastDecodeError` do not pay seconds for them.
+"""
 
-exit_on_interrupt_while_starting()  # the command line: Ctrl-C while torch loads exits 130, without a traceback
+from __future__ import annotations
 
-# after that call on purpose (these import torch and transformers), hence the noqa: E402
-from .engine import generate, stream  # noqa: E402
-from .errors import (  # noqa: E402
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
     ArgumentError,
     DeviceError,
     FastDecodeError,
@@ -16,17 +20,49 @@ from .errors import (  # noqa: E402
     ParameterError,
     PromptError,
     UnknownMethodError,
+    exit_on_interrupt_while_starting,
 )
-from .models import CausalLM, MaskedDiffusionLM, load  # noqa: E402
-from .registry import Method, get_method, list_methods  # noqa: E402
-from .stats import Stats  # noqa: E402
-from .types import Finished, Result, StepEvent  # noqa: E402
+
+exit_on_interrupt_while_starting()  # the command line: Ctrl-C while torch loads exits 130, without a traceback
+
+if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
+    from .engine import generate, stream
+    from .models import CausalLM, MaskedDiffusionLM, load
+    from .registry import Method, get_method
+    from .stats import Stats
+    from .types import Finished, Result, StepEvent
 
 __version__ = "0.1.0"
+
+# public name -> the submodule that defines it, imported on first access (PEP 562)
+_LAZY = {
+    "generate": "engine", "stream": "engine",
+    "CausalLM": "models", "MaskedDiffusionLM": "models", "load": "models",
+    "Method": "registry", "get_method": "registry", "list_methods": "registry",
+    "Stats": "stats",
+    "Finished": "types", "Result": "types", "StepEvent": "types",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastdecode' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups (and monkeypatching) find it without this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def methods(kind: str | None = None) -> list[Method]:
     """Registered methods, optionally only those for a model kind ("causal" or "diffusion")."""
+    if kind not in (None, "causal", "diffusion"):  # refused before the registry (and torch) is imported
+        raise ArgumentError(f"kind must be 'causal' or 'diffusion', not {kind!r} (or leave it out for every method).")
+    from .registry import list_methods
+
     return list_methods(kind)  # type: ignore[arg-type]
 
 

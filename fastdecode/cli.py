@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
 import time
+import traceback
 import warnings
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -16,8 +18,36 @@ from rich.table import Table
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Fast decoding for language models, measured one way."
 )
-out = Console()
-err = Console(stderr=True)
+PIPE_WIDTH = 4096  # columns of output that goes to a pipe or a log: tables are never cut there, lines never wrapped
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console that keeps rich's width on a terminal, and elsewhere (a pipe, a log) is wide enough that no
+    table cell is cut to fit 80 columns; COLUMNS, when set, wins."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = PIPE_WIDTH
+    return console
+
+
+out = _console()
+err = _console(stderr=True)
+
+def _print_version(value: bool) -> None:
+    if value:
+        from fastdecode import __version__
+
+        out.print(f"fastdecode {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="Print the version and exit.")] = False,
+) -> None:
+    """Fast decoding for language models, measured one way."""
+
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model folder or zoo:NAME.")]
 RemoteOpt = Annotated[
@@ -95,7 +125,7 @@ def generate(
                                       "stats": r.stats.to_dict()}
             if r.constraint_complete is not None:
                 row["constraint_complete"] = r.constraint_complete
-            out.print_json(json.dumps(row))
+            _write_line(json.dumps(row))  # one line per result, whatever the width
         else:
             out.print(r.text, markup=False, highlight=False)
             err.print(f"[dim]{r.method}: {r.stats.summary()} · {_threads_in_use()}[/dim]")
@@ -170,9 +200,25 @@ def _progress_bar():
         TimeRemainingColumn,
     )
 
+    class ProgressBar(Progress):
+        def __exit__(self, exc_type, exc_val, exc_tb) -> None:
+            if exc_type is None:
+                super().__exit__(exc_type, exc_val, exc_tb)
+            else:  # an error's one line is the last word: no final bar (nor Progress.stop's empty line) in a log
+                self.live.transient = True
+                self.live.stop()
+
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    return Progress(*columns, console=err)
+    return ProgressBar(*columns, console=err)
+
+
+def _check_threads(threads: int | None) -> None:
+    """Refuse a --threads value torch refuses (with a bare RuntimeError, for 0 or less)."""
+    from fastdecode.errors import ArgumentError
+
+    if threads is not None and threads < 1:
+        raise ArgumentError(f"--threads must be at least 1, not {threads}.")
 
 
 def _command(name: str, *args: str, **options) -> str:
@@ -219,7 +265,9 @@ def _print_summaries(summaries, title: str) -> None:
 
 @app.command()
 def bench(
-    suite: Annotated[str, typer.Option(help="Suite: parallel-lists, puzzles, code or quick.")],
+    suite: Annotated[str, typer.Option(help="Suite: parallel-lists, puzzles, code, structured, quick, longctx (1k, "
+                                             "2k and 4k tokens), longctx-1k, longctx-2k, longctx-4k, longctx-8k or "
+                                             "longctx-16k (docs/bench.md).")],
     model: ModelOpt,
     methods: Annotated[list[str], typer.Option(
         "--methods", help="Methods to run: --methods m1 m2 ... (the baseline is added); m:name=value,... is a "
@@ -251,7 +299,10 @@ def bench(
     import fastdecode
     from fastdecode.bench.harness import check_out, read_rows, run_bench, split_params
     from fastdecode.bench.report import summarize
+    from fastdecode.bench.suites import get_suite
 
+    get_suite(suite)  # an unknown suite is refused before any model loads (--kind loads the target here)
+    _check_threads(threads)
     check_out(out_path)  # before the progress bar, so that the error is the only line
     threads = _use_threads(model, threads, device)  # a default it set goes into the recorded command too
     command = _command("bench", suite=suite, model=model, draft=draft, methods=methods, param=param, limit=limit,
@@ -299,10 +350,12 @@ def report(
 
     command = _command("report", *files, out=out_path, plots=plots)
     result = build_report(files, out=out_path, plots_dir=plots, command=command)
-    if out.is_terminal:
+    if out_path is not None:
+        pass  # the report is in the file; the lines below say where
+    elif out.is_terminal:
         out.print(Markdown(result.markdown))
     else:
-        out.print(result.markdown, markup=False, highlight=False, soft_wrap=True)
+        _write_line(result.markdown)
     for path in [*([out_path] if out_path else []), *map(str, result.plots)]:
         err.print(f"wrote {path}")
 
@@ -363,6 +416,7 @@ def train(
     from fastdecode.train.recipes import get_recipe, override
     from fastdecode.train.zoo import build, zoo_folder
 
+    _check_threads(threads)
     if name == "ar-long":  # stages of fine-tuning on zoo:ar-small (fastdecode/train/long.py), not a recipe
         _train_ar_long(Path(out_dir) if out_dir else zoo_folder(name), seed, threads, steps, set_, eval_items)
         return
@@ -487,6 +541,12 @@ def expand_list_options(argv: list[str]) -> list[str]:
     return out
 
 
+def _write_line(text: str) -> None:
+    """Plain text on stdout as it is: one line of JSON, a report; never wrapped or read as markup."""
+    out.file.write(text + "\n")
+    out.file.flush()
+
+
 def _say(label: str, style: str, message: str) -> None:
     """A labelled message on stderr, unwrapped (one line however long) and never read as rich markup."""
     from rich.text import Text
@@ -514,9 +574,10 @@ def main() -> None:
     Usage errors (a missing or unknown option, a bad value, an unknown command) print the usage and exit 2, as
     typer does in standalone mode; Ctrl-C exits 130; anything unexpected prints one line and exits 1.
     """
-    from fastdecode.errors import FastDecodeError, interrupts_raise_again
+    from fastdecode.errors import FastDecodeError
 
-    interrupts_raise_again()  # the imports are done: Ctrl-C in a command raises KeyboardInterrupt (exit 130)
+    # Ctrl-C: the handler `import fastdecode` installed exits 130 within an import (torch, transformers load
+    # lazily, inside the commands) and raises KeyboardInterrupt elsewhere
     debug = os.environ.get("FASTDECODE_DEBUG") == "1"
     sys.argv = expand_list_options(sys.argv)
     warnings.showwarning = _show_warning
@@ -525,10 +586,11 @@ def main() -> None:
         # and turns Ctrl-C into exit 130
         app(standalone_mode=True)
     except FastDecodeError as e:
-        if debug:
-            raise
-        _say("error:", "bold red", str(e))
-        sys.exit(2)
+        _refuse(str(e), debug)
+    except OSError as e:  # the system refused a file operation: a full disk, a read-only folder, a permission
+        if e.errno is None:  # raised by code, not by the system: unexpected
+            _internal_error(e, debug)
+        _refuse(_os_error_line(e), debug)
     except (typer.Abort, KeyboardInterrupt):
         _interrupted()
     except SystemExit as e:
@@ -536,11 +598,39 @@ def main() -> None:
             _interrupted()
         raise
     except Exception as e:  # anything unexpected: one line, never a bare traceback
-        if debug:
-            raise
-        _say("internal error:", "bold red",
-             f"{type(e).__name__}: {e}\n(set FASTDECODE_DEBUG=1 for the traceback and please report it)")
-        sys.exit(1)
+        _internal_error(e, debug)
+
+
+def _refuse(message: str, debug: bool) -> NoReturn:
+    """One line and exit 2; FASTDECODE_DEBUG=1 shows the traceback first, with the same exit code."""
+    if debug:
+        traceback.print_exc()
+    _say("error:", "bold red", message)
+    sys.exit(2)
+
+
+def _internal_error(e: Exception, debug: bool) -> NoReturn:
+    if debug:
+        raise e
+    _say("internal error:", "bold red",
+         f"{type(e).__name__}: {e}\n(set FASTDECODE_DEBUG=1 for the traceback and please report it)")
+    sys.exit(1)
+
+
+# what to do when the system refuses to write, by errno
+_OS_ADVICE = {
+    errno.ENOSPC: "free some space, or write to another folder",
+    errno.EDQUOT: "free some space, or write to another folder",
+    errno.EACCES: "write to a folder you may write to, or change its permissions",
+    errno.EPERM: "write to a folder you may write to, or change its permissions",
+    errno.EROFS: "the file system is read-only: write to another folder",
+}
+
+
+def _os_error_line(e: OSError) -> str:
+    where = f"{e.filename}: " if e.filename else ""
+    advice = _OS_ADVICE.get(e.errno or 0)
+    return f"{where}{e.strerror or e}" + (f" ({advice})." if advice else ".")
 
 
 def _interrupted() -> None:

@@ -6,6 +6,7 @@ import difflib
 import os
 import sys
 from collections.abc import Iterable
+from types import FrameType
 
 
 class FastDecodeError(Exception):
@@ -62,11 +63,13 @@ def running_as_command_line() -> bool:
 
 
 def exit_on_interrupt_while_starting() -> None:
-    """While the command line imports torch and transformers, Ctrl-C ends it at once: one line, exit 130.
+    """In the command line, Ctrl-C while a module is being imported ends it at once: one line, exit 130.
 
-    A KeyboardInterrupt raised inside those imports does not reliably surface as one (transformers' lazy
-    importer turns it into a ModuleNotFoundError or a RecursionError), so the command line takes the signal
-    itself until `cli.main` starts and hands Ctrl-C back to Python. Any other program is left alone.
+    A KeyboardInterrupt raised inside the imports of torch and transformers does not reliably surface as one
+    (transformers' lazy importer turns it into a ModuleNotFoundError or a RecursionError). The command line
+    imports them lazily, inside its commands, so the handler stays for the whole run: during an import it exits,
+    anywhere else it raises KeyboardInterrupt as Python does (the commands turn that into exit 130 and may first
+    say what was kept). Any other program is left alone.
     """
     import signal
 
@@ -79,13 +82,24 @@ def exit_on_interrupt_while_starting() -> None:
         pass
 
 
-def _exit_interrupted(signum: int, frame: object) -> None:
+def _exit_interrupted(signum: int, frame: FrameType | None) -> None:
+    if not _importing(frame):
+        raise KeyboardInterrupt
     os.write(2, b"interrupted\n")
     os._exit(130)  # nothing written yet that could be lost; half-imported modules must not run on
 
 
+def _importing(frame: FrameType | None) -> bool:
+    """Whether a frame on this stack belongs to Python's import machinery."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def interrupts_raise_again() -> None:
-    """Undo `exit_on_interrupt_while_starting`: from here Ctrl-C raises KeyboardInterrupt as usual."""
+    """Undo `exit_on_interrupt_while_starting`: from here Ctrl-C raises KeyboardInterrupt, even in an import."""
     import signal
 
     if signal.getsignal(signal.SIGINT) is _exit_interrupted:

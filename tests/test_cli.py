@@ -199,3 +199,200 @@ def test_report_skips_lines_that_are_not_rows_with_a_warning(tmp_path):
     p = run("report", str(out))
     assert p.returncode == 0, p.stderr
     assert f"warning: {out} lines 1, 2: not a result row" in p.stderr and "Traceback" not in p.stderr
+
+
+# -- start-up: --help and --version import neither torch nor transformers ---------------------------------------
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"]])
+def test_help_and_version_start_without_torch(args):
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "fastdecode", *args], capture_output=True,
+                       text=True, env={**os.environ, "FASTDECODE_DEBUG": "0"}, timeout=120)
+    assert p.returncode == 0, p.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
+    assert "fastdecode.cli" in imported and not imported & {"torch", "transformers"}
+    if args == ["--version"]:
+        import fastdecode
+
+        assert p.stdout == f"fastdecode {fastdecode.__version__}\n"
+
+
+def test_import_fastdecode_is_light_and_its_api_loads_on_use():
+    code = ("import sys, fastdecode; assert 'torch' not in sys.modules; "
+            "assert callable(fastdecode.load) and callable(fastdecode.generate) and 'torch' in sys.modules; "
+            "assert fastdecode.Result.__name__ == 'Result' and fastdecode.methods('causal'); "
+            "assert issubclass(fastdecode.UnknownMethodError, fastdecode.FastDecodeError); "
+            "assert set(fastdecode.__all__) <= set(dir(fastdecode))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+
+
+# -- in-process cases: cli.main() as the console script runs it, without a subprocess's start-up ---------------
+
+def main_in_process(monkeypatch, *args: str, debug: bool = False) -> int:
+    from fastdecode import cli
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() installs its own
+    monkeypatch.setattr(sys, "argv", ["fastdecode", *args])
+    monkeypatch.setenv("FASTDECODE_DEBUG", "1" if debug else "0")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    return exit_.value.code
+
+
+def one_error_line(text: str, *needles: str) -> None:
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), text
+    assert all(n in lines[0] for n in needles), text
+    assert "internal error" not in text
+
+
+def test_methods_with_an_unknown_kind(monkeypatch, capsys):
+    assert main_in_process(monkeypatch, "methods", "--kind", "bogus") == 2
+    one_error_line(capsys.readouterr().err, "'bogus'", "'causal' or 'diffusion'")
+
+
+def test_debug_shows_the_traceback_and_still_exits_2(monkeypatch, capsys):
+    assert main_in_process(monkeypatch, "generate", "-m", "/no/such", "-p", "x", "--method", "ar.gredy",
+                           debug=True) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error: Unknown method 'ar.gredy'")
+
+
+def test_generate_json_is_one_line_per_result(monkeypatch, capsys, causal_dir):
+    assert main_in_process(monkeypatch, "generate", "-m", str(causal_dir), "-p", "the quick", "-p", "a b",
+                           "--max-new-tokens", "3", "--json") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(len(json.loads(line)["token_ids"]) <= 3 for line in lines)
+
+
+@pytest.mark.parametrize(
+    "config, needles",
+    [
+        ("[1]", ["holds a JSON list"]),
+        ('{"model_type": "llama", "hidden_size": "abc"', ["not valid JSON"]),
+        ('{"model_type": "llama", "hidden_size": "abc"}', ["config.json is invalid", "hidden_size"]),
+        ('{"model_type": "llama", "hidden_size": 32}', ["do not have the shapes config.json", "in the weights but"]),
+    ],
+)
+def test_a_corrupt_config_is_one_line_without_the_load_report(monkeypatch, capfd, causal_dir, tmp_path, config,
+                                                               needles):
+    import shutil
+
+    shutil.copytree(causal_dir, tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_text(config)
+    assert main_in_process(monkeypatch, "info", str(tmp_path / "m")) == 2
+    captured = capfd.readouterr()
+    one_error_line(captured.err, *needles)
+    assert "LOAD REPORT" not in captured.out + captured.err and "above report" not in captured.err
+
+
+@pytest.mark.parametrize("command", [
+    ["bench", "--suite", "quick", "-m", "/no/such", "--methods", "ar.greedy", "--out", "{tmp}/r.jsonl"],
+    ["train", "ar-tiny", "--out", "{tmp}/ar-tiny"],
+])
+def test_threads_0_is_refused(monkeypatch, capsys, tmp_path, command):
+    args = [a.format(tmp=tmp_path) for a in command]
+    assert main_in_process(monkeypatch, *args, "--threads", "0") == 2
+    one_error_line(capsys.readouterr().err, "--threads must be at least 1, not 0")
+
+
+def test_an_unknown_suite_is_refused_before_the_model_loads(monkeypatch, capsys, tmp_path):
+    assert main_in_process(monkeypatch, "bench", "--suite", "quik", "--kind", "causal", "-m", "/no/such",
+                           "--methods", "ar.greedy", "--out", str(tmp_path / "r.jsonl")) == 2
+    one_error_line(capsys.readouterr().err, "Unknown suite 'quik'. Did you mean 'quick'?")
+
+
+def test_bench_help_and_docs_list_every_suite():
+    import re
+    from pathlib import Path
+
+    import typer
+
+    from fastdecode import cli
+    from fastdecode.bench.suites import SUITES
+
+    bench = typer.main.get_command(cli.app).commands["bench"]  # type: ignore[attr-defined]
+    help_text = next(p for p in bench.params if p.name == "suite").help
+    docs = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
+    for text in (help_text, docs):
+        assert set(SUITES) <= set(re.findall(r"[\w-]+", text))
+
+
+@pytest.fixture(scope="module")
+def rows_file(tmp_path_factory, causal):
+    from fastdecode.bench.harness import run_bench
+    from fastdecode.bench.suites import Suite
+
+    out = tmp_path_factory.mktemp("rows") / "r.jsonl"
+    run_bench(Suite("tiny", "one item", (("lists.sort", 1),)), causal, ["ar.greedy"], out,
+              params={"ar.greedy": {"max_new_tokens": 4}}, warmup=False)
+    return out
+
+
+def test_report_out_writes_the_file_and_prints_only_where(monkeypatch, capsys, rows_file, tmp_path):
+    md = tmp_path / "r.md"
+    assert main_in_process(monkeypatch, "report", str(rows_file), "--out", str(md)) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.strip() == f"wrote {md}"
+    assert "ar.greedy" in md.read_text()
+
+
+def test_report_refuses_a_row_with_a_score_that_is_not_a_number(monkeypatch, capsys, rows_file, tmp_path):
+    row = json.loads(rows_file.read_text().splitlines()[0])
+    (tmp_path / "r.jsonl").write_text(json.dumps({**row, "score": "abc"}) + "\n")
+    assert main_in_process(monkeypatch, "report", str(tmp_path / "r.jsonl")) == 2
+    one_error_line(capsys.readouterr().err, 'has score "abc", not a number')
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_full_disk_is_one_line(monkeypatch, capsys, rows_file):
+    assert main_in_process(monkeypatch, "report", str(rows_file), "--out", "/dev/full") == 2
+    one_error_line(capsys.readouterr().err, "No space left on device", "free some space")
+
+
+def test_a_read_only_folder_is_one_line(monkeypatch, capsys, rows_file, tmp_path):
+    import errno
+    from pathlib import Path
+
+    read_only = tmp_path / "ro" / "r.md"
+
+    def refused(self, *args, **kwargs):  # what a read-only folder answers (root writes anywhere, so say it here)
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "write_text", refused)
+    assert main_in_process(monkeypatch, "report", str(rows_file), "--out", str(read_only)) == 2
+    one_error_line(capsys.readouterr().err, f"{read_only}: Permission denied", "write to a folder you may write to")
+
+
+def test_tables_in_a_pipe_are_not_cut_to_80_columns(monkeypatch, capsys):
+    from rich.table import Table
+
+    from fastdecode import cli
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    name = "spec.draft_model:" + ",".join(f"option_{i}=value_{i}" for i in range(8))  # a long configuration label
+    table = Table()
+    for col in ("method", "accuracy", "TPF", "tok/s", "speed-up"):
+        table.add_column(col)
+    table.add_row(name, "90%", "1.50", "120", "1.10×")
+    cli._console().print(table)
+    assert name in capsys.readouterr().out
+
+
+def test_bench_into_a_read_only_folder_is_one_line_after_the_model_loads(monkeypatch, capsys, causal_dir, tmp_path):
+    import errno
+    from pathlib import Path
+
+    out, open_ = tmp_path / "ro" / "r.jsonl", Path.open
+
+    def read_only(self, *args, **kwargs):  # the results file cannot be created (root writes anywhere: say it here)
+        if self == out:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return open_(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", read_only)
+    assert main_in_process(monkeypatch, "bench", "--suite", "quick", "-m", str(causal_dir), "--methods",
+                           "ar.greedy", "--out", str(out), "--limit", "1", "--no-warmup") == 2
+    captured = capsys.readouterr()
+    one_error_line(captured.err, f"{out}: Permission denied")  # no progress bar drawn before it, no empty line
+    assert captured.out == ""

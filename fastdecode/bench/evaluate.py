@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..engine import generate
 from ..models.base import ModelAdapter
 from ..models.causal import CausalLM
+from ..speculative.memory import DrafterMemory
+from ..types import Result
+from .suites import BenchError, check_test_seed
 from .tasks import DEFAULT_TEST_SEED, TASKS, Item, Task, format_prompt, get_task
 
 DETERMINISTIC_LIST_TASKS = [n for n, t in TASKS.items() if t.family in ("lists", "letters") and t.deterministic]
@@ -18,6 +23,37 @@ DETERMINISTIC_LIST_TASKS = [n for n, t in TASKS.items() if t.family in ("lists",
 def default_budget(task: Task, model: ModelAdapter) -> int:
     """`max_new_tokens` for a task: its budget, or for a masked-diffusion model the canvas fitted to its tokenizer."""
     return task.canvas_length(model.tokenizer) if model.kind == "diffusion" else task.max_new_tokens
+
+
+@dataclass(frozen=True)
+class ItemRun:
+    """One suite item run as `fastdecode bench` runs it."""
+
+    item: Item  # item.prompt is the raw question, item.reference the expected answer
+    prompt: str  # what the model was given: the item's prompt in the zoo's template (format_prompt)
+    result: Result
+    score: float  # the task's score of result.text, in [0, 1], as the row's `score`
+
+
+def run_item(model: ModelAdapter, task_name: str, index: int = 0, method: str = "ar.greedy", *,
+             test_seed: int = DEFAULT_TEST_SEED, draft: ModelAdapter | None = None, **params: Any) -> ItemRun:
+    """Run item `index` of a task (the row with that `task`, `item` and `seed` in a bench file) with `method`.
+
+    `params` are the method's (`seed` among them is a sampler's; the row's item seed is `test_seed`).
+
+    The bench's way, so that one row can be looked at or reproduced from Python: the prompt formatted with the
+    template the zoo models are trained on (a raw `item.prompt` makes them answer something else),
+    `max_new_tokens` the task's budget for this model unless given, a drafter's memory empty (as at the first
+    row of a run).
+    """
+    task = get_task(task_name)
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise BenchError(f"index must be an item number (0, 1, ...), not {index!r}.")
+    item = task.items(check_test_seed(test_seed), index + 1)[index]
+    prompt = format_prompt(item.prompt)
+    result = generate(model, prompt, method, draft=draft, memory=DrafterMemory(),
+                      **{"max_new_tokens": default_budget(task, model), **params})
+    return ItemRun(item, prompt, result, task.score(item, result.text))
 
 
 def task_accuracy(

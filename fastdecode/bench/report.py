@@ -397,6 +397,18 @@ def _frontier(group: Sequence[Summary]) -> list[Summary]:
 
 # -- entry point -----------------------------------------------------------------------------------
 
+NUMBER_FIELDS = ("score", "new_tokens", "forwards", "wall_s")  # what the tables add up and divide
+
+
+def check_numbers(row: dict[str, Any], source: Path) -> None:
+    """Refuse a row whose score or counts are not numbers (a hand-edited file), naming the row, before any sum."""
+    for name in NUMBER_FIELDS:
+        value = row[name]
+        if not isinstance(value, (int, float)):  # a bool is a 0/1 score
+            raise BenchError(f"{source}: the row of task {row['task']} item {row['item']} (method {row['method']}) "
+                             f"has {name} {json.dumps(value)}, not a number; fix or remove that row.")
+
+
 def build_report(paths: Sequence[str | Path], out: str | Path | None = None, plots_dir: str | Path | None = None,
                  command: str | None = None) -> Report:
     """Read results files, write the Markdown (to `out` if given) and the PNGs (to `plots_dir` if given)."""
@@ -411,6 +423,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None, plo
         if not src.is_file():
             raise BenchError(f"Results file {src} does not exist; make it with `fastdecode bench ... --out {src}`.")
         for row in read_rows(src):
+            check_numbers(row, src)
             row["_source"] = str(src)
             rows.append(row)
     summaries = summarize(rows)

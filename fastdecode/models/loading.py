@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import safe_open
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -70,7 +76,9 @@ def check_weights(folder: Path) -> list[Path]:
             pickled = [u for u in UNSAFE_WEIGHTS if (folder / u).exists()]
             hint = (
                 f" The folder has {pickled[0]}, a pickle format fastdecode does not load because unpickling can run "
-                "code; convert it to safetensors (transformers: model.save_pretrained(dir, safe_serialization=True))."
+                "code; convert it to safetensors where you trust it: in Python, "
+                "transformers.AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(NEW_DIR) (AutoModel for a "
+                f"diffusion LM; transformers {transformers.__version__} writes model.safetensors only)."
                 if pickled else ""
             )
             raise ModelLoadError(f"Weights file {f} is missing.{hint}")
@@ -85,10 +93,77 @@ def check_weights(folder: Path) -> list[Path]:
 
 
 def read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
     try:
-        return json.loads((folder / "config.json").read_text())
-    except ValueError as e:
-        raise ModelLoadError(f"{folder / 'config.json'} is not valid JSON ({e}).") from None
+        cfg = json.loads(path.read_text())
+    except ValueError as e:  # UnicodeDecodeError included
+        raise ModelLoadError(f"{path} is not valid JSON ({e}); restore it from the original checkpoint.") from None
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{path} holds a JSON {type(cfg).__name__}, not an object of settings; restore it from "
+                             "the original checkpoint.")
+    return cfg
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[list[str]]:
+    """Keep transformers' progress bars, log lines (its load report) and warnings off the screen while loading.
+
+    The library never prints. The log lines are kept in the list yielded, so that an error can name what
+    the report showed (transformers' message then only says "look at the above report").
+    """
+    lines: list[str] = []
+    handler = _Keep(lines)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    hf_logging.disable_default_handler()
+    hf_logging.add_handler(handler)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield lines
+    finally:
+        hf_logging.remove_handler(handler)
+        hf_logging.enable_default_handler()
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+class _Keep(logging.Handler):
+    """A logging handler that keeps each message's lines, free of terminal colour codes."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines += re.sub(r"\x1b\[[0-9;]*m", "", record.getMessage()).splitlines()
+
+
+# a row of transformers' load report: "KEY | MISMATCH | ... ckpt: torch.Size([64]) vs model:torch.Size([32])"
+_MISMATCH = re.compile(r"^\s*(.+?)\s*\|\s*MISMATCH\s*\|.*ckpt: torch\.Size\(\[([^\]]*)\]\)"
+                       r" vs model:\s*torch\.Size\(\[([^\]]*)\]\)")
+
+
+def _load_error(e: Exception, folder: Path, kind: str, model_type: str, auto: str, report: list[str]) -> ModelLoadError:
+    """transformers' error as one line that says what to do."""
+    if "Unrecognized configuration class" in str(e):  # transformers then lists every class it knows
+        return ModelLoadError(
+            f"Could not load {folder} as a {kind} model: transformers has no {auto} class for its config "
+            f"(model_type {model_type!r}). If it is a {'masked-diffusion' if kind == 'causal' else 'causal'} LM, "
+            f"pass kind={'diffusion' if kind == 'causal' else 'causal'!r} (CLI: --kind); if its code ships in the "
+            "folder, pass trust_remote_code=True (CLI: --trust-remote-code)."
+        )
+    mismatched = [m for m in map(_MISMATCH.search, report) if m]
+    if mismatched:
+        key, saved, built = mismatched[0].groups()
+        return ModelLoadError(
+            f"Could not load {folder}: its weights do not have the shapes config.json gives (e.g. {key} is "
+            f"[{saved}] in the weights but [{built}] by config.json); restore config.json from the original checkpoint."
+        )
+    if isinstance(e, (TypeError, StrictDataclassError)):
+        return ModelLoadError(f"Could not load {folder}: config.json is invalid ({' '.join(str(e).split())}); "
+                              "restore it from the original checkpoint.")
+    return ModelLoadError(f"Could not load {folder}: {' '.join(str(e).split())}")
 
 
 KINDS = ("causal", "diffusion")
@@ -209,25 +284,14 @@ def load(
     dev, dt = pick_device_dtype(device, dtype)  # a bad device or dtype is refused before the weights are read
     check_weights(folder)
     auto = AutoModelForCausalLM if kind == "causal" else AutoModel
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # the library never prints
-    try:
-        # transformers types from_pretrained as returning the model alone, also with output_loading_info=True
-        model, info = auto.from_pretrained(  # type: ignore[misc]
-            folder, dtype=dt, use_safetensors=True, trust_remote_code=trust_remote_code, output_loading_info=True
-        )
-    except (OSError, ValueError, RuntimeError, KeyError) as e:
-        if "Unrecognized configuration class" in str(e):  # transformers then lists every class it knows
-            raise ModelLoadError(
-                f"Could not load {folder} as a {kind} model: transformers has no {auto.__name__} class for its config "
-                f"(model_type {model_type!r}). If it is a {'masked-diffusion' if kind == 'causal' else 'causal'} LM, "
-                f"pass kind={'diffusion' if kind == 'causal' else 'causal'!r} (CLI: --kind); if its code ships in the "
-                "folder, pass trust_remote_code=True (CLI: --trust-remote-code)."
-            ) from None
-        raise ModelLoadError(f"Could not load {folder}: {e}") from None
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
+    with _quiet_transformers() as report:
+        try:
+            # transformers types from_pretrained as returning the model alone, also with output_loading_info=True
+            model, info = auto.from_pretrained(  # type: ignore[misc]
+                folder, dtype=dt, use_safetensors=True, trust_remote_code=trust_remote_code, output_loading_info=True
+            )
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError, StrictDataclassError) as e:
+            raise _load_error(e, folder, kind, model_type, auto.__name__, report) from None
     if info.get("missing_keys"):
         missing = sorted(info["missing_keys"])
         raise ModelLoadError(f"{folder} lacks weights for {len(missing)} parameters (e.g. {missing[0]}); "

@@ -21,8 +21,8 @@ def save_folder(model, tokenizer, folder: Path, log: list[dict], dtype: str = "b
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"Unknown export dtype {dtype!r}; choose one of {sorted(EXPORT_DTYPES)}.")
     folder.mkdir(parents=True, exist_ok=True)
-    # a copy: the trained model itself keeps its float32 weights
-    copy.deepcopy(model).to(EXPORT_DTYPES[dtype]).save_pretrained(folder, safe_serialization=True)
+    # a copy: the trained model itself keeps its float32 weights; transformers 5 writes safetensors only
+    copy.deepcopy(model).to(EXPORT_DTYPES[dtype]).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     with open(folder / "train_log.jsonl", "w") as f:
         for row in log[:: max(1, len(log) // 200)]:  # a thinned log keeps the package small

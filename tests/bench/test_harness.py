@@ -393,3 +393,19 @@ def test_bench_rows_name_their_run(target, tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     runs = {r["method"]: r["run"] for r in rows}
     assert len(set(runs.values())) == 2 and runs["ar.greedy"] == runs["spec.pld"] != runs["spec.ngram"]
+
+
+def test_run_item_reproduces_a_row_from_python(results, target):
+    from fastdecode.bench.evaluate import run_item
+
+    _, out = results
+    for row in [r for r in read_rows(out) if r["method"] in ("ar.greedy", "ar.sample")]:
+        run = run_item(target, row["task"], row["item"], row["method"], test_seed=row["seed"],
+                       **SHORT[row["method"]])
+        assert run.prompt == format_prompt(run.item.prompt) == format_prompt(
+            TASKS[row["task"]].items(row["seed"], row["item"] + 1)[-1].prompt)
+        assert run.result.token_ids == row["token_ids"] and run.score == row["score"]
+    with pytest.raises(BenchError, match="item number"):
+        run_item(target, "lists.sort", -1)
+    with pytest.raises(BenchError, match="not a test seed"):
+        run_item(target, "lists.sort", 0, test_seed=5)

@@ -212,3 +212,25 @@ def test_kind_that_cannot_be_told_names_the_cli_flag(tmp_path, causal_dir):
                      auto_map={"AutoModel": "modeling_x.CustomModel"})
     with pytest.raises(ModelLoadError, match=r"kind='causal' or kind='diffusion' \(CLI: --kind causal\|diffusion\)"):
         fastdecode.load(tmp_path / "m", trust_remote_code=True)
+
+
+def test_pickle_advice_is_a_conversion_that_runs_today(tmp_path, causal_dir, causal):
+    """The advice names calls today's transformers has, and following it gives a folder fastdecode loads."""
+    import re
+
+    import torch
+    import transformers
+
+    shutil.copytree(causal_dir, tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").unlink()
+    torch.save(causal.model.state_dict(), tmp_path / "m" / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError) as refused:
+        fastdecode.load(tmp_path / "m")
+    advice = re.search(r"transformers\.(\w+)\.from_pretrained\(DIR\)\.save_pretrained\(NEW_DIR\)", str(refused.value))
+    assert advice and "safe_serialization" not in str(refused.value)
+    auto = getattr(transformers, advice.group(1))
+    auto.from_pretrained(tmp_path / "m").save_pretrained(tmp_path / "new")
+    shutil.copy(tmp_path / "m" / "tokenizer.json", tmp_path / "new")
+    converted = fastdecode.load(tmp_path / "new")
+    assert fastdecode.generate(converted, "the quick", max_new_tokens=4).token_ids == fastdecode.generate(
+        causal, "the quick", max_new_tokens=4).token_ids
