@@ -173,6 +173,7 @@ def _use_threads(model: str, threads: int | None, device: str | None) -> int | N
     """Set torch's CPU threads for generate, bench or serve on `model`: --threads, else the size rule of
     `fastdecode.models.threads` (one thread for a small model on the CPU). Returns what was set; None: torch's
     choice stands."""
+    _check_threads(threads)
     import torch
 
     from fastdecode.models.threads import cli_threads

@@ -289,6 +289,8 @@ def test_a_corrupt_config_is_one_line_without_the_load_report(monkeypatch, capfd
 @pytest.mark.parametrize("command", [
     ["bench", "--suite", "quick", "-m", "/no/such", "--methods", "ar.greedy", "--out", "{tmp}/r.jsonl"],
     ["train", "ar-tiny", "--out", "{tmp}/ar-tiny"],
+    ["generate", "-m", "/no/such", "-p", "x"],
+    ["serve", "-m", "/no/such"],
 ])
 def test_threads_0_is_refused(monkeypatch, capsys, tmp_path, command):
     args = [a.format(tmp=tmp_path) for a in command]
