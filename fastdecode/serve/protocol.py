@@ -54,7 +54,7 @@ _HARMLESS = ("user", "metadata", "service_tier")  # bookkeeping fields, taken at
 MAX_STOPS = 16  # lm-eval sends 5; vLLM sets no bound; each stop is searched after every delivered token
 # the constraint fields vLLM and llama.cpp take besides OpenAI's response_format: at most one per request
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "json_schema", "grammar")
-_INTS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_k", "logprobs", "top_logprobs", "prompt_logprobs")
+_INTS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_k", "top_logprobs", "prompt_logprobs")
 _FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty")
 
 
@@ -192,6 +192,13 @@ class CompletionRequest(_Common):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False  # the prompt's text (and with logprobs its tokens' log-probabilities) before the output
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # vLLM's, in vLLM's shape
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _no_bool_logprobs(cls, value: Any) -> Any:  # chat's logprobs is a bool; completions' a count
+        if isinstance(value, bool):
+            raise ValueError("must be a number (how many alternatives), not a boolean")
+        return value
 
 
 class ChatMessage(BaseModel):

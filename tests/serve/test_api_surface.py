@@ -75,6 +75,7 @@ def test_guided_fields_are_constraints(live, tiny):
     ("ignore_eos", True), ("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("logit_bias", {"5": 10}),
     ("best_of", 3), ("min_tokens", 4), ("frobnicate", 1), ("top_a", 0.1),  # not known at all
     ("max_tokens", True), ("n", True), ("temperature", True), ("seed", False), ("top_k", True),  # bools
+    ("logprobs", True),
 ])
 def test_fields_it_cannot_honour_are_refused_by_name(live, field, value):
     r = _post(live, "/v1/completions", {"model": NAME, "prompt": "x", "max_tokens": 4, field: value})
