@@ -260,7 +260,8 @@ def _tokenizer_info(model: ModelAdapter) -> dict[str, Any]:
         value = getattr(tok, name, None)
         info[name] = str(value) if value is not None else None
         info[name + "_id"] = getattr(tok, name + "_id", None)
-    info["add_bos_token"] = bool(getattr(tok, "add_bos_token", False))
+    bos = info["bos_token_id"]  # whether encoding text adds it (a post-processor may, whatever add_bos_token says)
+    info["add_bos_token"] = bos is not None and list(tok("a", add_special_tokens=True)["input_ids"][:1]) == [bos]
     info["chat_template"] = getattr(tok, "chat_template", None)
     info["vocab_size"] = len(tok) if hasattr(tok, "__len__") else None
     return info

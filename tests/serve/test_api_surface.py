@@ -142,6 +142,10 @@ def test_tokenize_detokenize_and_tokenizer_info(live, tiny):
     info = httpx.get(live.url + "/tokenizer_info").json()
     assert info["eos_token_ids"] == sorted(tiny.eos_token_ids) and info["model_max_length"] == tiny.max_positions
     assert "eos_token" in info and "bos_token" in info and "chat_template" in info
+    assert info["add_bos_token"] == (tiny.encode("a")[0] == info["bos_token_id"])
+    # lm-eval's RemoteTokenizer: eos_token_id is the first id of its text tokenised without special tokens
+    eos = _post(live, "/tokenize", {"prompt": info["eos_token"], "add_special_tokens": False}).json()["tokens"]
+    assert eos[0] in tiny.eos_token_ids
     for path, body, status in (("/tokenize", {"prompt": "x", "model": "gpt-4"}, 404),
                                ("/tokenize", {}, 400), ("/tokenize", {"prompt": "x", "bogus": 1}, 400),
                                ("/detokenize", {"tokens": [-1]}, 400), ("/detokenize", {"tokens": "x"}, 400)):
