@@ -36,6 +36,7 @@ from .protocol import (
 )
 from .scheduler import Request as EngineRequest
 from .scheduler import Scheduler
+from .vllm import check_ids, token_text, tokenizer_info, vllm_prompt_logprobs
 
 
 @dataclasses.dataclass
@@ -123,19 +124,19 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
         out: dict[str, Any] = {"count": len(ids), "max_model_len": model.max_positions, "tokens": ids,
                                "token_strs": None}
         if body.return_token_strs:
-            out["token_strs"] = [_token_text(model, t) for t in ids]
+            out["token_strs"] = [token_text(model, t) for t in ids]
         return out
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
         body = await _body(request, DetokenizeRequest)
         check_model(body.model)
-        _check_ids(model, body.tokens, "tokens")
+        check_ids(model, body.tokens, "tokens")
         return {"prompt": model.decode(body.tokens)}
 
     @app.get("/tokenizer_info")
-    async def tokenizer_info() -> dict[str, Any]:
-        return _tokenizer_info(model)
+    async def tokenizer_info_route() -> dict[str, Any]:
+        return tokenizer_info(model)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -158,10 +159,12 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
         score_only = _check_max(body, echo)  # max_tokens=0 with echo: the prompt scored, nothing generated
         if echo and body.stream:
             raise ServeError(400, "echo is not available with stream=true: ask without streaming.", param="echo")
-        if top is not None and body.stream:
-            raise ServeError(400, "logprobs are not available with stream=true yet: ask without streaming.",
-                             param="logprobs")
-        if top is not None and model.kind != "causal":
+        prompt_lps = getattr(body, "prompt_logprobs", None)
+        for param, asked in (("logprobs", top), ("prompt_logprobs", prompt_lps)):
+            if asked is not None and body.stream:
+                raise ServeError(400, f"{param} are not available with stream=true yet: ask without streaming.",
+                                 param=param)
+        if (top is not None or prompt_lps is not None) and model.kind != "causal":
             raise ServeError(400, "logprobs need a causal (left-to-right) model; a diffusion model has no "
                              "per-token log-probabilities of its output.", param="logprobs")
         method, params, config = _method(model, draft, cfg.method, body, default_max, prompts)
@@ -176,7 +179,6 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
                 pass
 
         sampled = bool(config.get("temperature", 0)) and body.seed is not None
-        prompt_lps = getattr(body, "prompt_logprobs", None)
         scored = echo and (top is not None or prompt_lps is not None)
         asked = None if top is None and prompt_lps is None else max(top or 0, prompt_lps or 0)
         req = EngineRequest(prompts, body.n, method, params, config, sink, stops=body.stops(), logprobs=asked,
@@ -227,13 +229,6 @@ def _check_max(body: Any, echo: bool) -> bool:
     return True
 
 
-def _check_ids(model: ModelAdapter, ids: list[int], param: str) -> None:
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    bad = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
-    if bad:
-        raise ServeError(400, f"Token id {bad[0]} is outside the vocabulary (0..{vocab}).", param=param)
-
-
 def _tokenize(model: ModelAdapter, body: TokenizeRequest) -> list[int]:
     """vLLM's /tokenize: the ids a completion (text prompt) or a chat request (messages) would run on."""
     if (body.prompt is None) == (body.messages is None):
@@ -245,26 +240,6 @@ def _tokenize(model: ModelAdapter, body: TokenizeRequest) -> list[int]:
         raise ServeError(400, f"Model {model.name!r} has no tokenizer: send token ids.", param="prompt")
     assert body.prompt is not None
     return list(tok(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"])
-
-
-def _tokenizer_info(model: ModelAdapter) -> dict[str, Any]:
-    """vLLM's /tokenizer_info: the special tokens, the context and the chat template a client needs to tokenise
-    the way the server does."""
-    tok = model.tokenizer
-    info: dict[str, Any] = {"tokenizer_class": type(tok).__name__ if tok is not None else None,
-                            "model_max_length": model.max_positions, "max_model_len": model.max_positions,
-                            "eos_token_ids": sorted(model.eos_token_ids), "chat_template": None}
-    if tok is None:
-        return info
-    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
-        value = getattr(tok, name, None)
-        info[name] = str(value) if value is not None else None
-        info[name + "_id"] = getattr(tok, name + "_id", None)
-    bos = info["bos_token_id"]  # whether encoding text adds it (a post-processor may, whatever add_bos_token says)
-    info["add_bos_token"] = bos is not None and list(tok("a", add_special_tokens=True)["input_ids"][:1]) == [bos]
-    info["chat_template"] = getattr(tok, "chat_template", None)
-    info["vocab_size"] = len(tok) if hasattr(tok, "__len__") else None
-    return info
 
 
 def _completion_prompts(model: ModelAdapter, prompt: Any) -> list[list[int]]:
@@ -472,45 +447,26 @@ def _choice(shape: _Shape, index: int, text: str, reason: str, tokens: list[int]
         scored = (prompt if shape.echo else []) + list(lps or [])
         out["logprobs"] = _completion_logprobs(scored, model, shape.top)
     if shape.prompt_logprobs is not None:
-        out["prompt_logprobs"] = _vllm_prompt_logprobs(prompt, model, shape.prompt_logprobs)
+        out["prompt_logprobs"] = vllm_prompt_logprobs(prompt, model, shape.prompt_logprobs)
     return out
-
-
-def _token_text(model: ModelAdapter, token: int) -> str:
-    return model.decode([token]) if token not in model.eos_token_ids else ""
 
 
 def _completion_logprobs(lps: list, model: ModelAdapter, k: int) -> dict[str, Any]:
     """OpenAI's legacy shape; an echoed first prompt token has a null logprob and null top_logprobs, as vLLM's."""
-    tokens = [_token_text(model, t) for t, _, _, _ in lps]
+    tokens = [token_text(model, t) for t, _, _, _ in lps]
     offsets, at = [], 0
     for t in tokens:
         offsets.append(at)
         at += len(t)
     return {"tokens": tokens, "token_logprobs": [c for _, c, _, _ in lps],
-            "top_logprobs": [{_token_text(model, i): v for i, v in top[:k]} if c is not None else None
+            "top_logprobs": [{token_text(model, i): v for i, v in top[:k]} if c is not None else None
                              for _, c, top, _ in lps],
             "text_offset": offsets}
 
 
-def _vllm_prompt_logprobs(lps: list, model: ModelAdapter, k: int) -> list[dict[str, Any] | None]:
-    """vLLM's prompt_logprobs: per prompt token (the first one None) a map from token id to its logprob, rank and
-    text, holding the prompt's own token and the top k."""
-    out: list[dict[str, Any] | None] = []
-    for token, lp, top, rank in lps:
-        if lp is None:
-            out.append(None)
-            continue
-        entry = {str(token): {"logprob": lp, "rank": rank, "decoded_token": _token_text(model, token)}}
-        for r, (i, v) in enumerate(top[:k], start=1):
-            entry.setdefault(str(i), {"logprob": v, "rank": r, "decoded_token": _token_text(model, i)})
-        out.append(entry)
-    return out
-
-
 def _chat_logprobs(lps: list, model: ModelAdapter) -> list[dict[str, Any]]:
     def entry(token: int, lp: float) -> dict[str, Any]:
-        text = _token_text(model, token)
+        text = token_text(model, token)
         return {"token": text, "logprob": lp, "bytes": list(text.encode())}
 
     return [{**entry(t, c), "top_logprobs": [entry(i, v) for i, v in top]} for t, c, top, _ in lps]
