@@ -41,16 +41,18 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-# fields the server cannot honour: refused unless they hold their neutral value (None always counts as neutral)
+# fields the server cannot honour: refused unless they hold their neutral value (None always counts as neutral;
+# a tuple lists several neutral values)
 _NEUTRAL: dict[str, Any] = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}, "best_of": 1,
-                            "suffix": "", "tools": [], "functions": [], "tool_choice": "none",
-                            "function_call": "none", "parallel_tool_calls": True, "ignore_eos": False,
+                            "suffix": "", "tools": [], "functions": [], "tool_choice": ("none", "auto"),
+                            "function_call": ("none", "auto"), "ignore_eos": False,
                             "n_probs": 0, "store": False, "modalities": ["text"], "echo": False, "prediction": {},
                             "audio": {}, "web_search_options": {},
                             "reasoning_effort": "", "skip_special_tokens": True, "spaces_between_special_tokens": True,
                             "add_special_tokens": True, "min_tokens": 0, "stop_token_ids": [],
                             "include_stop_str_in_output": False}
-_HARMLESS = ("user", "metadata", "service_tier")  # bookkeeping fields, taken at any value and not used
+# bookkeeping fields (and one that means nothing without tools), taken at any value and not used
+_HARMLESS = ("user", "metadata", "service_tier", "parallel_tool_calls")
 MAX_STOPS = 16  # lm-eval sends 5; vLLM sets no bound; each stop is searched after every delivered token
 # the constraint fields vLLM and llama.cpp take besides OpenAI's response_format: at most one per request
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "json_schema", "grammar")
@@ -181,10 +183,10 @@ class _Common(BaseModel):
             if name not in _NEUTRAL:
                 raise ServeError(400, f"Unknown field {name!r}: fastdecode serve does not take it (a method's own "
                                  "parameters go in the \"fastdecode\" object; see docs/serve.md).", param=name)
-            neutral = _NEUTRAL[name]
-            if value is not None and value != neutral:
+            neutral = _NEUTRAL[name] if isinstance(_NEUTRAL[name], tuple) else (_NEUTRAL[name],)
+            if value is not None and value not in neutral:
                 raise ServeError(400, f"{name}={value!r} is not supported by fastdecode serve; leave it out "
-                                 f"(or send {neutral!r}).", param=name)
+                                 f"(or send {neutral[0]!r}).", param=name)
 
 
 class CompletionRequest(_Common):

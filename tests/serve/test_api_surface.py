@@ -73,7 +73,8 @@ def test_guided_fields_are_constraints(live, tiny):
 @pytest.mark.parametrize(("field", "value"), [
     ("top_k", 5), ("min_p", 0.1),  # a greedy method has no top_k / min_p
     ("ignore_eos", True), ("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("logit_bias", {"5": 10}),
-    ("best_of", 3), ("min_tokens", 4), ("frobnicate", 1), ("top_a", 0.1),  # not known at all
+    ("best_of", 3), ("min_tokens", 4), ("tool_choice", "required"), ("tools", [{"type": "function"}]),
+    ("frobnicate", 1), ("top_a", 0.1),  # not known at all
     ("max_tokens", True), ("n", True), ("temperature", True), ("seed", False), ("top_k", True),  # bools
     ("logprobs", True),
 ])
@@ -87,7 +88,7 @@ def test_fields_it_cannot_honour_are_refused_by_name(live, field, value):
 def test_neutral_values_and_bookkeeping_fields_are_taken(live):
     body = {"model": NAME, "prompt": "x", "max_tokens": 2, "ignore_eos": False, "presence_penalty": 0,
             "frequency_penalty": 0.0, "logit_bias": {}, "best_of": 1, "user": "me", "metadata": {"k": "v"},
-            "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+            "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "tool_choice": "auto", "parallel_tool_calls": True}
     assert _post(live, "/v1/completions", body).status_code == 200
 
 
