@@ -232,7 +232,7 @@ def _check_max(body: Any, echo: bool) -> bool:
 def _tokenize(model: ModelAdapter, body: TokenizeRequest) -> list[int]:
     """vLLM's /tokenize: the ids a completion (text prompt) or a chat request (messages) would run on."""
     if (body.prompt is None) == (body.messages is None):
-        raise ServeError(400, "Send either prompt (text) or messages (chat), not both.", param="prompt")
+        raise ServeError(400, "Send exactly one of prompt (text) and messages (chat).", param="prompt")
     if body.messages is not None:
         return chat_prompt(model, ChatRequest(model="", messages=body.messages))
     tok = model.tokenizer
