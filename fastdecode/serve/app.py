@@ -1,5 +1,7 @@
-"""The FastAPI app: OpenAI's `/v1/completions`, `/v1/chat/completions` and `/v1/models`, plus `/health` and
-`/metrics`. Handlers validate and tokenise, then hand the request to the engine thread (`scheduler.py`)."""
+"""The FastAPI app: OpenAI's `/v1/completions`, `/v1/chat/completions`, `/v1/models` and `/v1/models/{id}`;
+vLLM's `/version`, `/tokenize`, `/detokenize` and `/tokenizer_info` (what lm-eval's tokenizer backend asks); plus
+`/health` and `/metrics`. Handlers validate and tokenise, then hand the request to the engine thread
+(`scheduler.py`)."""
 
 from __future__ import annotations
 
@@ -23,9 +25,18 @@ from ..engine import check_draft, compile_constraint, encode_batch, resolve
 from ..errors import FastDecodeError
 from ..models.base import ModelAdapter
 from .metrics import Metrics
-from .protocol import ChatRequest, CompletionRequest, ServeError, error_body, usage
+from .protocol import (
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ServeError,
+    TokenizeRequest,
+    error_body,
+    usage,
+)
 from .scheduler import Request as EngineRequest
 from .scheduler import Scheduler
+from .vllm import check_ids, token_text, tokenizer_info, vllm_prompt_logprobs
 
 
 @dataclasses.dataclass
@@ -43,6 +54,7 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
     resolve(model, cfg.method)  # a default method that does not fit the model is refused before serving
     check_draft(resolve(model, cfg.method), model, draft)
     metrics = Metrics()
+    created = int(time.time())  # the served model's `created`: when this server started
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -80,10 +92,51 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
     async def prom() -> PlainTextResponse:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    def model_card() -> dict[str, Any]:
+        return {"id": cfg.served_name, "object": "model", "created": created, "owned_by": "fastdecode",
+                "root": model.name, "parent": None, "max_model_len": model.max_positions}
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != cfg.served_name:
+            raise ServeError(404, f"The model {name!r} is not served here: this server serves "
+                             f"{cfg.served_name!r} (GET /v1/models).", param="model", code="model_not_found")
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": cfg.served_name, "object": "model", "created": 0,
-                                            "owned_by": "fastdecode", "root": model.name}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model_info(name: str) -> dict[str, Any]:
+        check_model(name)
+        return model_card()
+
+    @app.get("/version")
+    async def version() -> dict[str, Any]:
+        from .. import __version__
+
+        return {"version": __version__}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        body = await _body(request, TokenizeRequest)
+        check_model(body.model)
+        ids = _tokenize(model, body)
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": model.max_positions, "tokens": ids,
+                               "token_strs": None}
+        if body.return_token_strs:
+            out["token_strs"] = [token_text(model, t) for t in ids]
+        return out
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        body = await _body(request, DetokenizeRequest)
+        check_model(body.model)
+        check_ids(model, body.tokens, "tokens")
+        return {"prompt": model.decode(body.tokens)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info_route() -> dict[str, Any]:
+        return tokenizer_info(model)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -99,15 +152,19 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
         return await _serve(request, "chat", body, [chat_prompt(model, body)], default_max=None)
 
     async def _serve(request: Request, kind: str, body: Any, prompts: list[list[int]], default_max: int | None):
-        if body.model != cfg.served_name:
-            raise ServeError(404, f"The model {body.model!r} is not served here: this server serves "
-                             f"{cfg.served_name!r} (GET /v1/models).", param="model", code="model_not_found")
+        check_model(body.model)
         body.unsupported()
         top = _logprobs_asked(kind, body)
-        if top is not None and body.stream:
-            raise ServeError(400, "logprobs are not available with stream=true yet: ask without streaming.",
-                             param="logprobs")
-        if top is not None and model.kind != "causal":
+        echo = bool(getattr(body, "echo", False))
+        score_only = _check_max(body, echo)  # max_tokens=0 with echo: the prompt scored, nothing generated
+        if echo and body.stream:
+            raise ServeError(400, "echo is not available with stream=true: ask without streaming.", param="echo")
+        prompt_lps = getattr(body, "prompt_logprobs", None)
+        for param, asked in (("logprobs", top), ("prompt_logprobs", prompt_lps)):
+            if asked is not None and body.stream:
+                raise ServeError(400, f"{param} are not available with stream=true yet: ask without streaming.",
+                                 param=param)
+        if (top is not None or prompt_lps is not None) and model.kind != "causal":
             raise ServeError(400, "logprobs need a causal (left-to-right) model; a diffusion model has no "
                              "per-token log-probabilities of its output.", param="logprobs")
         method, params, config = _method(model, draft, cfg.method, body, default_max, prompts)
@@ -122,18 +179,24 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
                 pass
 
         sampled = bool(config.get("temperature", 0)) and body.seed is not None
-        req = EngineRequest(prompts, body.n, method, params, config, sink, stops=body.stops(), logprobs=top,
-                            timeout_s=cfg.timeout_s, sampled_with_seed=sampled, constraint=constraint)
+        scored = echo and (top is not None or prompt_lps is not None)
+        asked = None if top is None and prompt_lps is None else max(top or 0, prompt_lps or 0)
+        req = EngineRequest(prompts, body.n, method, params, config, sink, stops=body.stops(), logprobs=asked,
+                            echo=scored or prompt_lps is not None, timeout_s=cfg.timeout_s,
+                            sampled_with_seed=sampled, constraint=constraint)
         request.app.state.scheduler.submit(req)
         rid = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(_sse(kind, rid, cfg.served_name, req, queue, include_usage),
                                      media_type="text/event-stream")
-        return await _collect(request, kind, rid, cfg.served_name, req, queue, model)
+        shape = _Shape(kind, prompts, body.n, top, echo, prompt_lps, score_only)
+        return await _collect(request, shape, rid, cfg.served_name, req, queue, model)
 
     return app
 
+
+_NO_BUDGET = 1 << 62  # a negative budget: encode_batch's length check never fires
 
 # -- request reading -------------------------------------------------------------------------------
 
@@ -154,6 +217,31 @@ async def _body(request: Request, cls: Any) -> Any:
                          param=where or None) from None
 
 
+def _check_max(body: Any, echo: bool) -> bool:
+    """max_tokens=0 is lm-eval's way to score a prompt (with echo and logprobs); elsewhere a budget is at least 1.
+    A scoring request generates one token that the response leaves out: True when that is the case."""
+    if body.max_tokens != 0:
+        return False
+    if not echo:
+        raise ServeError(400, "max_tokens must be at least 1 (0 is taken only with echo=true, to score the "
+                         "prompt).", param="max_tokens")
+    body.max_tokens = 1
+    return True
+
+
+def _tokenize(model: ModelAdapter, body: TokenizeRequest) -> list[int]:
+    """vLLM's /tokenize: the ids a completion (text prompt) or a chat request (messages) would run on."""
+    if (body.prompt is None) == (body.messages is None):
+        raise ServeError(400, "Send exactly one of prompt (text) and messages (chat).", param="prompt")
+    if body.messages is not None:
+        return chat_prompt(model, ChatRequest(model="", messages=body.messages))
+    tok = model.tokenizer
+    if tok is None:
+        raise ServeError(400, f"Model {model.name!r} has no tokenizer: send token ids.", param="prompt")
+    assert body.prompt is not None
+    return list(tok(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"])
+
+
 def _completion_prompts(model: ModelAdapter, prompt: Any) -> list[list[int]]:
     if isinstance(prompt, str):
         items: list[Any] = [prompt]
@@ -167,8 +255,10 @@ def _completion_prompts(model: ModelAdapter, prompt: Any) -> list[list[int]]:
 
 
 def _encode(model: ModelAdapter, prompt: Any) -> list[int]:
+    """Token ids, checked against the vocabulary; the context is checked later by `_fit_context` (with the
+    request's max_tokens and OpenAI's `context_length_exceeded`), so no budget is counted here."""
     try:
-        return encode_batch(model, prompt, 1).row(0)
+        return encode_batch(model, prompt, -_NO_BUDGET).row(0)
     except FastDecodeError as e:
         raise ServeError(400, str(e), param="prompt") from None
 
@@ -214,8 +304,13 @@ def _constraint(model: ModelAdapter, method: str, body: Any) -> Any:
         resolve(model, method, constraint)
         compile_constraint(model, constraint)
     except FastDecodeError as e:
-        raise ServeError(400, str(e), param="response_format") from None
+        raise ServeError(400, str(e), param=_constraint_field(body)) from None
     return constraint
+
+
+def _constraint_field(body: Any) -> str:
+    names = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "json_schema", "grammar")
+    return next((n for n in names if getattr(body, n, None) is not None), "response_format")
 
 
 def _method(model: ModelAdapter, draft: ModelAdapter | None, default: str, body: Any, default_max: int | None,
@@ -236,14 +331,19 @@ def _method(model: ModelAdapter, draft: ModelAdapter | None, default: str, body:
     except FastDecodeError as e:
         raise ServeError(400, str(e), param="fastdecode.method") from None
     params = dict(extra)
+    top_k = 0 if body.top_k == -1 else body.top_k  # vLLM's -1: every token
     for name, value, neutral in (("temperature", body.temperature, 0.0), ("top_p", body.top_p, 1.0),
-                                 ("seed", body.seed, None)):
+                                 ("top_k", top_k, 0), ("min_p", body.min_p, 0.0),
+                                 ("repetition_penalty", body.repetition_penalty, 1.0), ("seed", body.seed, None)):
         if value is None:
             continue
+        if name in params and params[name] != value:
+            raise ServeError(400, f"{name} is given twice with different values ({value} and fastdecode.{name}="
+                             f"{params[name]}): give it once.", param=name)
         if name in fields:
             params[name] = value
         elif value != neutral and name != "seed":  # a seed means nothing to a greedy method
-            raise ServeError(400, f"{name}={value} needs a sampling method, but {spec.name} has no {name}: "
+            raise ServeError(400, f"{name}={value} needs a method that has it, but {spec.name} has no {name}: "
                              "leave it out, or set fastdecode.method to ar.sample or a spec.* method.", param=name)
     longest = max(len(p) for p in prompts)
     if body.max_tokens is not None:
@@ -254,15 +354,27 @@ def _method(model: ModelAdapter, draft: ModelAdapter | None, default: str, body:
         config = dataclasses.asdict(build_config(spec.config, params, spec.name))
     except (FastDecodeError, TypeError, ValueError) as e:
         raise ServeError(400, str(e), param="fastdecode") from None
-    limit = model.max_positions
-    if limit is not None and longest + config["max_new_tokens"] > limit:
-        if body.max_tokens is None and longest < limit:  # the default budget, not the caller's: fit it
-            params["max_new_tokens"] = config["max_new_tokens"] = limit - longest
-        else:
-            raise ServeError(400, f"The prompt has {longest} tokens; with max_tokens={config['max_new_tokens']} that "
-                             f"is more than the model's {limit} positions: shorten the prompt or lower max_tokens.",
-                             param="max_tokens", code="context_length_exceeded")
+    _fit_context(model, body, longest, params, config)
     return spec.name, params, config
+
+
+def _fit_context(model: ModelAdapter, body: Any, longest: int, params: dict[str, Any], config: dict[str, Any]) -> None:
+    """Prompt + max_tokens must fit the model's positions: the default budget shrinks to fit; otherwise a 400 with
+    OpenAI's `context_length_exceeded` and a fix the caller can make."""
+    limit = model.max_positions
+    if limit is None or longest + config["max_new_tokens"] <= limit:
+        return
+    if longest >= limit:  # no budget fits: only a shorter prompt (or a longer context) does
+        param = "messages" if hasattr(body, "messages") else "prompt"
+        raise ServeError(400, f"The prompt has {longest} tokens, but the model has {limit} positions and needs room "
+                         f"for at least one new token: shorten the prompt to at most {limit - 1} tokens, or serve a "
+                         "model with a longer context.", param=param, code="context_length_exceeded")
+    if body.max_tokens is None:  # the default budget, not the caller's: fit it
+        params["max_new_tokens"] = config["max_new_tokens"] = limit - longest
+        return
+    raise ServeError(400, f"The prompt has {longest} tokens; with max_tokens={config['max_new_tokens']} that is more "
+                     f"than the model's {limit} positions: lower max_tokens to at most {limit - longest}, or shorten "
+                     "the prompt.", param="max_tokens", code="context_length_exceeded")
 
 
 # -- responses -------------------------------------------------------------------------------------
@@ -271,7 +383,23 @@ def _event_error(event: tuple) -> ServeError | None:
     return event[1] if event[0] == "error" else None
 
 
-async def _collect(request: Request, kind: str, rid: str, name: str, req: EngineRequest,
+@dataclasses.dataclass
+class _Shape:
+    """What a non-streaming response carries besides the text: which logprobs, and the echoed prompts."""
+
+    kind: str
+    prompts: list[list[int]]
+    n: int
+    top: int | None  # logprobs asked for the output (top alternatives), None: none
+    echo: bool = False  # completions: the prompt's text (and logprobs) before the output
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs
+    score_only: bool = False  # max_tokens=0: the one token generated is left out
+
+    def prompt(self, index: int) -> list[int]:
+        return self.prompts[index // self.n]
+
+
+async def _collect(request: Request, shape: _Shape, rid: str, name: str, req: EngineRequest,
                    queue: asyncio.Queue[tuple], model: ModelAdapter) -> JSONResponse:
     choices: dict[int, dict[str, Any]] = {}
     try:
@@ -288,45 +416,60 @@ async def _collect(request: Request, kind: str, rid: str, name: str, req: Engine
                 return JSONResponse(err.body(), status_code=err.status)
             if event[0] == "finish":
                 _, index, reason, _delta, text, tokens, lps = event
-                choices[index] = _choice(kind, index, text, reason, lps, model)
+                choices[index] = _choice(shape, index, text, reason, tokens, lps, model)
             elif event[0] == "end":
+                counts = list(event[1:])
+                if shape.score_only:
+                    counts[1] = 0  # completion tokens: none is returned
+                kind = shape.kind
                 body = {"id": rid, "object": "text_completion" if kind == "completion" else "chat.completion",
                         "created": int(time.time()), "model": name,
-                        "choices": [choices[i] for i in sorted(choices)], "usage": usage(*event[1:])}
+                        "choices": [choices[i] for i in sorted(choices)], "usage": usage(*counts)}
                 return JSONResponse(body)
     finally:
         req.cancel()  # a no-op once the request has ended; drops its rows if the handler was cancelled
 
 
-def _choice(kind: str, index: int, text: str, reason: str, lps: Any, model: ModelAdapter) -> dict[str, Any]:
-    if kind == "completion":
-        return {"index": index, "text": text, "finish_reason": reason,
-                "logprobs": _completion_logprobs(lps, model) if lps is not None else None}
-    return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
-            "logprobs": {"content": _chat_logprobs(lps, model)} if lps is not None else None}
+def _choice(shape: _Shape, index: int, text: str, reason: str, tokens: list[int], lps: Any,
+            model: ModelAdapter) -> dict[str, Any]:
+    prompt: list[Any] = []
+    if lps is not None and (shape.echo or shape.prompt_logprobs is not None):
+        prompt, lps = lps[: len(shape.prompt(index))], lps[len(shape.prompt(index)):]
+    if shape.score_only:
+        text, reason, lps = "", "length", [] if lps is not None else None
+    if shape.kind == "chat":
+        return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
+                "logprobs": {"content": _chat_logprobs(lps, model)} if shape.top is not None else None}
+    out: dict[str, Any] = {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
+    if shape.echo:
+        out["text"] = model.decode(shape.prompt(index)) + text
+    if shape.top is not None:
+        scored = (prompt if shape.echo else []) + list(lps or [])
+        out["logprobs"] = _completion_logprobs(scored, model, shape.top)
+    if shape.prompt_logprobs is not None:
+        out["prompt_logprobs"] = vllm_prompt_logprobs(prompt, model, shape.prompt_logprobs)
+    return out
 
 
-def _token_text(model: ModelAdapter, token: int) -> str:
-    return model.decode([token]) if token not in model.eos_token_ids else ""
-
-
-def _completion_logprobs(lps: list, model: ModelAdapter) -> dict[str, Any]:
-    tokens = [_token_text(model, t) for t, _, _ in lps]
+def _completion_logprobs(lps: list, model: ModelAdapter, k: int) -> dict[str, Any]:
+    """OpenAI's legacy shape; an echoed first prompt token has a null logprob and null top_logprobs, as vLLM's."""
+    tokens = [token_text(model, t) for t, _, _, _ in lps]
     offsets, at = [], 0
     for t in tokens:
         offsets.append(at)
         at += len(t)
-    return {"tokens": tokens, "token_logprobs": [c for _, c, _ in lps],
-            "top_logprobs": [{_token_text(model, i): v for i, v in top} for _, _, top in lps],
+    return {"tokens": tokens, "token_logprobs": [c for _, c, _, _ in lps],
+            "top_logprobs": [{token_text(model, i): v for i, v in top[:k]} if c is not None else None
+                             for _, c, top, _ in lps],
             "text_offset": offsets}
 
 
 def _chat_logprobs(lps: list, model: ModelAdapter) -> list[dict[str, Any]]:
     def entry(token: int, lp: float) -> dict[str, Any]:
-        text = _token_text(model, token)
+        text = token_text(model, token)
         return {"token": text, "logprob": lp, "bytes": list(text.encode())}
 
-    return [{**entry(t, c), "top_logprobs": [entry(i, v) for i, v in top]} for t, c, top in lps]
+    return [{**entry(t, c), "top_logprobs": [entry(i, v) for i, v in top]} for t, c, top, _ in lps]
 
 
 async def _sse(kind: str, rid: str, name: str, req: EngineRequest, queue: asyncio.Queue[tuple],

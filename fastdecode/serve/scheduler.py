@@ -46,6 +46,7 @@ from ..session import Session
 from ..types import Finished
 from .metrics import Metrics
 from .protocol import ServeError
+from .scoring import Entry, token_logprobs
 
 Sink = Callable[[tuple], None]  # receives the request's events; must be thread-safe
 
@@ -62,6 +63,7 @@ class Request:
     sink: Sink
     stops: list[str] = field(default_factory=list)
     logprobs: int | None = None  # top-k alternatives to report with each token's log-probability; None: none
+    echo: bool = False  # score the prompt's tokens too (logprobs of prompt + output)
     timeout_s: float | None = None
     sampled_with_seed: bool = False
     constraint: Any = None  # a fastdecode.constraints.Constraint (response_format), or None
@@ -460,23 +462,14 @@ class Scheduler:
             row.req.sink(("delta", row.index, safe[len(row.sent):]))
             row.sent = safe
 
-    def _logprobs(self, row: _Row) -> list[tuple[int, float, list[tuple[int, float]]]] | None:
-        """(token, log-probability, top alternatives) of each output token under the target model's own distribution
-        (before temperature, top-p or penalties), from one more forward over prompt + output."""
+    def _logprobs(self, row: _Row) -> list[Entry] | None:
+        """(token, log-probability, top alternatives, rank) of each output token (prompt tokens first with `echo`)
+        under the target model's own distribution, from one more forward over prompt + output (`scoring.py`)."""
         k = row.req.logprobs
-        if k is None or not row.tokens:
+        if k is None or not (row.tokens or row.req.echo):
             return None if k is None else []
-        model = self.model
-        ids = torch.tensor([row.prompt + row.tokens], device=model.device)
-        start = len(row.prompt) - 1
-        positions = torch.arange(ids.shape[1], device=model.device)[None]
-        assert isinstance(model, CausalLM)  # refused for diffusion models at the door
-        logits = model.forward(ids, positions)[0, start : start + len(row.tokens)]  # the adapter's one forward path
-        lp = torch.log_softmax(logits, dim=-1)
-        chosen = lp.gather(1, torch.tensor(row.tokens, device=lp.device)[:, None])[:, 0].tolist()
-        top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
-        return [(t, c, list(zip(i, v, strict=True)))
-                for t, c, i, v in zip(row.tokens, chosen, top_i.tolist(), top_v.tolist(), strict=True)]
+        assert isinstance(self.model, CausalLM)  # refused for diffusion models at the door
+        return token_logprobs(self.model, row.prompt, row.tokens, k, row.req.echo)
 
 
 def _constraint_key(constraint: Any) -> Any:

@@ -147,7 +147,7 @@ BAD = [
     ({"model": NAME, "prompt": [99999999]}, 400),
     ({"model": NAME, "prompt": "x", "presence_penalty": 1.0}, 400),
     ({"model": NAME, "prompt": "x", "stream": True, "logprobs": 1}, 400),
-    ({"model": NAME, "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400),
+    ({"model": NAME, "prompt": "x", "stop": [str(i) for i in range(17)]}, 400),
     ({"model": "gpt-4", "prompt": "x"}, 404),
 ]
 
