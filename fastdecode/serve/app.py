@@ -44,9 +44,9 @@ class ServeConfig:
         for name, value, least in (("max_queue", self.max_queue, 1), ("max_batch", self.max_batch, 1)):
             if value < least:
                 raise ArgumentError(f"--{name.replace('_', '-')} must be at least {least}, not {value}.")
-        for name, value in (("batch_window_ms", self.window_s * 1000), ("timeout", self.timeout_s or 0.0)):
-            if value < 0:
-                raise ArgumentError(f"--{name.replace('_', '-')} must not be negative, not {value}.")
+        for flag, amount in (("batch_window_ms", self.window_s * 1000), ("timeout", self.timeout_s or 0.0)):
+            if amount < 0:
+                raise ArgumentError(f"--{flag.replace('_', '-')} must not be negative, not {amount:g}.")
         if not self.max_body_mb > 0:
             raise ArgumentError(f"--max-body-mb must be more than 0, not {self.max_body_mb}.")
 

@@ -18,6 +18,8 @@ more, then takes the oldest request and every queued request with the same metho
   `fastdecode.stream()` (`spec.*` with every row verified in the same target forward); a request that arrives
   meanwhile waits for the next batch. A row that left still rides along in the batched forward until every row has
   left (the drivers have no API to drop a row mid-run), which costs compute but never changes another row's output.
+  A method that runs its own loop to completion (`hf.*`) is stopped at its next model forward once every request of
+  its batch has been cancelled or timed out (a forward pre-hook), instead of after its last token.
 
 A row's tokens never depend on its batch companions, so greedy outputs equal `fastdecode.generate()` for the same
 prompt and method; seeded sampling requests run as a batch of their own (their `n` rows), so a seed repeats
