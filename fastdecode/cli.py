@@ -488,7 +488,8 @@ def serve(
     max_queue: Annotated[int, typer.Option(help="Requests that may wait; more get 429.")] = 256,
     max_batch: Annotated[int, typer.Option(help="Most rows (prompts x n) generated in one batch.")] = 16,
     batch_window_ms: Annotated[float, typer.Option(help="How long the engine waits for requests to batch.")] = 5.0,
-    timeout: Annotated[float, typer.Option(help="Per-request timeout in seconds (0: none).")] = 600.0,
+    timeout: Annotated[float, typer.Option(help="Per-request timeout in seconds (0: none); then 504.")] = 600.0,
+    max_body_mb: Annotated[float, typer.Option(help="Largest request body in MB; a larger one gets 413.")] = 4.0,
     threads: ThreadsOpt = None,
     trust_remote_code: RemoteOpt = False,
     kind: KindOpt = None,
@@ -498,6 +499,7 @@ def serve(
     """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /metrics)."""
     try:
         from fastdecode.serve import ServeConfig, create_app, make_server
+        from fastdecode.serve.listen import listen
     except ImportError as e:
         from fastdecode.errors import ArgumentError
 
@@ -506,17 +508,24 @@ def serve(
     import fastdecode
 
     fastdecode.get_method(method)
+    config = ServeConfig(served_name=served_model_name or model, method=method, max_queue=max_queue,
+                         max_batch=max_batch, window_s=batch_window_ms / 1000, timeout_s=timeout or None,
+                         max_body_mb=max_body_mb)
+    config.check()  # settings that could answer nothing, and the port, are refused before the model loads
+    if threads is not None and threads < 1:
+        from fastdecode.errors import ArgumentError
+
+        raise ArgumentError(f"--threads must be at least 1, not {threads}.")
+    sock = listen(host, port)
     _use_threads(model, threads, device)
     with err.status(f"loading {model}"):
         m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         d = (fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code)
              if draft else None)
-    config = ServeConfig(served_name=served_model_name or model, method=method, max_queue=max_queue,
-                         max_batch=max_batch, window_s=batch_window_ms / 1000, timeout_s=timeout or None)
     server = make_server(create_app(m, d, config), host=host, port=port, log_level="info")
     err.print(f"serving {config.served_name} ({method} by default, {_threads_in_use()}) "
               f"on http://{host}:{port}/v1", highlight=False)
-    server.run()
+    server.run(sockets=[sock])
 
 
 RAY_DEFAULT = "default"  # `bench --ray` without an address: Ray's own choice (RAY_ADDRESS, else a local instance)

@@ -22,8 +22,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..bench.tasks.base import format_prompt
 from ..config import build_config
 from ..engine import check_draft, compile_constraint, encode_batch, resolve
-from ..errors import FastDecodeError
+from ..errors import ArgumentError, FastDecodeError
 from ..models.base import ModelAdapter
+from .limits import DEFAULT_MAX_BODY_MB, BodyLimit
 from .metrics import Metrics
 from .protocol import (
     ChatRequest,
@@ -47,13 +48,26 @@ class ServeConfig:
     max_batch: int = 16
     window_s: float = 0.005
     timeout_s: float | None = 600.0  # per request, from arrival to its last token
+    max_body_mb: float = DEFAULT_MAX_BODY_MB  # a larger request body gets 413 before it is read
+
+    def check(self) -> None:
+        """Refuse settings with which the server could not answer anything (every request a 429, no batch)."""
+        for name, value, least in (("max_queue", self.max_queue, 1), ("max_batch", self.max_batch, 1)):
+            if value < least:
+                raise ArgumentError(f"--{name.replace('_', '-')} must be at least {least}, not {value}.")
+        for flag, amount in (("batch_window_ms", self.window_s * 1000), ("timeout", self.timeout_s or 0.0)):
+            if amount < 0:
+                raise ArgumentError(f"--{flag.replace('_', '-')} must not be negative, not {amount:g}.")
+        if not self.max_body_mb > 0:
+            raise ArgumentError(f"--max-body-mb must be more than 0, not {self.max_body_mb}.")
 
 
 def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: ServeConfig | None = None) -> FastAPI:
     cfg = config or ServeConfig(served_name=model.name)
+    cfg.check()
     resolve(model, cfg.method)  # a default method that does not fit the model is refused before serving
     check_draft(resolve(model, cfg.method), model, draft)
-    metrics = Metrics()
+    metrics = Metrics(model_name=cfg.served_name)
     created = int(time.time())  # the served model's `created`: when this server started
 
     @asynccontextmanager
@@ -65,6 +79,7 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
         await asyncio.get_running_loop().run_in_executor(None, app.state.scheduler.shutdown)
 
     app = FastAPI(title="fastdecode", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=int(cfg.max_body_mb * 1e6))
     app.state.metrics = metrics
     app.state.config = cfg
 
@@ -141,7 +156,7 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         body = await _body(request, CompletionRequest)
-        prompts = _completion_prompts(model, body.prompt)
+        prompts = await asyncio.to_thread(_completion_prompts, model, body.prompt)  # off the event loop
         return await _serve(request, "completion", body, prompts, default_max=16)
 
     @app.post("/v1/chat/completions")
@@ -149,7 +164,8 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
         body = await _body(request, ChatRequest)
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        return await _serve(request, "chat", body, [chat_prompt(model, body)], default_max=None)
+        prompt = await asyncio.to_thread(chat_prompt, model, body)  # tokenising a long prompt: off the event loop
+        return await _serve(request, "chat", body, [prompt], default_max=None)
 
     async def _serve(request: Request, kind: str, body: Any, prompts: list[list[int]], default_max: int | None):
         check_model(body.model)
@@ -379,6 +395,9 @@ def _fit_context(model: ModelAdapter, body: Any, longest: int, params: dict[str,
 
 # -- responses -------------------------------------------------------------------------------------
 
+_DISCONNECT_CHECK_S = 0.25  # how often a non-streaming handler asks whether its client is still there
+
+
 def _event_error(event: tuple) -> ServeError | None:
     return event[1] if event[0] == "error" else None
 
@@ -402,14 +421,19 @@ class _Shape:
 async def _collect(request: Request, shape: _Shape, rid: str, name: str, req: EngineRequest,
                    queue: asyncio.Queue[tuple], model: ModelAdapter) -> JSONResponse:
     choices: dict[int, dict[str, Any]] = {}
+    check_at = time.monotonic() + _DISCONNECT_CHECK_S
     try:
         while True:
             try:
-                event = await asyncio.wait_for(queue.get(), timeout=0.25)
+                event: tuple | None = await asyncio.wait_for(queue.get(), timeout=_DISCONNECT_CHECK_S)
             except asyncio.TimeoutError:
+                event = None
+            if event is None or time.monotonic() >= check_at:  # also while events flow: a client gone mid-run
+                check_at = time.monotonic() + _DISCONNECT_CHECK_S
                 if await request.is_disconnected():
-                    req.cancel()
+                    req.cancel()  # its rows leave the batch at the next step
                     return JSONResponse(error_body("client disconnected"), status_code=499)
+            if event is None:
                 continue
             err = _event_error(event)
             if err is not None:

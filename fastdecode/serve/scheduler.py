@@ -18,6 +18,8 @@ more, then takes the oldest request and every queued request with the same metho
   `fastdecode.stream()` (`spec.*` with every row verified in the same target forward); a request that arrives
   meanwhile waits for the next batch. A row that left still rides along in the batched forward until every row has
   left (the drivers have no API to drop a row mid-run), which costs compute but never changes another row's output.
+  A method that runs its own loop to completion (`hf.*`) is stopped at its next model forward once every request of
+  its batch has been cancelled or timed out (a forward pre-hook), instead of after its last token.
 
 A row's tokens never depend on its batch companions, so greedy outputs equal `fastdecode.generate()` for the same
 prompt and method; seeded sampling requests run as a batch of their own (their `n` rows), so a seed repeats
@@ -30,7 +32,8 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +54,11 @@ from .scoring import Entry, token_logprobs
 Sink = Callable[[tuple], None]  # receives the request's events; must be thread-safe
 
 
+class _Abandoned(Exception):
+    """Raised from a forward hook when every request of a batch was cancelled or timed out: it stops a method that
+    runs its own loop to completion (`hf.*` calls transformers' generate(), whose steps come back only at its end)."""
+
+
 @dataclass
 class Request:
     """A validated request: token-id prompts, the method and its parameters (already checked by `build_config`)."""
@@ -69,6 +77,7 @@ class Request:
     constraint: Any = None  # a fastdecode.constraints.Constraint (response_format), or None
     created: float = field(default_factory=time.monotonic)
     cancelled: bool = False
+    answered_first: bool = False  # a row of it has delivered its first token (time to first token: per request)
 
     @property
     def rows(self) -> int:
@@ -175,7 +184,7 @@ class Scheduler:
             for req in list(self._waiting):
                 if req.cancelled or self._expired(req):
                     self._waiting.remove(req)
-                    self._end(req, timed_out=not req.cancelled)
+                    self._end(req, "cancelled" if req.cancelled else "timeout")
                     continue
                 if key is None:
                     key = self._key(req)
@@ -191,11 +200,15 @@ class Scheduler:
     def _expired(req: Request) -> bool:
         return req.timeout_s is not None and time.monotonic() - req.created > req.timeout_s
 
-    def _end(self, req: Request, timed_out: bool = False) -> None:
-        """The request's last event; it is forgotten after this."""
-        if timed_out:
-            req.sink(("error", ServeError(504, f"The request took longer than its timeout ({req.timeout_s} s).",
+    def _end(self, req: Request, early: str | None = None) -> None:
+        """The request's last event; it is forgotten after this. `early`: it ended cancelled or on its timeout
+        (counted in the metrics; a timeout is answered with 504)."""
+        if early == "timeout":
+            req.sink(("error", ServeError(504, f"The request took longer than its timeout ({req.timeout_s} s): "
+                                          "what it generated is dropped; ask for fewer tokens or raise --timeout.",
                                           type_="timeout", code="timeout")))
+        if early is not None:
+            self.metrics.ended_early(early, time.monotonic() - req.created)
         with self._cv:
             self._live.discard(id(req))
 
@@ -217,31 +230,36 @@ class Scheduler:
             return
         ended: set[int] = set()
         try:
-            for ev in events:
-                if isinstance(ev, Finished):
-                    break
-                now = time.monotonic()
-                for b, row in enumerate(rows):
-                    if row.done:
-                        continue
-                    req = row.req
-                    if req.cancelled or self._expired(req):
-                        row.done, row.reason = True, "cancelled" if req.cancelled else "timeout"
-                        continue
-                    for offset, token in ev.tokens[b]:
-                        row.out[offset] = token
-                    if ev.proposed and drafts:
-                        row.proposed += ev.proposed[b]
-                        row.accepted += ev.accepted[b]
-                        if ev.proposed[b]:
-                            self.metrics.drafts(ev.proposed[b], ev.accepted[b])
-                    self._advance(row, bool(ev.finished and ev.finished[b]), now)
-                for req in batch:
-                    if id(req) not in ended and self._settled(req, rows):
-                        ended.add(id(req))
-                        self._close(req, rows)
-                if all(r.done for r in rows):
-                    break
+            with self._abandon_when_gone(batch):
+                for ev in events:
+                    if isinstance(ev, Finished):
+                        break
+                    now = time.monotonic()
+                    for b, row in enumerate(rows):
+                        if row.done:
+                            continue
+                        req = row.req
+                        if req.cancelled or self._expired(req):
+                            row.done, row.reason = True, "cancelled" if req.cancelled else "timeout"
+                            continue
+                        for offset, token in ev.tokens[b]:
+                            row.out[offset] = token
+                        if ev.proposed and drafts:
+                            row.proposed += ev.proposed[b]
+                            row.accepted += ev.accepted[b]
+                            if ev.proposed[b]:
+                                self.metrics.drafts(ev.proposed[b], ev.accepted[b])
+                        self._advance(row, bool(ev.finished and ev.finished[b]), now)
+                    for req in batch:
+                        if id(req) not in ended and self._settled(req, rows):
+                            ended.add(id(req))
+                            self._close(req, rows)
+                    if all(r.done for r in rows):
+                        break
+        except _Abandoned:  # every request left while the method ran its own loop: its rows end here
+            for row in rows:
+                if not row.done:
+                    row.done, row.reason = True, "cancelled" if row.req.cancelled else "timeout"
         except Exception as e:  # a bug must not kill the engine thread: the batch's requests get a 500
             for req in batch:  # ...and a request the library stops (a constraint's matcher that failed) a 400
                 if id(req) not in ended:
@@ -258,6 +276,26 @@ class Scheduler:
                     self._close(req, rows)
             with self.metrics.lock:
                 self.metrics.running = 0
+
+    @contextmanager
+    def _abandon_when_gone(self, batch: list[Request]) -> Iterator[None]:
+        """Check, before every forward of the model, whether any request of the batch is still wanted: a method
+        that yields its steps only at the end (hf.*) is otherwise cut by a timeout or a disconnect only after it
+        has run to completion. Never changes a row that is still wanted."""
+        module = getattr(self.model, "model", None)
+        if not isinstance(module, torch.nn.Module):
+            yield
+            return
+
+        def check(*_: Any) -> None:
+            if all(req.cancelled or self._expired(req) for req in batch):
+                raise _Abandoned
+
+        handle = module.register_forward_pre_hook(check)
+        try:
+            yield
+        finally:
+            handle.remove()
 
     def _continuous(self, req: Request) -> bool:
         """Whether the request runs in a session (its method declares one), asked without making one: a sparse
@@ -288,7 +326,7 @@ class Scheduler:
             for req in list(self._waiting):
                 if req.cancelled or self._expired(req):
                     self._waiting.remove(req)
-                    self._end(req, timed_out=not req.cancelled)
+                    self._end(req, "cancelled" if req.cancelled else "timeout")
                     continue
                 if self._key(req) != key or req.rows > free:
                     break
@@ -363,12 +401,13 @@ class Scheduler:
                         by_slot[slot].accepted += accepted
                         if proposed:
                             self.metrics.drafts(proposed, accepted)
-                for slot, index, token, finished in picked:
+                last = {slot: i for i, (slot, *_) in enumerate(picked)}  # a row's step ends at its last token
+                for i, (slot, index, token, finished) in enumerate(picked):
                     row = by_slot.get(slot)
                     if row is None:  # left at an earlier token of this step (a stop string)
                         continue
                     row.out[index] = token
-                    self._advance(row, finished, now)
+                    self._advance(row, finished, now, deliver=last[slot] == i)  # one chunk per row and step
                     if row.done:  # finished (the session let it go) or a stop string
                         session.leave(slot)
                         del by_slot[slot]
@@ -403,10 +442,10 @@ class Scheduler:
     def _close(self, req: Request, rows: list[_Row]) -> None:
         mine = [r for r in rows if r.req is req]
         if req.cancelled:
-            self._end(req)
+            self._end(req, "cancelled")
             return
         if any(r.reason == "timeout" for r in mine):  # timed out while running
-            self._end(req, timed_out=True)
+            self._end(req, "timeout")
             return
         prompt_tokens = sum(len(p) for p in req.prompts)
         completion = sum(len(r.tokens) for r in mine)
@@ -417,8 +456,12 @@ class Scheduler:
         self.metrics.finished(reason, time.monotonic() - req.created, prompt_tokens)
         self._end(req)
 
-    def _advance(self, row: _Row, finished: bool, now: float) -> None:
-        """Deliver what the row's new tokens add to its text; finish it on EOS, max_tokens or a stop string."""
+    def _advance(self, row: _Row, finished: bool, now: float, deliver: bool = True) -> None:
+        """Deliver what the row's new tokens add to its text; finish it on EOS, max_tokens or a stop string.
+
+        `deliver=False`: more tokens of the same engine step follow (a session's step that accepted several drafted
+        tokens), so the text is checked for EOS and stop strings but sent, as one chunk, with the step's last token.
+        """
         model = self.model
         eos = model.eos_token_ids
         if model.kind == "causal":
@@ -431,17 +474,13 @@ class Scheduler:
         if not new and not finished:
             return
         if new:
+            before = len(row.tokens)
             row.tokens += new
             cut = next((i + 1 for i, t in enumerate(row.tokens) if t in eos), None)
             if cut is not None:
                 row.tokens = row.tokens[:cut]
                 finished = True
-            self.metrics.tokens(len(new))
-            if row.last is None:
-                self.metrics.observe(ttft=now - row.req.created)
-            else:
-                self.metrics.observe(itl=now - row.last)
-            row.last = now
+            self.metrics.tokens(len(row.tokens) - before)  # kept tokens (a diffusion row: up to EOS, not its canvas)
         text = model.decode([t for t in row.tokens if t not in eos]) if model.tokenizer is not None else ""
         stops = row.req.stops
         reason = "stop" if row.tokens and row.tokens[-1] in eos else "length"
@@ -449,11 +488,15 @@ class Scheduler:
                   default=-1)
         if hit >= 0:
             text, finished, reason = text[:hit], True, "stop"
+        if new and (deliver or finished):
+            self._timing(row, now)
         if finished:
             row.done, row.reason = True, reason
             delta = text[len(row.sent):] if text.startswith(row.sent) else ""
             row.req.sink(("finish", row.index, reason, delta, text, list(row.tokens), self._logprobs(row)))
             row.sent = text
+            return
+        if not deliver:
             return
         hold = max((len(s) for s in stops), default=1) - 1  # a stop string may be arriving: keep its start back
         safe = text[: len(text) - hold] if hold else text
@@ -461,6 +504,15 @@ class Scheduler:
         if len(safe) > len(row.sent) and safe.startswith(row.sent):
             row.req.sink(("delta", row.index, safe[len(row.sent):]))
             row.sent = safe
+
+    def _timing(self, row: _Row, now: float) -> None:
+        """Time to first token once per request (its first row to deliver), inter-token latency per row and step."""
+        if not row.req.answered_first:
+            row.req.answered_first = True
+            self.metrics.observe(ttft=now - row.req.created)
+        elif row.last is not None:
+            self.metrics.observe(itl=now - row.last)
+        row.last = now
 
     def _logprobs(self, row: _Row) -> list[Entry] | None:
         """(token, log-probability, top alternatives, rank) of each output token (prompt tokens first with `echo`)

@@ -176,7 +176,7 @@ def test_malformed_chat_and_routes(live):
 
 def _counter(live, name: str) -> float:
     text = httpx.get(live.url + "/metrics").text
-    line = next(x for x in text.splitlines() if x.startswith(f"fastdecode:{name} "))
+    line = next(x for x in text.splitlines() if x.startswith(f'fastdecode:{name}{{model_name="{NAME}"}} '))
     return float(line.split()[-1])
 
 
@@ -187,9 +187,9 @@ def test_metrics(client, live):
                  "spec_decode_num_accepted_tokens_total", "num_requests_waiting", "num_requests_running",
                  "generation_tokens_total", "time_to_first_token_seconds_count", "inter_token_latency_seconds_count",
                  "e2e_request_latency_seconds_count", "avg_generation_throughput_toks_per_s"):
-        assert f"fastdecode:{name} " in text, name
+        assert f'fastdecode:{name}{{model_name="{NAME}"}} ' in text, name
     assert _counter(live, "spec_decode_num_drafts_total") > 0
-    assert "fastdecode:spec_decode_num_accepted_tokens_per_pos{position=" in text
+    assert f'fastdecode:spec_decode_num_accepted_tokens_per_pos{{model_name="{NAME}",position=' in text
 
 
 def _wait_idle(live, timeout: float = 20.0) -> None:
