@@ -27,6 +27,7 @@ from .report import Summary, _config_id, _labels, _rate
 
 LABEL_WIDTH = 28  # characters per line of a tick or legend label
 LABEL_LINES = 3  # lines at most; the rest is cut with an ellipsis
+LEGEND_BESIDE = 14  # configurations whose legend fits beside the axes; more go under them in columns
 SPREAD_PT = 6.0  # how far apart (points) coinciding markers are drawn
 BUDGET = re.compile(r"budget=(\d+)")
 
@@ -61,14 +62,20 @@ def plot(group: Sequence[Summary], folder: Path, rows: Sequence[dict[str, Any]] 
 
 # -- the frontier ------------------------------------------------------------------------------------
 
-def offsets(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+def offsets(points: Sequence[tuple[float, float]], x_tol: float = 0.0, y_tol: float = 0.0) -> list[tuple[float, float]]:
     """Per point, an offset in points: 0 for a point alone, a small circle around the spot for points that coincide
-    (equal to 3 decimals), so that each stays visible where it was measured."""
-    spots: dict[tuple[float, float], list[int]] = defaultdict(list)
+    (within `x_tol` / `y_tol` of a group's first point, or equal to 3 decimals), so that each stays visible near
+    where it was measured."""
+    groups: list[tuple[tuple[float, float], list[int]]] = []
     for i, (x, y) in enumerate(points):
-        spots[(round(x, 3), round(y, 3))].append(i)
+        x_near, y_near = max(x_tol, 5e-4), max(y_tol, 5e-4)
+        home = next((g for g in groups if abs(g[0][0] - x) <= x_near and abs(g[0][1] - y) <= y_near), None)
+        if home is None:
+            groups.append(((x, y), [i]))
+        else:
+            home[1].append(i)
     out = [(0.0, 0.0)] * len(points)
-    for members in spots.values():
+    for _, members in groups:
         if len(members) < 2:
             continue
         for k, i in enumerate(members):
@@ -85,7 +92,8 @@ def frontier_plot(group: Sequence[Summary], png: Path) -> Path:
     markers = "osD^vPXph<>"
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     points = [(s.tpf, 100 * s.accuracy) for s in group]
-    shifts = offsets(points)
+    x_max = max([p[0] for p in points] + [1.0]) * 1.1
+    shifts = offsets(points, x_tol=x_max / 80, y_tol=1.5)  # closer than about a marker's width
     for i, (s, (x, y), (dx, dy)) in enumerate(zip(group, points, shifts, strict=True)):
         shared = (dx, dy) != (0.0, 0.0)
         where = offset_copy(ax.transData, fig=fig, x=dx, y=dy, units="points")
@@ -102,14 +110,18 @@ def frontier_plot(group: Sequence[Summary], png: Path) -> Path:
     ax.set_xlabel("tokens per forward (TPF, generated tokens / target forward)")
     ax.set_ylabel("accuracy (% mean task score)")
     ax.set_ylim(-5, 105)
-    ax.set_xlim(left=0, right=max([p[0] for p in points] + [1.0]) * 1.1)
+    ax.set_xlim(left=0, right=x_max)
     ax.grid(alpha=0.3)
     ax.set_title(f"Speed–quality frontier · {group[0].suite} · {group[0].model}", fontsize=10)
     if any(shift != (0.0, 0.0) for shift in shifts):
         ax.text(0.01, 0.01, "hollow markers: configurations on the same point, drawn around it",
                 transform=ax.transAxes, fontsize=7, color="dimgrey")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
-    return _save(fig, png)
+    fig.tight_layout()  # the axes first; the legend then goes outside them and the saved figure grows to hold it
+    if len(group) <= LEGEND_BESIDE:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    else:  # a long list goes under the axes in columns, so the figure grows down, not sideways
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, borderaxespad=0)
+    return _save(fig, png, layout=False)
 
 
 def _frontier(group: Sequence[Summary]) -> list[Summary]:
@@ -156,23 +168,29 @@ def speedup_plot(group: Sequence[Summary], per_run: dict[str, list[float]], png:
         low.append(max(0.0, x - min(runs)) if spread else 0.0)
         high.append(max(0.0, max(runs) - x) if spread else 0.0)
     bars = ax.barh(range(len(group)), speed, color=[colors(i % 10) for i in range(len(group))], edgecolor="black",
-                   linewidth=0.6, xerr=[low, high], error_kw={"capsize": 3, "elinewidth": 1, "ecolor": "black"})
+                   linewidth=0.6)
+    spread = [i for i in range(len(group)) if low[i] or high[i]]
+    if spread:  # only where runs differ: a zero-width bar would still draw its caps
+        ax.errorbar([speed[i] for i in spread], spread, xerr=[[low[i] for i in spread], [high[i] for i in spread]],
+                    fmt="none", ecolor="black", elinewidth=1, capsize=3, zorder=3)
     for i, (bar, s) in enumerate(zip(bars, group, strict=True)):
         runs = per_run.get(s.label, [])
         if len(runs) > 1 and not s.is_baseline:
             ax.scatter(runs, [i] * len(runs), s=12, color="white", edgecolor="black", linewidth=0.6, zorder=4)
             note = f" {s.speedup or 0:.2f}× ({min(runs):.2f}–{max(runs):.2f} over {len(runs)} runs)"
+        elif s.baseline_tokens_per_s and not s.is_baseline:  # the two rates it divides, as the table shows them
+            note = f" {s.speedup or 0:.2f}× ({s.tokens_per_s:.0f} / {s.baseline_tokens_per_s:.0f} tok/s)"
         else:
             note = f" {s.speedup or 0:.2f}× ({s.tokens_per_s:.0f} tok/s)"
         gap = 0.02 * max(speed + [1.0])  # clear of the error bar's cap
         ax.text(bar.get_width() + high[i] + gap, bar.get_y() + bar.get_height() / 2, note, va="center", fontsize=8)
-    ax.axvline(1.0, color="black", linestyle="--", linewidth=1, label="baseline = 1×")
+    ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.text(1.0, 1.005, "baseline = 1×", transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=7)
     ax.set_yticks(range(len(group)), [wrap(s.label) for s in group], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("speed-up over the baseline (× its tokens/s, same run, batch size 1)")
-    ax.set_xlim(0, max([x + h for x, h in zip(speed, high, strict=True)] + [1.0]) * 1.45)
-    ax.set_title(f"Speed-up · {group[0].suite} · {group[0].model}", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set_xlim(0, max([x + h for x, h in zip(speed, high, strict=True)] + [1.0]) * 1.6)
+    ax.set_title(f"Speed-up · {group[0].suite} · {group[0].model}", fontsize=10, pad=14)
     return _save(fig, png)
 
 
@@ -182,8 +200,9 @@ def row_budget(row: dict[str, Any]) -> int | None:
     """The K/V columns per head a row's sparse attention read: its `budget` parameter (a sparse.* method's, its
     default when not set, or the one in an `attention="rule:budget=N"` spec); None for dense attention."""
     params = row.get("params") or {}
-    if params.get("budget") is not None or row.get("budget") is not None:
-        return int(params.get("budget", row.get("budget")))
+    given = params.get("budget", row.get("budget"))
+    if given is not None:
+        return int(given)
     if (match := BUDGET.search(str(params.get("attention") or ""))) is not None:
         return int(match.group(1))
     if str(row.get("method", "")).startswith("sparse."):
@@ -260,10 +279,11 @@ def _avg(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def _save(fig: Any, png: Path) -> Path:
+def _save(fig: Any, png: Path, layout: bool = True) -> Path:
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     fig.savefig(png, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return png
