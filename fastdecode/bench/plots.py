@@ -169,9 +169,9 @@ def speedup_plot(group: Sequence[Summary], per_run: dict[str, list[float]], png:
         high.append(max(0.0, max(runs) - x) if spread else 0.0)
     bars = ax.barh(range(len(group)), speed, color=[colors(i % 10) for i in range(len(group))], edgecolor="black",
                    linewidth=0.6)
-    spread = [i for i in range(len(group)) if low[i] or high[i]]
-    if spread:  # only where runs differ: a zero-width bar would still draw its caps
-        ax.errorbar([speed[i] for i in spread], spread, xerr=[[low[i] for i in spread], [high[i] for i in spread]],
+    ranged = [i for i in range(len(group)) if low[i] or high[i]]
+    if ranged:  # only where runs differ: a zero-width bar would still draw its caps
+        ax.errorbar([speed[i] for i in ranged], ranged, xerr=[[low[i] for i in ranged], [high[i] for i in ranged]],
                     fmt="none", ecolor="black", elinewidth=1, capsize=3, zorder=3)
     for i, (bar, s) in enumerate(zip(bars, group, strict=True)):
         runs = per_run.get(s.label, [])
