@@ -1,4 +1,5 @@
-"""`fastdecode report`: bench JSONL rows -> Markdown tables, the ParallelBench leaderboard figure and PNG plots.
+"""`fastdecode report`: bench JSONL rows -> Markdown tables, the ParallelBench leaderboard figure and PNG plots
+(drawn by `plots.py`).
 
 Per suite and model, each method configuration gets: accuracy (mean score), TPF (sum new tokens / sum
 forwards), forwards per item, tokens/s (sum tokens / sum wall time over its rows, pooled over its runs), the
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -324,77 +324,6 @@ def _environment(rows: Sequence[dict[str, Any]]) -> str:
     return text
 
 
-# -- plots -----------------------------------------------------------------------------------------
-
-def slug(text: str) -> str:
-    text = text.removeprefix("zoo:") if text.startswith("zoo:") else Path(text).name or text
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "model"
-
-
-def plot(group: Sequence[Summary], folder: Path) -> list[Path]:
-    """Two PNGs for one (suite, model): accuracy vs TPF (the speed-quality frontier) and speed-up bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    suite, model = group[0].suite, group[0].model
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = f"{slug(suite)}-{slug(model)}"
-    colors = plt.get_cmap("tab10")
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    markers = "osD^vPXph<>"  # distinct shapes, so configurations at the same point stay visible
-    for i, s in enumerate(group):
-        ax.scatter(s.tpf, 100 * s.accuracy, s=200 if s.is_baseline else 110 - 8 * (i % 8),
-                   marker="*" if s.is_baseline else markers[i % len(markers)], color=colors(i % 10),
-                   edgecolor="black", linewidth=0.6, alpha=0.9, zorder=4 if s.is_baseline else 3,
-                   label=f"{s.label} (baseline)" if s.is_baseline else s.label)
-    front = _frontier(group)
-    if len(front) > 1:
-        ax.plot([s.tpf for s in front], [100 * s.accuracy for s in front], color="grey", linestyle="--",
-                linewidth=1, zorder=2, label="frontier")
-    ax.set_xlabel("tokens per forward (TPF, generated tokens / target forward)")
-    ax.set_ylabel("accuracy (% mean task score)")
-    ax.set_ylim(-5, 105)
-    ax.set_xlim(left=0)
-    ax.grid(alpha=0.3)
-    ax.set_title(f"Speed–quality frontier · {suite} · {model}", fontsize=10)
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    frontier_png = folder / f"frontier-{stem}.png"
-    fig.savefig(frontier_png, dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(6.4, 0.5 * len(group) + 1.6))
-    labels = [s.label for s in group]
-    speed = [s.speedup or 0.0 for s in group]
-    bars = ax.barh(range(len(group)), speed, color=[colors(i % 10) for i in range(len(group))], edgecolor="black",
-                   linewidth=0.6)
-    for bar, s in zip(bars, group, strict=True):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
-                f" {s.speedup or 0:.2f}× ({s.tokens_per_s:.0f} tok/s)", va="center", fontsize=8)
-    ax.axvline(1.0, color="black", linestyle="--", linewidth=1, label="baseline = 1×")
-    ax.set_yticks(range(len(group)), labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("speed-up over the baseline (× its tokens/s, same run, batch size 1)")
-    ax.set_xlim(0, max(speed + [1.0]) * 1.35)
-    ax.set_title(f"Speed-up · {suite} · {model}", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    speedup_png = folder / f"speedup-{stem}.png"
-    fig.savefig(speedup_png, dpi=120)
-    plt.close(fig)
-    return [frontier_png, speedup_png]
-
-
-def _frontier(group: Sequence[Summary]) -> list[Summary]:
-    """Configurations no other beats on both accuracy and TPF, by increasing TPF."""
-    front = [s for s in group if not any(o.tpf >= s.tpf and o.accuracy >= s.accuracy and
-                                         (o.tpf > s.tpf or o.accuracy > s.accuracy) for o in group)]
-    return sorted(front, key=lambda s: s.tpf)
-
-
 # -- entry point -----------------------------------------------------------------------------------
 
 NUMBER_FIELDS = ("score", "new_tokens", "forwards", "wall_s")  # what the tables add up and divide
@@ -429,8 +358,10 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None, plo
     summaries = summarize(rows)
     plots: dict[tuple[str, str], list[Path]] = {}
     if plots_dir is not None:
+        from .plots import plot  # matplotlib only when plots are asked for
+
         for key, group in _grouped(summaries).items():
-            plots[key] = plot(group, Path(plots_dir))
+            plots[key] = plot(group, Path(plots_dir), [r for r in rows if (r["suite"], r["model"]) == key])
     out_dir = Path(out).parent if out is not None else None
     markdown = render(rows, summaries, sources, command, plots, out_dir)
     if out is not None:
