@@ -75,7 +75,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fastdecode.bench.harness import read_rows  # noqa: E402
-from fastdecode.bench.report import Summary, summarize, uses_default_budget  # noqa: E402
+from fastdecode.bench.summary import Summary, summarize, uses_default_budget  # noqa: E402
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FIGURES = ROOT / "docs" / "figures.txt"  # NAME = KEY, one a line; # starts a comment

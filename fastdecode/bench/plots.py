@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .report import Summary, _config_id, _labels, _rate
+from .summary import Summary, config_id, config_labels, rate
 
 LABEL_WIDTH = 28  # characters per line of a tick or legend label
 LABEL_LINES = 3  # lines at most; the rest is cut with an ellipsis
@@ -138,8 +138,8 @@ def run_speedups(rows: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
     over the baseline's in the same run (rows without a run id count as one run per file)."""
     configs: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        configs[_config_id(r)].append(r)
-    labels = _labels(list(configs))
+        configs[config_id(r)].append(r)
+    labels = config_labels(list(configs))
     base: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         if r.get("is_baseline"):
@@ -149,8 +149,8 @@ def run_speedups(rows: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
         by_run: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
         for r in rs:
             by_run[(r.get("_source"), r.get("run"))].append(r)
-        ratios = [_rate(mine) / _rate(base[run]) for run, mine in sorted(by_run.items(), key=str)
-                  if base.get(run) and _rate(base[run])]
+        ratios = [rate(mine) / rate(base[run]) for run, mine in sorted(by_run.items(), key=str)
+                  if base.get(run) and rate(base[run])]
         out[labels[config]] = ratios
     return out
 
