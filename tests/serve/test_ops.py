@@ -39,9 +39,16 @@ def _body(method: str, max_tokens: int = 400, **extra) -> dict:
     return {"model": NAME, "prompt": LONG, "max_tokens": max_tokens, "fastdecode": {"method": method}, **extra}
 
 
-def test_a_non_streaming_client_that_leaves_is_cancelled(live):
+def test_a_non_streaming_client_that_leaves_is_cancelled(live, tiny, monkeypatch):
     before = _metric(live, "generation_tokens_total")
     cancelled = _metric(live, "request_aborted_total", reason="cancelled")
+    forward = tiny.forward
+
+    def slow(*args, **kwargs):  # at most ~100 forwards a second on any machine: 400 tokens take 4 s or more
+        time.sleep(0.01)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(tiny, "forward", slow)
     with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection while tokens flow
         httpx.post(live.url + "/v1/completions", json=_body("ar.greedy"), timeout=1.0)
     _wait_idle(live)
