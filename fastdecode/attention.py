@@ -267,6 +267,11 @@ def parse_attention(text: str) -> tuple[str, dict[str, str]]:
     return name.strip(), params
 
 
+def is_dense(text: str | None) -> bool:
+    """Whether an `attention` parameter value means dense attention (unset, empty, or "dense")."""
+    return not text or parse_attention(str(text))[0] == DENSE
+
+
 def check_attention(text: str) -> None:
     """Validate an `attention` parameter value (its rule and the rule's parameters)."""
     make_selector(text, None)

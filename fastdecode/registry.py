@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from . import plugins
-from .attention import DENSE, parse_attention
+from .attention import is_dense
 from .config import MethodConfig
 from .errors import UnknownMethodError, close_names
 from .session import SessionFactory, driver_session
@@ -75,8 +75,7 @@ class Method:
     def lossless_with(self, params: dict[str, Any]) -> bool:
         """Whether a run with these parameters keeps `lossless`: a sparse `attention` rule changes every forward,
         the verifying ones of spec.* included, so its output is no longer greedy decoding's."""
-        attention = params.get("attention")
-        return self.lossless and (not attention or parse_attention(str(attention))[0] == DENSE)
+        return self.lossless and is_dense(params.get("attention"))
 
     def params(self) -> list[tuple[str, Any]]:
         """(name, default) for each parameter."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..attention import DENSE, SparseSelector
+from ..attention import SparseSelector, is_dense
 from ..cache import DynamicKVCache, KVCache
 from ..config import MethodConfig
 from ..models.capabilities import attention_free
@@ -279,6 +279,6 @@ def ar_session(model: CausalLM, cfg: MethodConfig, ctx: RunContext, slots: int) 
     """How an ar.greedy / ar.sample request joins a running batch (`register(..., session=...)`): an `ARSession` with
     room for `slots` rows; None where rows cannot join it: a model on transformers' own cache, or a sparse attention
     rule (its summaries of the cache would not cover the adopted rows)."""
-    if not model.preallocated or getattr(cfg, "attention", None) not in (None, "", DENSE):
+    if not model.preallocated or not is_dense(getattr(cfg, "attention", None)):
         return None
     return ARSession(model, cfg, slots=slots, generator=ctx.generator)

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from ..attention import is_dense
 from ..config import build_config
 from ..engine import encode_batch, resolve, stream
 from ..errors import FastDecodeError
@@ -57,6 +58,11 @@ Sink = Callable[[tuple], None]  # receives the request's events; must be thread-
 class _Abandoned(Exception):
     """Raised from a forward hook when every request of a batch was cancelled or timed out: it stops a method that
     runs its own loop to completion (`hf.*` calls transformers' generate(), whose steps come back only at its end)."""
+
+
+def _gone(req: Request) -> str:
+    """Why a request that is no longer wanted ended: "cancelled" (its client left) or "timeout"."""
+    return "cancelled" if req.cancelled else "timeout"
 
 
 @dataclass
@@ -184,7 +190,7 @@ class Scheduler:
             for req in list(self._waiting):
                 if req.cancelled or self._expired(req):
                     self._waiting.remove(req)
-                    self._end(req, "cancelled" if req.cancelled else "timeout")
+                    self._end(req, _gone(req))
                     continue
                 if key is None:
                     key = self._key(req)
@@ -240,7 +246,7 @@ class Scheduler:
                             continue
                         req = row.req
                         if req.cancelled or self._expired(req):
-                            row.done, row.reason = True, "cancelled" if req.cancelled else "timeout"
+                            row.done, row.reason = True, _gone(req)
                             continue
                         for offset, token in ev.tokens[b]:
                             row.out[offset] = token
@@ -259,7 +265,7 @@ class Scheduler:
         except _Abandoned:  # every request left while the method ran its own loop: its rows end here
             for row in rows:
                 if not row.done:
-                    row.done, row.reason = True, "cancelled" if row.req.cancelled else "timeout"
+                    row.done, row.reason = True, _gone(row.req)
         except Exception as e:  # a bug must not kill the engine thread: the batch's requests get a 500
             for req in batch:  # ...and a request the library stops (a constraint's matcher that failed) a 400
                 if id(req) not in ended:
@@ -301,9 +307,9 @@ class Scheduler:
         """Whether the request runs in a session (its method declares one), asked without making one: a sparse
         attention rule keeps summaries of the cache that adopted rows would not be in, so such a request (which the
         method's session factory declines) runs as a batch of its own, through generate()."""
-        dense = req.config.get("attention") in (None, "", "dense")
-        return (get_method(req.method).session is not None and dense and not req.sampled_with_seed
-                and req.constraint is None and isinstance(self.model, CausalLM) and self.model.preallocated)
+        return (get_method(req.method).session is not None and is_dense(req.config.get("attention"))
+                and not req.sampled_with_seed and req.constraint is None and isinstance(self.model, CausalLM)
+                and self.model.preallocated)
 
     def _key(self, req: Request) -> Any:
         """Requests with equal keys share a batch; in a continuous batch each row has its own token budget, so
@@ -326,7 +332,7 @@ class Scheduler:
             for req in list(self._waiting):
                 if req.cancelled or self._expired(req):
                     self._waiting.remove(req)
-                    self._end(req, "cancelled" if req.cancelled else "timeout")
+                    self._end(req, _gone(req))
                     continue
                 if self._key(req) != key or req.rows > free:
                     break
@@ -413,7 +419,7 @@ class Scheduler:
                         del by_slot[slot]
                 for slot, row in list(by_slot.items()):
                     if row.req.cancelled or self._expired(row.req):
-                        row.done, row.reason = True, "cancelled" if row.req.cancelled else "timeout"
+                        row.done, row.reason = True, _gone(row.req)
                         session.leave(slot)
                         del by_slot[slot]
                 for req in list(running):
