@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 
 from ..errors import FastDecodeError
-from .loading import check_weights, resolve
+from .loading import check_weights, pick_device, resolve
 
 # every zoo model (1.8 M to 10 M parameters) is below; one thread was still faster at 33 M and 134 M on the shared
 # 2-core machine, but an idle machine with many cores splits a larger model's products profitably
@@ -50,18 +50,13 @@ def parameter_count(source: str | Path) -> int | None:
         return None
 
 
-def planned_device(device: str | None) -> torch.device | None:
-    """The device `fastdecode.load` will pick for `device` (CUDA when present); None for a name torch refuses."""
-    try:
-        return torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    except (RuntimeError, ValueError):
-        return None
-
-
 def cli_threads(source: str | Path, threads: int | None, device: str | None) -> int | None:
     """The thread count the CLI sets before loading `source`: the user's `--threads`, else the default for the
     model's size on the device it will load on; None leaves torch's choice."""
     if threads is not None:
         return threads
-    where = planned_device(device)
-    return default_threads(parameter_count(source), where) if where is not None else None
+    try:
+        where = pick_device(device)  # the device `fastdecode.load` will pick
+    except FastDecodeError:
+        return None  # loading will refuse the device and say why
+    return default_threads(parameter_count(source), where)
