@@ -214,8 +214,9 @@ def _token_ids(model: ModelAdapter, prompt: Any, where: str) -> list[int]:
     return [int(t) for t in prompt]
 
 
-def encode_batch(model: ModelAdapter, prompts: Prompt | Sequence[Prompt], max_new_tokens: int) -> PromptBatch:
-    """Check, tokenise and left-pad the prompts."""
+def encode_batch(model: ModelAdapter, prompts: Prompt | Sequence[Prompt], max_new_tokens: int | None) -> PromptBatch:
+    """Check, tokenise and left-pad the prompts; with a `max_new_tokens` budget, each prompt and the budget must fit
+    the model's positions (None: the caller checks the context itself, as the server does)."""
     prompts = _plain(prompts)
     if isinstance(prompts, (list, tuple)) and not prompts:
         raise PromptError("No prompts given: pass a prompt (text or a list of token ids) "
@@ -226,11 +227,12 @@ def encode_batch(model: ModelAdapter, prompts: Prompt | Sequence[Prompt], max_ne
         where = f"Prompt {i}" if len(items) > 1 else "The prompt"
         ids = _token_ids(model, p, where)
         limit = model.max_positions
-        if limit is not None and len(ids) + max_new_tokens > limit:
+        if limit is not None and max_new_tokens is not None and len(ids) + max_new_tokens > limit:
+            fix = (f"Shorten the prompt or lower max_new_tokens to at most {limit - len(ids)}" if len(ids) < limit
+                   else f"Shorten the prompt to at most {limit - 1} tokens, or use a model with a longer context")
             raise PromptError(
                 f"{where} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} that makes "
-                f"{len(ids) + max_new_tokens}, more than the model's {limit} positions. Shorten the prompt "
-                f"or lower max_new_tokens to at most {max(limit - len(ids), 0)}."
+                f"{len(ids) + max_new_tokens}, more than the model's {limit} positions. {fix}."
             )
         rows.append(ids)
     width = max(len(r) for r in rows)

@@ -212,8 +212,6 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
     return app
 
 
-_NO_BUDGET = 1 << 62  # a negative budget: encode_batch's length check never fires
-
 # -- request reading -------------------------------------------------------------------------------
 
 async def _body(request: Request, cls: Any) -> Any:
@@ -274,7 +272,7 @@ def _encode(model: ModelAdapter, prompt: Any) -> list[int]:
     """Token ids, checked against the vocabulary; the context is checked later by `_fit_context` (with the
     request's max_tokens and OpenAI's `context_length_exceeded`), so no budget is counted here."""
     try:
-        return encode_batch(model, prompt, -_NO_BUDGET).row(0)
+        return encode_batch(model, prompt, None).row(0)
     except FastDecodeError as e:
         raise ServeError(400, str(e), param="prompt") from None
 

@@ -234,3 +234,18 @@ def test_pickle_advice_is_a_conversion_that_runs_today(tmp_path, causal_dir, cau
     converted = fastdecode.load(tmp_path / "new")
     assert fastdecode.generate(converted, "the quick", max_new_tokens=4).token_ids == fastdecode.generate(
         causal, "the quick", max_new_tokens=4).token_ids
+
+
+def test_a_prompt_that_fills_the_context_is_told_to_shrink_not_the_budget(causal):
+    """A prompt with no room left for even one token: lowering max_new_tokens cannot help, so the fix says so."""
+    import pytest
+
+    import fastdecode
+    from fastdecode.errors import PromptError
+
+    limit = causal.max_positions
+    with pytest.raises(PromptError, match=f"Shorten the prompt to at most {limit - 1} tokens") as e:
+        fastdecode.generate(causal, [5] * limit, "ar.greedy", max_new_tokens=4)
+    assert "at most 0" not in str(e.value)
+    with pytest.raises(PromptError, match="lower max_new_tokens to at most 4"):
+        fastdecode.generate(causal, [5] * (limit - 4), "ar.greedy", max_new_tokens=8)
