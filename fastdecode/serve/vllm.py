@@ -19,11 +19,10 @@ def token_text(model: ModelAdapter, token: int) -> str:
 
 def check_ids(model: ModelAdapter, ids: list[int], param: str) -> None:
     """Ids the tokenizer cannot decode are a 400, not a tokenizer's exception (a 500)."""
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    bad = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
+    vocab = model.vocab_size
+    bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
-        span = f" (0 to {vocab - 1})" if vocab is not None else ""
-        raise ServeError(400, f"Token id {bad[0]} is outside the vocabulary{span}.", param=param)
+        raise ServeError(400, f"Token id {bad[0]} is outside the vocabulary (0 to {vocab - 1}).", param=param)
 
 
 def tokenizer_info(model: ModelAdapter) -> dict[str, Any]:
