@@ -20,22 +20,33 @@ from torch import nn
 from ..errors import IncompatibleMethodError, ParameterError
 
 # where transformers keeps the decoder layers: Llama-like and hybrids, OPT, GPT-2/Falcon/Bloom, GPT-NeoX, Mamba
-_LAYER_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers", "backbone.layers")
+LAYER_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers", "backbone.layers")
+
+
+def decoder_layers(model: nn.Module) -> tuple[nn.Module, str] | None:
+    """The module holding a transformers causal LM's decoder layers and the attribute name of their `nn.ModuleList`
+    (spec.layerskip swaps that list), or None where they are in none of the known places."""
+    for path in LAYER_PATHS:
+        *parents, name = path.split(".")
+        owner: object = model
+        for attr in parents:
+            owner = getattr(owner, attr, None)
+        if isinstance(owner, nn.Module) and isinstance(getattr(owner, name, None), nn.ModuleList):
+            return owner, name
+    return None
 
 
 def layer_list(model: nn.Module) -> nn.ModuleList:
     """The decoder layers of a transformers causal LM, in the order they run (read at call time, so a shortened
     list, as spec.layerskip's drafts use, is seen)."""
-    for path in _LAYER_PATHS:
-        found: object = model
-        for attr in path.split("."):
-            found = getattr(found, attr, None)
-        if isinstance(found, nn.ModuleList):
-            return found
-    raise IncompatibleMethodError(
-        f"{type(model).__name__} keeps its decoder layers in none of the known places ({', '.join(_LAYER_PATHS)}), "
-        "so their outputs cannot be returned: ask for hidden=True (the last hidden states) instead."
-    )
+    found = decoder_layers(model)
+    if found is None:
+        raise IncompatibleMethodError(
+            f"{type(model).__name__} keeps its decoder layers in none of the known places "
+            f"({', '.join(LAYER_PATHS)}), so their outputs cannot be returned: ask for hidden=True (the last hidden "
+            "states) instead."
+        )
+    return getattr(found[0], found[1])
 
 
 def wanted(hidden: bool | Sequence[int], count: int) -> tuple[int, ...] | None:

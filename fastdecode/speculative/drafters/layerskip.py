@@ -29,14 +29,13 @@ from torch import nn
 from ...config import check
 from ...errors import IncompatibleMethodError, ParameterError
 from ...models.causal import CausalLM
+from ...models.hidden import LAYER_PATHS
+from ...models.hidden import decoder_layers as find_layers  # the place table, shared
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
 from ..drafter import Draft, SpecConfig, register_spec
 from ..driver import check_rollback, speculative
 from ..model_chain import ModelChainDrafter
-
-# where transformers keeps the decoder layers: Llama/Mistral/Qwen/Gemma/Phi, OPT, GPT-2/GPT-J, GPT-NeoX
-_LAYER_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers")
 
 
 def parse_layers(text: str) -> tuple[int, ...]:
@@ -75,18 +74,14 @@ class LayerSkipConfig(SpecConfig):
 
 
 def decoder_layers(model: nn.Module) -> tuple[nn.Module, str]:
-    """The module holding the decoder layers and the attribute name of its `nn.ModuleList`."""
-    for path in _LAYER_PATHS:
-        *parents, name = path.split(".")
-        owner: nn.Module | None = model
-        for attr in parents:
-            owner = getattr(owner, attr, None)
-        if owner is not None and isinstance(getattr(owner, name, None), nn.ModuleList):
-            return owner, name
-    raise IncompatibleMethodError(
-        f"spec.layerskip skips decoder layers, but {type(model).__name__} keeps them in none of the known places "
-        f"({', '.join(_LAYER_PATHS)}). Use spec.draft_model with a small draft model instead."
-    )
+    """The module holding the decoder layers and the attribute name of its `nn.ModuleList` (`models/hidden.py`)."""
+    found = find_layers(model)
+    if found is None:
+        raise IncompatibleMethodError(
+            f"spec.layerskip skips decoder layers, but {type(model).__name__} keeps them in none of the known places "
+            f"({', '.join(LAYER_PATHS)}). Use spec.draft_model with a small draft model instead."
+        )
+    return found
 
 
 def check_layers(model: CausalLM) -> int:
