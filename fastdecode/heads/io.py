@@ -157,3 +157,27 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     if dtype not in DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}.")
     return DTYPES[dtype]
+
+
+def head_for(model: Any, kind: str, head: str | Path | None = None) -> Head:
+    """The head a method decodes `model` with: `head` (a folder or `zoo:<model>/<name>`) when given, else the head of
+    kind `kind` shipped beside a zoo model (`zoo:ar-small` finds `zoo:ar-small/<kind>`). It is loaded on the model's
+    device and dtype, and refused when it is of another kind or was trained against another model."""
+    if head is None:
+        name = str(getattr(model, "name", ""))
+        shipped = f"{name}/{kind}" if name.startswith("zoo:") else None
+        if shipped is None or not (_zoo() / name[4:] / "heads" / kind / CONFIG).is_file():
+            raise ModelLoadError(
+                f"No {kind!r} head ships for {name or 'this model'!r}: pass head=FOLDER (a head trained for this "
+                f"model: fastdecode train drafter --target MODEL --kind {kind}) "
+                f"(shipped: {', '.join(head_names()) or 'none'})."
+            )
+        head = shipped
+    device = getattr(model, "device", None)
+    dtype = getattr(model, "dtype", None)
+    found = load_head(head, device=device, dtype=dtype if isinstance(dtype, torch.dtype) else None)
+    if found.kind != kind:
+        raise ModelLoadError(f"{head} holds a {found.kind!r} head, not a {kind!r} one: pass a {kind} head folder.")
+    if found.target is not None:
+        found.target.check(model, f"the {kind} head {head}")
+    return found

@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 
 from ...errors import ParameterError, close_names
-from .base import Batch, Objective
+from .base import Batch, HeadObjective, Objective, TargetBatch
 
 for _module in pkgutil.iter_modules(__path__, prefix=__name__ + "."):
     importlib.import_module(_module.name)
@@ -25,6 +25,26 @@ def _table(cls: type[Objective]) -> dict[str, Objective]:
 OBJECTIVES: dict[str, Objective] = _table(Objective)
 
 
+def _heads(cls: type[HeadObjective]) -> dict[str, HeadObjective]:
+    found: dict[str, HeadObjective] = {}
+    for sub in cls.__subclasses__():
+        if "kind" in vars(sub):
+            found[sub.kind] = sub()
+        found.update(_heads(sub))
+    return found
+
+
+HEAD_OBJECTIVES: dict[str, HeadObjective] = _heads(HeadObjective)  # by the head kind each trains
+
+
+def head_objective(kind: str) -> HeadObjective:
+    """How head kind `kind` is trained; an unknown kind is refused with the trainable ones."""
+    found = HEAD_OBJECTIVES.get(kind)
+    if found is None:
+        raise ParameterError(f"No training objective for head kind {kind!r}. {close_names(kind, HEAD_OBJECTIVES)}")
+    return found
+
+
 def objective(name: str) -> Objective:
     """The objective a recipe names; an unknown name is refused with the known ones."""
     found = OBJECTIVES.get(name)
@@ -33,4 +53,5 @@ def objective(name: str) -> Objective:
     return found
 
 
-__all__ = ["OBJECTIVES", "Batch", "Objective", "objective"]
+__all__ = ["HEAD_OBJECTIVES", "OBJECTIVES", "Batch", "HeadObjective", "Objective", "TargetBatch", "head_objective",
+           "objective"]

@@ -7,6 +7,7 @@ loop looks it up once by `Recipe.objective`; nothing in `train/` tests an object
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -47,3 +48,45 @@ class Objective:
     def card_lines(self, recipe: Recipe) -> list[str]:
         """Extra model-card lines on how this objective's data was made (markdown, each paragraph ending in "")."""
         return []
+
+
+@dataclass
+class TargetBatch:
+    """One batch of what a head learns from: the frozen target's own text and what it computed on it.
+
+    The text is self-distilled: prompts of the training seeds and the target's own greedy answers, so a head learns
+    the distribution it will have to guess at decoding time. Everything the target computed is without gradient.
+    """
+
+    ids: torch.Tensor  # [B, T] long: prompt + the target's greedy answer, right-padded
+    attention: torch.Tensor  # [B, T] bool: real tokens (False on padding)
+    answer: torch.Tensor  # [B, T] bool: answer tokens, the ones a drafter has to guess
+    hidden: torch.Tensor  # [B, T, H] the target's last hidden states (after the final norm, what its lm_head reads)
+    layers: tuple[torch.Tensor, ...]  # one [B, T, H] per index of `HeadObjective.target_layers`, before the final norm
+    logits: torch.Tensor  # [B, T, V] float32: the target's logits at every position
+
+
+class HeadObjective:
+    """How one head kind is trained against a frozen target (one file in this folder, the head in `heads/KIND.py`).
+
+    The loop (`train/heads.py`) runs the target without gradient on self-distilled batches, asks it for the layers
+    `target_layers` names, and steps the head's parameters on `head_loss`. `kind` is the head kind trained (the name
+    `register_head` gave it); `HEAD_OBJECTIVES` in `__init__.py` lists every subclass by it.
+    """
+
+    kind: ClassVar[str]
+
+    def target_layers(self, target: Any, options: dict[str, Any]) -> tuple[int, ...]:
+        """The target's decoder layers the head reads (`CausalLM.forward(hidden=...)` indices); () = none."""
+        return ()
+
+    def build_head(self, target: Any, options: dict[str, Any]) -> Any:
+        """A freshly initialised head for `target` (a loaded `CausalLM`), shaped by `options` (the command's
+        `--set NAME=VALUE` pairs, parsed); the head's `Target` record is `Target.of(target)`."""
+        raise NotImplementedError
+
+    def head_loss(self, head: Any, target: Any, batch: TargetBatch,
+                  gen: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        """The scalar loss on one batch and the metrics the progress bar and the log show (e.g. `acc0`, the
+        agreement of the head's first guess with the target's argmax on answer positions)."""
+        raise NotImplementedError
