@@ -18,8 +18,9 @@ more, then takes the oldest request and every queued request with the same metho
   `fastdecode.stream()` (`spec.*` with every row verified in the same target forward); a request that arrives
   meanwhile waits for the next batch. A row that left still rides along in the batched forward until every row has
   left (the drivers have no API to drop a row mid-run), which costs compute but never changes another row's output.
-  A method that runs its own loop to completion (`hf.*`) is stopped at its next model forward once every request of
-  its batch has been cancelled or timed out (a forward pre-hook), instead of after its last token.
+  A method that runs its own loop to completion is stopped at its next model forward once every request of its
+  batch has been cancelled or timed out, instead of after its last token: `hf.*` by a forward pre-hook on the torch
+  model, `llamacpp.*` (whose loop never enters torch) by `stream(..., should_stop=)`.
 
 A row's tokens never depend on its batch companions, so greedy outputs equal `fastdecode.generate()` for the same
 prompt and method; seeded sampling requests run as a batch of their own (their `n` rows), so a seed repeats
@@ -228,7 +229,7 @@ class Scheduler:
         try:
             constraint = {"constraint": first.constraint} if first.constraint is not None else {}
             events = stream(self.model, [r.prompt for r in rows], first.method, draft=self.draft, **first.params,
-                            **constraint)
+                            should_stop=lambda: self._all_gone(batch), **constraint)
         except FastDecodeError as e:  # validated before queueing, so only what depends on the batch gets here
             for req in batch:
                 req.sink(("error", ServeError(400, str(e))))
@@ -238,7 +239,8 @@ class Scheduler:
         try:
             with self._abandon_when_gone(batch):
                 for ev in events:
-                    if isinstance(ev, Finished):
+                    if isinstance(ev, Finished):  # a loop its should_stop ended may finish with no event after
+                        self._drop_gone(rows)
                         break
                     now = time.monotonic()
                     for b, row in enumerate(rows):
@@ -263,9 +265,7 @@ class Scheduler:
                     if all(r.done for r in rows):
                         break
         except _Abandoned:  # every request left while the method ran its own loop: its rows end here
-            for row in rows:
-                if not row.done:
-                    row.done, row.reason = True, _gone(row.req)
+            self._drop_gone(rows)
         except Exception as e:  # a bug must not kill the engine thread: the batch's requests get a 500
             for req in batch:  # ...and a request the library stops (a constraint's matcher that failed) a 400
                 if id(req) not in ended:
@@ -283,6 +283,17 @@ class Scheduler:
             with self.metrics.lock:
                 self.metrics.running = 0
 
+    def _all_gone(self, batch: list[Request]) -> bool:
+        """Whether no request of the batch is wanted any more (cancelled or timed out): a method that runs its own
+        loop may stop (`hf.*` through the forward hook below, `llamacpp.*` through stream's `should_stop`)."""
+        return all(req.cancelled or self._expired(req) for req in batch)
+
+    def _drop_gone(self, rows: list[_Row]) -> None:
+        """End the open rows of requests that are no longer wanted, with the reason they are not."""
+        for row in rows:
+            if not row.done and (row.req.cancelled or self._expired(row.req)):
+                row.done, row.reason = True, _gone(row.req)
+
     @contextmanager
     def _abandon_when_gone(self, batch: list[Request]) -> Iterator[None]:
         """Check, before every forward of the model, whether any request of the batch is still wanted: a method
@@ -294,7 +305,7 @@ class Scheduler:
             return
 
         def check(*_: Any) -> None:
-            if all(req.cancelled or self._expired(req) for req in batch):
+            if self._all_gone(batch):
                 raise _Abandoned
 
         handle = module.register_forward_pre_hook(check)
