@@ -79,6 +79,8 @@ class Request:
     stops: list[str] = field(default_factory=list)
     logprobs: int | None = None  # top-k alternatives to report with each token's log-probability; None: none
     echo: bool = False  # score the prompt's tokens too (logprobs of prompt + output)
+    # a stream asking for prompt_logprobs: they are sent with each row's first chunk (a "prompt" event), not at its end
+    prompt_first: bool = False
     timeout_s: float | None = None
     sampled_with_seed: bool = False
     constraint: Any = None  # a fastdecode.constraints.Constraint (response_format), or None
@@ -109,6 +111,7 @@ class _Row:
         self.reason = ""  # stop, length, cancelled or timeout
         self.proposed = self.accepted = 0
         self.last: float | None = None  # when this row last delivered tokens
+        self.started = False  # it has sent an event (the prompt's logprobs go before the first)
 
 
 class Scheduler:
@@ -510,7 +513,7 @@ class Scheduler:
         if finished:
             row.done, row.reason = True, reason
             delta = text[len(row.sent):] if text.startswith(row.sent) else ""
-            row.req.sink(("finish", row.index, reason, delta, text, list(row.tokens), self._logprobs(row)))
+            self._send(row, ("finish", row.index, reason, delta, text, list(row.tokens), self._logprobs(row)))
             row.sent = text
             return
         if not deliver:
@@ -519,8 +522,17 @@ class Scheduler:
         safe = text[: len(text) - hold] if hold else text
         safe = safe.rstrip("\ufffd")  # a character whose bytes are still arriving
         if len(safe) > len(row.sent) and safe.startswith(row.sent):
-            row.req.sink(("delta", row.index, safe[len(row.sent):]))
+            self._send(row, ("delta", row.index, safe[len(row.sent):]))
             row.sent = safe
+
+    def _send(self, row: _Row, event: tuple) -> None:
+        """A row's event; before its first one, a stream that asked for prompt_logprobs gets them (one forward over
+        the prompt, `scoring.py`), so that they arrive with the first chunk as vLLM sends them."""
+        if row.req.prompt_first and not row.started:
+            assert isinstance(self.model, CausalLM) and row.req.logprobs is not None  # checked at the door
+            row.req.sink(("prompt", row.index, token_logprobs(self.model, row.prompt, [], row.req.logprobs, True)))
+        row.started = True
+        row.req.sink(event)
 
     def _timing(self, row: _Row, now: float) -> None:
         """Time to first token once per request (its first row to deliver), inter-token latency per row and step."""
@@ -535,6 +547,8 @@ class Scheduler:
         """(token, log-probability, top alternatives, rank) of each output token (prompt tokens first with `echo`)
         under the target model's own distribution, from one more forward over prompt + output (`scoring.py`)."""
         k = row.req.logprobs
+        if row.req.prompt_first:  # a stream: the prompt's were sent with its first chunk; output logprobs are not
+            return None
         if k is None or not (row.tokens or row.req.echo):
             return None if k is None else []
         assert isinstance(self.model, CausalLM)  # refused for diffusion models at the door
