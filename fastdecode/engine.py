@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numbers
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from os import PathLike
 from typing import Any, Union, overload
 
@@ -31,6 +31,7 @@ def stream(
     memory: DrafterMemory | None = None,
     trace: bool = False,
     constraint: Any = None,
+    should_stop: Callable[[], bool] | None = None,
     **params: Any,
 ) -> Iterator[Event]:
     """Yield one `StepEvent` per driver step, then a `Finished` event holding one `Result` per prompt.
@@ -38,7 +39,9 @@ def stream(
     Validation (method, parameters, prompts) happens before the first event, so errors surface at once.
     `memory` is what drafters that learn across requests (spec.suffix, spec.recycling) read and extend; by default
     the model's own, shared by every call on it (`fastdecode.speculative.memory`). `constraint` (a
-    `fastdecode.constraints` JSON schema / regex / grammar) is compiled here, before the first step.
+    `fastdecode.constraints` JSON schema / regex / grammar) is compiled here, before the first step. `should_stop`
+is for a caller that may stop wanting the rows mid-run (the server): a method that runs another runtime's loop to
+completion (`llamacpp.*`) asks it before each forward and ends its rows there when it says True.
     """
     _check_model(model, "model")
     if draft is not None:
@@ -55,7 +58,8 @@ def stream(
         check_sampling(constraint, spec.name, cfg)
     batch = encode_batch(model, prompts, cfg.max_new_tokens)
     compiled = compile_constraint(model, constraint)
-    ctx = RunContext(generator=generator, draft=draft, memory=memory, constraint=compiled)
+    ctx = RunContext(generator=generator, draft=draft, memory=memory, constraint=compiled,
+                     should_stop=should_stop)
     return _run(model, spec, cfg, batch, ctx, trace)
 
 

@@ -33,6 +33,9 @@ class RunContext:
     # DrafterMemory (speculative/memory.py) of drafters that learn across requests; None: the target model's own
     memory: Any = None
     constraint: Any = None  # constraints.Compiled for this request, or None
+    # polled by a method that runs another runtime's loop to completion (llamacpp.*) before each of its forwards:
+    # True stops the loop there, and the rows end with what they have (the server's timeout and disconnect)
+    should_stop: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,17 @@
 fastdecode tokenises; llama.cpp gets token ids and returns token ids, so the rows are comparable with every other
 method's. Its loop is watched the way `hf/driver.py` watches transformers': every `eval` call is one target forward
 (the prompt, then the last token plus any drafted ones), and the tokens yielded before the next `eval` are what that
-forward committed. The loaded runtime is kept between calls (one per converted file and settings), so a benchmark
-pays the conversion and the load in its warm-up, not in its rows.
+forward committed. The same wrapper asks the caller's `should_stop` (the server's timeout and disconnect) before
+each forward and ends the row there, since llama.cpp's loop never passes through a torch module that the server
+could watch as it watches `hf.*`'s. The loaded runtime is kept between calls (one per converted file and settings),
+so a benchmark pays the conversion and the load in its warm-up, not in its rows.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -60,13 +62,21 @@ def _context(batch: PromptBatch, max_new_tokens: int, extra: int) -> int:
     return -(-need // 256) * 256
 
 
-def generate_one(llm: Any, prompt: list[int], max_new_tokens: int, eos: frozenset[int], draft: Any = None) -> Run:
-    """Greedy generation of one prompt by llama.cpp's loop, its forwards counted from `eval` calls."""
+class _Stopped(Exception):
+    """Raised from the `eval` wrapper when the caller's `should_stop` says the rows are no longer wanted."""
+
+
+def generate_one(llm: Any, prompt: list[int], max_new_tokens: int, eos: frozenset[int], draft: Any = None,
+                 should_stop: Callable[[], bool] | None = None) -> Run:
+    """Greedy generation of one prompt by llama.cpp's loop, its forwards counted from `eval` calls; `should_stop`
+    is asked before each forward, and True ends the row with the tokens it has."""
     run = Run()
     evals: list[int] = []  # tokens fed to each eval call
     inner = llm.eval
 
     def counted(tokens: Any) -> None:
+        if should_stop is not None and should_stop():
+            raise _Stopped
         evals.append(len(tokens))
         inner(tokens)
 
@@ -82,6 +92,8 @@ def generate_one(llm: Any, prompt: list[int], max_new_tokens: int, eos: frozense
             run.tokens.append(int(token))
             if int(token) in eos or len(run.tokens) >= max_new_tokens:
                 break
+    except _Stopped:  # the caller no longer wants the row: it ends at this forward, not after max_new_tokens
+        pass
     finally:
         del llm.eval
         llm.draft_model = None
@@ -92,9 +104,11 @@ def generate_one(llm: Any, prompt: list[int], max_new_tokens: int, eos: frozense
 
 
 def llamacpp_driver(
-    model: CausalLM, batch: PromptBatch, max_new_tokens: int, draft: Any = None, draft_len: int = 0
+    model: CausalLM, batch: PromptBatch, max_new_tokens: int, draft: Any = None, draft_len: int = 0,
+    should_stop: Callable[[], bool] | None = None,
 ) -> Iterator[StepEvent]:
     """Generate each prompt on its own with llama.cpp, then replay the steps of all rows in lockstep."""
     llm = runtime(model, _context(batch, max_new_tokens, draft_len), logits_all=draft is not None)
     eos = model.eos_token_ids
-    yield from replay([generate_one(llm, batch.row(b), max_new_tokens, eos, draft) for b in range(batch.size)])
+    yield from replay([generate_one(llm, batch.row(b), max_new_tokens, eos, draft, should_stop)
+                       for b in range(batch.size)])

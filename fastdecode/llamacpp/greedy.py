@@ -22,4 +22,4 @@ NO_CONSTRAINT = ConstraintSupport(refused="runs llama.cpp's own decoding loop, w
 def run(model: CausalLM, batch: PromptBatch, cfg: MethodConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """llama.cpp greedy decoding on the model's weights converted to GGUF (reference; optional extra)."""
     check_convertible(model)
-    return llamacpp_driver(model, batch, cfg.max_new_tokens)
+    return llamacpp_driver(model, batch, cfg.max_new_tokens, should_stop=ctx.should_stop)

@@ -33,4 +33,5 @@ def run(model: CausalLM, batch: PromptBatch, cfg: LlamaLookupConfig, ctx: RunCon
 
     check_convertible(model)
     draft = LlamaPromptLookupDecoding(max_ngram_size=cfg.max_ngram_size, num_pred_tokens=cfg.num_pred_tokens)
-    return llamacpp_driver(model, batch, cfg.max_new_tokens, draft=draft, draft_len=cfg.num_pred_tokens)
+    return llamacpp_driver(model, batch, cfg.max_new_tokens, draft=draft, draft_len=cfg.num_pred_tokens,
+                           should_stop=ctx.should_stop)

@@ -173,13 +173,11 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
         top = _logprobs_asked(kind, body)
         echo = bool(getattr(body, "echo", False))
         score_only = _check_max(body, echo)  # max_tokens=0 with echo: the prompt scored, nothing generated
-        if echo and body.stream:
-            raise ServeError(400, "echo is not available with stream=true: ask without streaming.", param="echo")
         prompt_lps = getattr(body, "prompt_logprobs", None)
-        for param, asked in (("logprobs", top), ("prompt_logprobs", prompt_lps)):
-            if asked is not None and body.stream:
-                raise ServeError(400, f"{param} are not available with stream=true yet: ask without streaming.",
-                                 param=param)
+        if top is not None and body.stream:  # the output's are scored once a row has finished, not per chunk
+            raise ServeError(400, "logprobs are not streamed: send stream=false to get them (with echo=true the "
+                             "prompt's come first); a stream takes echo and prompt_logprobs, in its first chunk.",
+                             param="logprobs")
         if (top is not None or prompt_lps is not None) and model.kind != "causal":
             raise ServeError(400, "logprobs need a causal (left-to-right) model; a diffusion model has no "
                              "per-token log-probabilities of its output.", param="logprobs")
@@ -199,14 +197,15 @@ def create_app(model: ModelAdapter, draft: ModelAdapter | None = None, config: S
         asked = None if top is None and prompt_lps is None else max(top or 0, prompt_lps or 0)
         req = EngineRequest(prompts, body.n, method, params, config, sink, stops=body.stops(), logprobs=asked,
                             echo=scored or prompt_lps is not None, timeout_s=cfg.timeout_s,
+                            prompt_first=body.stream and prompt_lps is not None,
                             sampled_with_seed=sampled, constraint=constraint)
         request.app.state.scheduler.submit(req)
         rid = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
+        shape = _Shape(kind, prompts, body.n, top, echo, prompt_lps, score_only)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(_sse(kind, rid, cfg.served_name, req, queue, include_usage),
+            return StreamingResponse(_sse(shape, rid, cfg.served_name, req, queue, include_usage, model),
                                      media_type="text/event-stream")
-        shape = _Shape(kind, prompts, body.n, top, echo, prompt_lps, score_only)
         return await _collect(request, shape, rid, cfg.served_name, req, queue, model)
 
     return app
@@ -494,15 +493,28 @@ def _chat_logprobs(lps: list, model: ModelAdapter) -> list[dict[str, Any]]:
     return [{**entry(t, c), "top_logprobs": [entry(i, v) for i, v in top]} for t, c, top, _ in lps]
 
 
-async def _sse(kind: str, rid: str, name: str, req: EngineRequest, queue: asyncio.Queue[tuple],
-               include_usage: bool) -> AsyncIterator[str]:
+async def _sse(shape: _Shape, rid: str, name: str, req: EngineRequest, queue: asyncio.Queue[tuple],
+               include_usage: bool, model: ModelAdapter) -> AsyncIterator[str]:
+    """Server-sent events. As vLLM streams them, a choice's first chunk carries the echoed prompt's text before
+    its output's, and its `prompt_logprobs` (the engine's "prompt" event comes just before that chunk); with
+    max_tokens=0 (score only) the one token generated is left out, as in a response."""
+    kind = shape.kind
     created = int(time.time())
     obj = "text_completion" if kind == "completion" else "chat.completion.chunk"
     started: set[int] = set()
+    prompt_lps: dict[int, list] = {}  # the prompt's logprobs of a choice, until its first chunk carries them
 
     def chunk(index: int, text: str, reason: str | None) -> str:
         if kind == "completion":
+            if shape.score_only:
+                text = ""
+            if shape.echo and index not in started:
+                text = model.decode(shape.prompt(index)) + text
             choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+            if index in prompt_lps:
+                choice["prompt_logprobs"] = vllm_prompt_logprobs(prompt_lps.pop(index), model,
+                                                                 shape.prompt_logprobs or 0)
+            started.add(index)
         else:
             delta: dict[str, Any] = {} if index in started and not text else {"content": text}
             if index not in started:
@@ -518,14 +530,19 @@ async def _sse(kind: str, rid: str, name: str, req: EngineRequest, queue: asynci
             if err is not None:
                 yield _data(err.body())
                 break
-            if event[0] == "delta":
+            if event[0] == "prompt":
+                prompt_lps[event[1]] = event[2]
+            elif event[0] == "delta" and not shape.score_only:
                 yield chunk(event[1], event[2], None)
             elif event[0] == "finish":
-                yield chunk(event[1], event[3], event[2])
+                yield chunk(event[1], event[3], "length" if shape.score_only else event[2])
             elif event[0] == "end":
                 if include_usage:
+                    counts = list(event[1:])
+                    if shape.score_only:
+                        counts[1] = 0  # completion tokens: none is returned
                     yield _data({"id": rid, "object": obj, "created": created, "model": name, "choices": [],
-                                 "usage": usage(*event[1:])})
+                                 "usage": usage(*counts)})
                 break
         yield "data: [DONE]\n\n"
     finally:

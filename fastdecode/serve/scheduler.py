@@ -18,8 +18,9 @@ more, then takes the oldest request and every queued request with the same metho
   `fastdecode.stream()` (`spec.*` with every row verified in the same target forward); a request that arrives
   meanwhile waits for the next batch. A row that left still rides along in the batched forward until every row has
   left (the drivers have no API to drop a row mid-run), which costs compute but never changes another row's output.
-  A method that runs its own loop to completion (`hf.*`) is stopped at its next model forward once every request of
-  its batch has been cancelled or timed out (a forward pre-hook), instead of after its last token.
+  A method that runs its own loop to completion is stopped at its next model forward once every request of its
+  batch has been cancelled or timed out, instead of after its last token: `hf.*` by a forward pre-hook on the torch
+  model, `llamacpp.*` (whose loop never enters torch) by `stream(..., should_stop=)`.
 
 A row's tokens never depend on its batch companions, so greedy outputs equal `fastdecode.generate()` for the same
 prompt and method; seeded sampling requests run as a batch of their own (their `n` rows), so a seed repeats
@@ -78,6 +79,8 @@ class Request:
     stops: list[str] = field(default_factory=list)
     logprobs: int | None = None  # top-k alternatives to report with each token's log-probability; None: none
     echo: bool = False  # score the prompt's tokens too (logprobs of prompt + output)
+    # a stream asking for prompt_logprobs: they are sent with each row's first chunk (a "prompt" event), not at its end
+    prompt_first: bool = False
     timeout_s: float | None = None
     sampled_with_seed: bool = False
     constraint: Any = None  # a fastdecode.constraints.Constraint (response_format), or None
@@ -108,6 +111,7 @@ class _Row:
         self.reason = ""  # stop, length, cancelled or timeout
         self.proposed = self.accepted = 0
         self.last: float | None = None  # when this row last delivered tokens
+        self.started = False  # it has sent an event (the prompt's logprobs go before the first)
 
 
 class Scheduler:
@@ -228,7 +232,7 @@ class Scheduler:
         try:
             constraint = {"constraint": first.constraint} if first.constraint is not None else {}
             events = stream(self.model, [r.prompt for r in rows], first.method, draft=self.draft, **first.params,
-                            **constraint)
+                            should_stop=lambda: self._all_gone(batch), **constraint)
         except FastDecodeError as e:  # validated before queueing, so only what depends on the batch gets here
             for req in batch:
                 req.sink(("error", ServeError(400, str(e))))
@@ -238,7 +242,8 @@ class Scheduler:
         try:
             with self._abandon_when_gone(batch):
                 for ev in events:
-                    if isinstance(ev, Finished):
+                    if isinstance(ev, Finished):  # a loop its should_stop ended may finish with no event after
+                        self._drop_gone(rows)
                         break
                     now = time.monotonic()
                     for b, row in enumerate(rows):
@@ -263,9 +268,7 @@ class Scheduler:
                     if all(r.done for r in rows):
                         break
         except _Abandoned:  # every request left while the method ran its own loop: its rows end here
-            for row in rows:
-                if not row.done:
-                    row.done, row.reason = True, _gone(row.req)
+            self._drop_gone(rows)
         except Exception as e:  # a bug must not kill the engine thread: the batch's requests get a 500
             for req in batch:  # ...and a request the library stops (a constraint's matcher that failed) a 400
                 if id(req) not in ended:
@@ -283,6 +286,17 @@ class Scheduler:
             with self.metrics.lock:
                 self.metrics.running = 0
 
+    def _all_gone(self, batch: list[Request]) -> bool:
+        """Whether no request of the batch is wanted any more (cancelled or timed out): a method that runs its own
+        loop may stop (`hf.*` through the forward hook below, `llamacpp.*` through stream's `should_stop`)."""
+        return all(req.cancelled or self._expired(req) for req in batch)
+
+    def _drop_gone(self, rows: list[_Row]) -> None:
+        """End the open rows of requests that are no longer wanted, with the reason they are not."""
+        for row in rows:
+            if not row.done and (row.req.cancelled or self._expired(row.req)):
+                row.done, row.reason = True, _gone(row.req)
+
     @contextmanager
     def _abandon_when_gone(self, batch: list[Request]) -> Iterator[None]:
         """Check, before every forward of the model, whether any request of the batch is still wanted: a method
@@ -294,7 +308,7 @@ class Scheduler:
             return
 
         def check(*_: Any) -> None:
-            if all(req.cancelled or self._expired(req) for req in batch):
+            if self._all_gone(batch):
                 raise _Abandoned
 
         handle = module.register_forward_pre_hook(check)
@@ -499,7 +513,7 @@ class Scheduler:
         if finished:
             row.done, row.reason = True, reason
             delta = text[len(row.sent):] if text.startswith(row.sent) else ""
-            row.req.sink(("finish", row.index, reason, delta, text, list(row.tokens), self._logprobs(row)))
+            self._send(row, ("finish", row.index, reason, delta, text, list(row.tokens), self._logprobs(row)))
             row.sent = text
             return
         if not deliver:
@@ -508,8 +522,17 @@ class Scheduler:
         safe = text[: len(text) - hold] if hold else text
         safe = safe.rstrip("\ufffd")  # a character whose bytes are still arriving
         if len(safe) > len(row.sent) and safe.startswith(row.sent):
-            row.req.sink(("delta", row.index, safe[len(row.sent):]))
+            self._send(row, ("delta", row.index, safe[len(row.sent):]))
             row.sent = safe
+
+    def _send(self, row: _Row, event: tuple) -> None:
+        """A row's event; before its first one, a stream that asked for prompt_logprobs gets them (one forward over
+        the prompt, `scoring.py`), so that they arrive with the first chunk as vLLM sends them."""
+        if row.req.prompt_first and not row.started:
+            assert isinstance(self.model, CausalLM) and row.req.logprobs is not None  # checked at the door
+            row.req.sink(("prompt", row.index, token_logprobs(self.model, row.prompt, [], row.req.logprobs, True)))
+        row.started = True
+        row.req.sink(event)
 
     def _timing(self, row: _Row, now: float) -> None:
         """Time to first token once per request (its first row to deliver), inter-token latency per row and step."""
@@ -524,6 +547,8 @@ class Scheduler:
         """(token, log-probability, top alternatives, rank) of each output token (prompt tokens first with `echo`)
         under the target model's own distribution, from one more forward over prompt + output (`scoring.py`)."""
         k = row.req.logprobs
+        if row.req.prompt_first:  # a stream: the prompt's were sent with its first chunk; output logprobs are not
+            return None
         if k is None or not (row.tokens or row.req.echo):
             return None if k is None else []
         assert isinstance(self.model, CausalLM)  # refused for diffusion models at the door

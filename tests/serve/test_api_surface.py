@@ -202,9 +202,45 @@ def test_echo_without_logprobs_and_prompt_logprobs(live, tiny):
         mine = entry[str(token)]
         assert mine["logprob"] == pytest.approx(lp, abs=1e-4) and mine["rank"] >= 1
         assert 2 <= len(entry) <= 3 and any(e["rank"] == 1 for e in entry.values())
-    for bad in ({"echo": True, "stream": True}, {"max_tokens": 0, "logprobs": 1}):
+    for bad in ({"echo": True, "logprobs": 1, "stream": True}, {"max_tokens": 0, "logprobs": 1}):
         body = {"model": NAME, "prompt": prompt, "max_tokens": 4, **bad}
         assert _post(live, "/v1/completions", body).status_code == 400
+    refused = _post(live, "/v1/completions", {"model": NAME, "prompt": prompt, "logprobs": 1, "stream": True})
+    assert "stream=false" in refused.json()["error"]["message"]  # the refusal says how to get them
+
+
+def _streamed(live, body: dict) -> list[dict]:
+    """The JSON chunks of a streamed completion (without [DONE])."""
+    with httpx.stream("POST", live.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        lines = [x[len("data: "):] for x in r.iter_lines() if x.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(x) for x in lines[:-1]]
+
+
+@pytest.mark.parametrize("max_tokens", [0, 8])
+def test_echo_and_prompt_logprobs_stream_as_vllm_sends_them(live, tiny, max_tokens):
+    """A stream's first chunk of each choice carries the echoed prompt's text and its prompt_logprobs; the whole
+    stream says what the response without streaming says (max_tokens=0: the prompt only, scored)."""
+    texts = prompts(2)
+    body = {"model": NAME, "prompt": texts, "max_tokens": max_tokens, "echo": True, "prompt_logprobs": 2,
+            "stream_options": {"include_usage": True}}
+    whole = _post(live, "/v1/completions", body).json()
+    chunks = _streamed(live, body)
+    assert chunks[-1]["usage"] == whole["usage"]
+    for want in whole["choices"]:
+        mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == want["index"]]
+        assert "".join(c["text"] for c in mine) == want["text"]
+        assert mine[0]["text"].startswith(tiny.decode(tiny.encode(texts[want["index"]])))  # the echo comes first
+        # the same entries; the stream's come from a forward over the prompt alone, the response's over prompt +
+        # output, so the float32 sums may differ in the last digits
+        got, ref = mine[0]["prompt_logprobs"], want["prompt_logprobs"]
+        assert got[0] is None and ref[0] is None and len(got) == len(ref)
+        for a, b in zip(got[1:], ref[1:], strict=True):
+            assert a.keys() == b.keys() and all(a[k]["decoded_token"] == b[k]["decoded_token"] for k in a)
+            assert [a[k]["logprob"] for k in a] == pytest.approx([b[k]["logprob"] for k in a], abs=1e-4)
+        assert all("prompt_logprobs" not in c for c in mine[1:])
+        assert mine[-1]["finish_reason"] == want["finish_reason"]
 
 
 def test_sixteen_stop_strings(live, tiny):

@@ -1,5 +1,5 @@
 """Operations of the server: a client that leaves is cancelled, a body is bounded and tokenised off the event loop,
-a timeout cuts a method that runs to completion (hf.*), and the metrics count every request alike."""
+a timeout cuts a method that runs to completion (hf.*, llamacpp.*), and the metrics count every request alike."""
 
 from __future__ import annotations
 
@@ -173,3 +173,50 @@ def test_diffusion_generation_tokens_are_the_committed_tokens():
     sink, sched = _run_one(dlm, "dlm.threshold", format_prompt("Sort these letters: q w e r t y"), 32)
     _, _, completion, _, _ = sink.events[-1]
     assert sched.metrics.generation_tokens == completion  # not the 32 positions of its canvas
+
+
+class _SlowLlama:
+    """Stands in for llama_cpp.Llama (the extra is a 40-minute source build): a greedy loop that evaluates one token
+    per forward, 0.05 s each, and always proposes token 5 (never EOS), so 400 tokens take 20 s if nothing stops it."""
+
+    def __init__(self) -> None:
+        self.evals = 0
+        self.draft_model = None
+
+    def reset(self) -> None:
+        pass
+
+    def eval(self, tokens) -> None:
+        self.evals += 1
+        time.sleep(0.05)
+
+    def generate(self, tokens, **_):
+        self.eval(tokens)
+        while True:
+            yield 5
+            self.eval([5])
+
+
+def test_a_timeout_cuts_llama_cpps_own_loop(live, monkeypatch):
+    import importlib.machinery
+    import sys
+    import types
+
+    from fastdecode.llamacpp import driver
+
+    fake = types.ModuleType("llama_cpp")
+    fake.__spec__ = importlib.machinery.ModuleSpec("llama_cpp", None)  # the registry's requires check finds it
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    llm = _SlowLlama()
+    monkeypatch.setattr(driver, "runtime", lambda *args, **kwargs: llm)
+    timeouts = _metric(live, "request_aborted_total", reason="timeout")
+    live.app.state.config.timeout_s = 0.5
+    started = time.monotonic()
+    try:
+        r = httpx.post(live.url + "/v1/completions", json=_body("llamacpp.greedy"), timeout=60)
+    finally:
+        live.app.state.config.timeout_s = 600.0
+    assert r.status_code == 504 and r.json()["error"]["code"] == "timeout", r.text
+    _wait_idle(live)
+    assert time.monotonic() - started < 5 and llm.evals < 60  # stopped at a forward soon after 0.5 s, not at 400
+    assert _metric(live, "request_aborted_total", reason="timeout") == timeouts + 1
