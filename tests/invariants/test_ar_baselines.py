@@ -12,7 +12,8 @@ PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC
 
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     out = model.model.generate(
-        torch.tensor([ids], device=model.device), attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=model.device),
+        torch.tensor([ids], device=model.device),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=model.device),
         do_sample=False, max_new_tokens=n, eos_token_id=1, pad_token_id=2,
     )
     return out[0, len(ids):].tolist()

@@ -213,8 +213,8 @@ def test_sliding_window_model_runs_speculative_methods(method, to_device):
     model = fastdecode.CausalLM(module)
     prompt = [3, 4, 5, 6, 3, 4, 5, 6, 7, 3, 4]
     base = fastdecode.generate(model, prompt, "ar.greedy", max_new_tokens=24).token_ids
-    hf = module.generate(torch.tensor([prompt], device=model.device), do_sample=False, max_new_tokens=24, min_new_tokens=24,
-                         pad_token_id=0)[0, len(prompt):].tolist()
+    hf = module.generate(torch.tensor([prompt], device=model.device), do_sample=False, max_new_tokens=24,
+                         min_new_tokens=24, pad_token_id=0)[0, len(prompt):].tolist()
     assert base == hf[: len(base)]
     assert fastdecode.generate(model, prompt, method, max_new_tokens=24).token_ids == base
 
