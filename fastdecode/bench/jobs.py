@@ -63,6 +63,13 @@ def machine(device: torch.device) -> dict[str, Any]:
     }
 
 
+def precision(target: ModelAdapter) -> dict[str, Any]:
+    """The target's dtype and exact mode (its block width, or None: off), which decide whether a lossless method can
+    be told identical to its baseline (in low precision outside exact mode the rows report agreement instead)."""
+    exact = getattr(target, "exact", None)
+    return {"dtype": str(target.dtype).removeprefix("torch."), "exact": exact.width if exact is not None else None}
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -122,6 +129,7 @@ def make_row(job: Job, target: ModelAdapter, assistant: ModelAdapter | None,
         "suite": meta["suite"], "task": job.task.name, "item": job.index, "seed": job.seed, "method": job.method,
         "params": job.params, "default_budget": job.default_budget, "model": meta["model"], "draft": meta["draft"],
         "is_baseline": job.is_baseline, "baseline": meta["baseline"],
+        "dtype": meta.get("dtype"), "exact": meta.get("exact"),
         "lossless": get_method(job.method).lossless_with(job.params),
         "score": job.task.score(job.item, result.text),
         "scores": {name: fn(job.item, result.text) for name, fn in extra.items()},
