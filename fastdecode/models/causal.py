@@ -166,21 +166,27 @@ class CausalLM(ModelAdapter):
         real, vis, past = _new_block(attention_mask, visible, B, T, input_ids.device)
         lengths = list(cache.lengths)
         parts: list[tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]] = []
-        for start in range(0, T, W):
-            end = min(start + W, T)
-            seen = chunk_past(lengths, start, end, vis, past)
-            ids, pos, rl, vs, ps = pad_block(self.exact, input_ids[:, start:end], positions[:, start:end],
-                                             real[:, start:end], vis[:, start:end, start:end], seen, self.pad_token_id)
-            logits, states, layers = self._planned(ids, pos, cache, None, None, kwargs, None, sparse, picked,
-                                                   block=(rl, vs, ps))
-            n = end - start
-            if n < W:
-                cache.crop_rows([length - (W - n) for length in cache.lengths])
-            parts.append((logits[:, :n], None if states is None else states[:, :n], tuple(x[:, :n] for x in layers)))
+        try:
+            for start in range(0, T, W):
+                end = min(start + W, T)
+                seen = chunk_past(lengths, start, end, vis, past)
+                ids, pos, rl, vs, ps = pad_block(self.exact, input_ids[:, start:end], positions[:, start:end],
+                                                 real[:, start:end], vis[:, start:end, start:end], seen,
+                                                 self.pad_token_id)
+                logits, states, layers = self._planned(ids, pos, cache, None, None, kwargs, None, sparse, picked,
+                                                       block=(rl, vs, ps))
+                n = end - start
+                if n < W:
+                    cache.crop_rows([length - (W - n) for length in cache.lengths])
+                parts.append((logits[:, :n], None if states is None else states[:, :n],
+                              tuple(x[:, :n] for x in layers)))
+        except BaseException:
+            cache.crop_rows(lengths)  # the chunks written before the failure go too
+            raise
         if len(parts) == 1:
             return parts[0]
         logits = torch.cat([p[0] for p in parts], dim=1)
-        states = None if parts[0][1] is None else torch.cat([p[1] for p in parts], dim=1)  # type: ignore[misc]
+        states = None if parts[0][1] is None else torch.cat([p[1] for p in parts], dim=1)
         layers = tuple(torch.cat([p[2][i] for p in parts], dim=1) for i in range(len(parts[0][2])))
         return logits, states, layers
 

@@ -111,7 +111,7 @@ def chunk_past(
     causal = bool(visible[:, start:end, :start].all())
     if past is None and causal:
         return None
-    C = max(lengths) + start
+    C = max(max(lengths) + start, past.shape[-1] if past is not None else 0)
     out = torch.ones(B, end - start, C, dtype=torch.bool, device=visible.device)
     for b, n in enumerate(lengths):
         if past is not None:
