@@ -36,4 +36,4 @@ def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys):
     report = build_report([tmp_path / "engine.jsonl", tmp_path / "zoo-bfloat16.jsonl"]).markdown
     assert "## engine · random:tiny" in report and "## code · zoo:ar-small · bfloat16 exact" in report
     assert engine[0]["machine"]["device_name"] in report
-    assert "stage" not in capsys.readouterr().out  # nothing skipped for time
+    assert "skipped" not in capsys.readouterr().out  # nothing skipped for time
