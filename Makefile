@@ -136,6 +136,14 @@ results-sparse: $(VENV)/.installed
 		--budgets 64,256,1024
 	$(BIN)/python tools/sparse_report.py $(RESULTS)/sparse
 
+# the GPU measurements of issue #30 (docs/gpu.md): one H100/H200, under 8 minutes, nothing downloaded: a random
+# TinyLlama-1.1B-shaped Llama's engine speed, then the zoo's lossless and diffusion methods in bfloat16 (exact mode)
+# and float32, and bfloat16 without exact mode (agreement); rows record dtype and GPU. Resumable: rerun to finish.
+.PHONY: results-gpu
+results-gpu: $(VENV)/.installed
+	$(BIN)/python tools/results_gpu.py --out $(RESULTS)/gpu
+	$(BIN)/fastdecode report $(RESULTS)/gpu/*.jsonl --out $(RESULTS)/gpu/report.md
+
 .PHONY: results-zoo-bf16
 results-zoo-bf16: $(VENV)/.installed
 	$(BIN)/python tools/zoo_bf16.py ar-small ar-tiny dlm-small --items 50 --threads 1 --out $(RESULTS)/zoo/bf16.jsonl

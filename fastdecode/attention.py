@@ -24,12 +24,22 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import plugins
 from .config import MethodConfig, build_config
 from .errors import ParameterError, close_names
 
 NAME = "fastdecode"
+
+# Which SDPA kernels a CUDA forward may use, in torch's order of preference. Left to itself, torch may dispatch
+# bfloat16/float16 attention to cuDNN, which plans for every new sequence length (about 9 ms of host time per call
+# on an H200: 86 % of a generation's CPU time, issue #30); flash and memory-efficient attention need no plan, and
+# math is the fallback for shapes neither takes. None leaves the choice to torch. One switch: `use_sdpa_backends`.
+SDPA_NAMES = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+              "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}
+DEFAULT_SDPA = "flash,efficient,math"
+_sdpa_backends: list[SDPBackend] | None = [SDPA_NAMES[n] for n in DEFAULT_SDPA.split(",")]
 DENSE = "dense"  # the `attention=` value of dense attention (no rule)
 
 _PLAN: ContextVar[Plan | None] = ContextVar("fastdecode_attention_plan", default=None)
@@ -136,7 +146,7 @@ def attention(
         value = value.repeat_interleave(groups, dim=1)
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
     if softcap is None and s_aux is None:
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+        out = sdpa(query, key, value, mask, scale)
     else:
         out = _eager(query, key, value, mask, scale, softcap, s_aux)
     return out.transpose(1, 2).contiguous(), None
@@ -162,15 +172,49 @@ def gathered(
     m = mask.expand(B, Hkv, Q, K).gather(3, idx[:, :, None, :].expand(B, Hkv, Q, n)) & (cols >= 0)[:, :, None, :]
     if g > 1:
         ks, vs, m = (t.repeat_interleave(g, dim=1) for t in (ks, vs, m))
-    out = F.scaled_dot_product_attention(q, ks, vs, attn_mask=m, scale=scale)
+    out = sdpa(q, ks, vs, m, scale)
     if dense is not None and bool(dense.any()):
         heads = dense.repeat_interleave(g).nonzero().flatten()  # query heads of the dense key/value heads
         kv = dense.nonzero().flatten()
         kd, vd = k[:, kv], v[:, kv]
         if g > 1:
             kd, vd = kd.repeat_interleave(g, dim=1), vd.repeat_interleave(g, dim=1)
-        out[:, heads] = F.scaled_dot_product_attention(q[:, heads], kd, vd, attn_mask=mask, scale=scale)
+        out[:, heads] = sdpa(q[:, heads], kd, vd, mask, scale)
     return out
+
+
+def use_sdpa_backends(names: str | None) -> None:
+    """The switch: "flash,efficient,math" (the default), any subset in order of preference, or "torch" / None to
+    let torch choose (cuDNN included). Applies to CUDA forwards; a CPU forward always lets torch choose."""
+    global _sdpa_backends
+    _sdpa_backends = parse_sdpa_backends(names)
+
+
+def parse_sdpa_backends(names: str | None) -> list[SDPBackend] | None:
+    if names is None or names.strip() in ("", "torch"):
+        return None
+    out = []
+    for name in (n.strip() for n in names.split(",")):
+        if name not in SDPA_NAMES:
+            raise ParameterError(f"Unknown SDPA backend {name!r}. {close_names(name, list(SDPA_NAMES))} "
+                                 f"(a list such as {DEFAULT_SDPA!r}, or 'torch' for torch's own choice).")
+        out.append(SDPA_NAMES[name])
+    return out
+
+
+def sdpa_backends(device: torch.device) -> list[SDPBackend] | None:
+    """The kernels an SDPA call on `device` may use (None: torch's choice)."""
+    return _sdpa_backends if device.type == "cuda" else None
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+         scale: float | None = None) -> torch.Tensor:
+    """`F.scaled_dot_product_attention` restricted to the chosen kernels on CUDA. `[B, Hq, Q, Dv]`."""
+    chosen = sdpa_backends(q.device)
+    if chosen is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    with sdpa_kernel(chosen, set_priority=True):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
 def _eager(q, k, v, mask, scale, softcap, s_aux) -> torch.Tensor:

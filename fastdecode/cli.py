@@ -61,6 +61,9 @@ KindOpt = Annotated[
 DtypeOpt = Annotated[
     Optional[str], typer.Option(help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on CPU).")
 ]
+ExactOpt = Annotated[Optional[bool], typer.Option(
+    "--exact/--no-exact", help="Every forward at one shape, so lossless methods equal their baseline token for "
+    "token in bfloat16/float16 (default: on for CUDA in low precision; docs/gpu.md).")]
 ThreadsOpt = Annotated[Optional[int], typer.Option(
     help="torch CPU threads (default: 1 for a model under 50 M parameters on the CPU, else torch's choice; "
     "docs/cli.md); recorded in bench's rows.")]
@@ -83,6 +86,7 @@ def generate(
     kind: KindOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    exact: ExactOpt = None,
     constraint_json_schema: Annotated[Optional[str], typer.Option(
         help="Output must be JSON matching the JSON schema in this file.")] = None,
     constraint_regex: Annotated[Optional[str], typer.Option(help="Output must match this regular expression.")] = None,
@@ -115,7 +119,8 @@ def generate(
         params["constraint"] = constraints.regex(constraint_regex, **options)
     _use_threads(model, threads, device)
     with err.status(f"loading {model}"):
-        m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                            **_exact_kwargs(exact))
         d = (fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code)
              if draft else None)
     results = fastdecode.generate(m, list(prompt), method, draft=d, **params)
@@ -222,6 +227,11 @@ def _check_threads(threads: int | None) -> None:
         raise ArgumentError(f"--threads must be at least 1, not {threads}.")
 
 
+def _exact_kwargs(exact: bool | None) -> dict[str, bool]:
+    """`load`'s exact= from --exact/--no-exact (neither: the device's default, so load is called as before)."""
+    return {} if exact is None else {"exact": exact}
+
+
 def _command(name: str, *args: str, **options) -> str:
     """The canonical command line for a run, written into results and reports so that they can be reproduced."""
     import shlex
@@ -295,6 +305,7 @@ def bench(
     kind: KindOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    exact: ExactOpt = None,
 ) -> None:
     """Run methods on a suite's test items, one generation at a time, one JSONL row each (resumable)."""
     import fastdecode
@@ -308,8 +319,9 @@ def bench(
     threads = _use_threads(model, threads, device)  # a default it set goes into the recorded command too
     command = _command("bench", suite=suite, model=model, draft=draft, methods=methods, param=param, limit=limit,
                        seeds=seeds, out=out_path, threads=threads, kind=kind, device=device, dtype=dtype,
-                       no_warmup=not warmup, trust_remote_code=trust_remote_code, ray=ray, ray_workers=ray_workers)
-    load_kwargs = {"device": device, "dtype": dtype, "trust_remote_code": trust_remote_code}
+                       no_warmup=not warmup, trust_remote_code=trust_remote_code, ray=ray, ray_workers=ray_workers,
+                       exact=exact is True, no_exact=exact is False)
+    load_kwargs = {"device": device, "dtype": dtype, "trust_remote_code": trust_remote_code, **_exact_kwargs(exact)}
     with _progress_bar() as bar:
         task = bar.add_task(f"loading {model}", total=None)
 
@@ -318,7 +330,8 @@ def bench(
 
         try:
             # --kind is the target's (a draft's kind is detected): load the target here when it is given
-            target = (fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+            target = (fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                                      **_exact_kwargs(exact))
                       if kind else model)
             summary = run_bench(suite, target, methods, out_path, draft=draft, params=split_params(param), seeds=seeds,
                                 limit=limit, warmup=warmup, command=command, load_kwargs=load_kwargs,

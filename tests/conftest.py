@@ -1,7 +1,14 @@
-"""Shared fixtures: tiny randomly initialised fp32 models saved as Hugging Face folders."""
+"""Shared fixtures: tiny randomly initialised fp32 models saved as Hugging Face folders.
+
+`FASTDECODE_TEST_DEVICE` (default cpu) is the one switch that runs the suite on another device, e.g. cuda: every
+model the tests load without naming a device goes there, in float32 (`load` defaults to bfloat16 on CUDA, which the
+token-for-token tests do not assume), and the `to_device` fixture moves a model a test builds itself (a draft, a
+head) to the same device. Asked for a device this machine lacks, the suite is skipped with the reason.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,10 +16,84 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import fastdecode
+from fastdecode.errors import DeviceError
+from fastdecode.models import loading
 from fastdecode.models.mdlm import MDLMConfig, MDLMForMaskedDiffusion
 from fastdecode.train.tokenizer import train_tokenizer
 
 torch.set_num_threads(1)  # tiny models run fastest on one thread, and tests then leave a core free
+
+DEVICE_VARIABLE = "FASTDECODE_TEST_DEVICE"
+
+
+def test_device() -> str:
+    """The device the suite runs on: `FASTDECODE_TEST_DEVICE`, default cpu."""
+    return os.environ.get(DEVICE_VARIABLE, "").strip() or "cpu"
+
+
+def missing_device(name: str) -> str | None:
+    """Why the suite cannot run on `name` here (None: it can)."""
+    try:
+        loading.pick_device(name)
+    except DeviceError as e:
+        return f"{DEVICE_VARIABLE}={name}: {e}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    why = missing_device(test_device())
+    if why is not None:
+        skip = pytest.mark.skip(reason=why)
+        for item in items:
+            item.add_marker(skip)
+
+
+def pytest_report_header(config) -> str:
+    return f"fastdecode test device: {test_device()} ({DEVICE_VARIABLE})"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _models_on_the_test_device():
+    """`load` without a device or dtype gives the test device in float32 (one place: what `load` picks by
+    default); a test that names a device or dtype gets what it names."""
+    if missing_device(test_device()) is not None:
+        yield
+        return
+    picked = loading.pick_device_dtype
+    device = test_device()
+
+    def on_test_device(dev, dtype):
+        return picked(device if dev is None else dev, torch.float32 if dtype is None and dev is None else dtype)
+
+    loading.pick_device_dtype = on_test_device
+    try:
+        yield
+    finally:
+        loading.pick_device_dtype = picked
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """The test device (`FASTDECODE_TEST_DEVICE`)."""
+    return torch.device(test_device())
+
+
+@pytest.fixture(scope="session")
+def to_device(device):
+    """Move a module (or a model adapter's module) a test builds itself to the test device; returns it."""
+    def move(obj):
+        module = getattr(obj, "model", obj)
+        module.to(device)
+        return obj
+    return move
+
+
+@pytest.fixture(scope="session")
+def load_model():
+    """`fastdecode.load` on the test device (float32 unless a dtype is named)."""
+    def load(source, **kwargs):
+        return fastdecode.load(source, **kwargs)
+    return load
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",

@@ -28,7 +28,7 @@ from ..models.base import ModelAdapter
 from ..registry import get_method
 from ..speculative.memory import DrafterMemory
 from .evaluate import default_budget
-from .jobs import Job, item_key, load_model, machine, make_row, preflight, run_job, versions
+from .jobs import Job, item_key, load_model, machine, make_row, precision, preflight, run_job, versions
 from .suites import BenchError, Suite, get_suite
 
 SCHEMA = 1
@@ -317,7 +317,8 @@ def run_bench(
     summary = BenchSummary(Path(out), len(jobs), methods=order, baseline=baseline)
     # `run` names this invocation: the report compares a configuration's speed with the baseline rows of its own runs
     meta = {"suite": suite.name, "model": model_id, "draft": draft_id, "baseline": baseline, "schema": SCHEMA,
-            **versions(), "machine": machine(target.device), "command": command, "run": uuid.uuid4().hex[:12]}
+            **versions(), "machine": machine(target.device), "command": command, "run": uuid.uuid4().hex[:12],
+            **precision(target)}
     existing, handle = _open_for_append(summary.path)
     with handle:
         if ray:

@@ -63,6 +63,13 @@ def machine(device: torch.device) -> dict[str, Any]:
     }
 
 
+def precision(target: ModelAdapter) -> dict[str, Any]:
+    """The target's dtype and exact mode (its block width, or None: off), which decide whether a lossless method can
+    be told identical to its baseline (in low precision outside exact mode the rows report agreement instead)."""
+    exact = getattr(target, "exact", None)
+    return {"dtype": str(target.dtype).removeprefix("torch."), "exact": exact.width if exact is not None else None}
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -20,7 +20,7 @@ from typing import Any
 
 from .harness import read_rows
 from .suites import BenchError
-from .summary import Summary, summarize
+from .summary import Summary, model_label, summarize
 
 LEADERBOARD_FRACTIONS = (0.80, 0.90, 0.95)  # of the baseline's accuracy (ParallelBench reports absolute 80/75/70 %)
 
@@ -136,7 +136,7 @@ def render(rows: Sequence[dict[str, Any]], summaries: Sequence[Summary], sources
               "= baseline: share of items whose tokens equal the baseline's exactly; acceptance: accepted ÷ drafted "
               "tokens (diffusion: committed ÷ masked positions offered).", ""]
     for (suite, model), group in _grouped(summaries).items():
-        mine = [r for r in rows if r["suite"] == suite and r["model"] == model]
+        mine = [r for r in rows if r["suite"] == suite and model_label(r) == model]
         lines += [f"## {suite} · {model}", ""]
         lines += [_environment(mine), ""]
         lines += method_table(group) + [""]
@@ -222,7 +222,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path | None = None, plo
         from .plots import plot  # matplotlib only when plots are asked for
 
         for key, group in _grouped(summaries).items():
-            plots[key] = plot(group, Path(plots_dir), [r for r in rows if (r["suite"], r["model"]) == key])
+            plots[key] = plot(group, Path(plots_dir), [r for r in rows if (r["suite"], model_label(r)) == key])
     out_dir = Path(out).parent if out is not None else None
     markdown = render(rows, summaries, sources, command, plots, out_dir)
     if out is not None:

@@ -82,13 +82,23 @@ def config_labels(configs: Sequence[tuple[str, str, str]]) -> dict[tuple[str, st
     return labels
 
 
+def model_label(row: dict[str, Any]) -> str:
+    """The model a row's table is headed by: its name, plus its dtype where that is not float32 (and "exact" in exact
+    mode), so that bfloat16 and float32 rows of one model never pool (rows from before the dtype was recorded: the
+    name alone)."""
+    dtype = row.get("dtype")
+    if dtype in (None, "float32") and not row.get("exact"):
+        return str(row["model"])
+    return f"{row['model']} · {dtype}" + (" exact" if row.get("exact") else "")
+
+
 def summarize(rows: Sequence[dict[str, Any]]) -> list[Summary]:
     """One Summary per (suite, model, method configuration), baseline first within each group."""
     groups: dict[tuple[str, str], dict[tuple[str, str, str], list[dict[str, Any]]]] = defaultdict(
         lambda: defaultdict(list)
     )
     for row in rows:
-        groups[(row["suite"], row["model"])][config_id(row)].append(row)
+        groups[(row["suite"], model_label(row))][config_id(row)].append(row)
     out = []
     for (suite, model), configs in groups.items():
         labels = config_labels(list(configs))

@@ -94,8 +94,10 @@ class KVCache(CacheBase, Cache):
     """
 
     def __init__(self, layer_types: list[str], batch: int = 1, capacity: int = 0, chunk: int = 256,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", full_width: bool = False) -> None:
         super().__init__(layers=[_Layer(self, sliding=t == "sliding_attention") for t in layer_types])
+        # every forward attends over the whole storage (exact mode, models/exact.py): one key length per generation
+        self.full_width = full_width
         self.batch = batch
         self.chunk = chunk
         self.capacity = max(capacity, 0)
@@ -231,6 +233,8 @@ class KVCache(CacheBase, Cache):
         base = self.lengths
         width = max(base) + T
         self._reserve(width)
+        if self.full_width:
+            width = self.capacity
         device = self.positions.device
         starts = torch.tensor(base, dtype=torch.long, device=device)
         cols = starts[:, None] + torch.arange(T, device=device)  # [B, T]

@@ -15,6 +15,7 @@ from .. import attention
 from ..cache import DynamicKVCache, KVCache
 from .base import ModelAdapter
 from .capabilities import check_sparse_attention, layer_types
+from .exact import Exact, chunk_past, pad_block
 from .hidden import captured, collect, layer_list, wanted
 from .native import native_forward
 
@@ -43,7 +44,7 @@ class CausalOutput:
 class CausalLM(ModelAdapter):
     kind = "causal"
 
-    def __init__(self, *args, native: bool = True, **kwargs) -> None:
+    def __init__(self, *args, native: bool = True, exact: Exact | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         params = inspect.signature(self.model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
@@ -62,9 +63,14 @@ class CausalLM(ModelAdapter):
         # the direct forward (models/native.py) for Llama-shaped decoders: the same operations on the same weights
         # without transformers' module plumbing; `native=False` keeps transformers' forward
         self.native = native_forward(self.model) if native and self.preallocated else None
+        # exact mode (models/exact.py): every cached forward at one width over the whole storage; None = off
+        self.exact: Exact | None = exact if self.preallocated else None
 
     def new_cache(self, batch: int = 1, capacity: int = 0) -> KVCache | DynamicKVCache:
         """A cache for `batch` rows; `capacity` columns are allocated at once (more are added in chunks)."""
+        if self.preallocated and self.exact is not None:
+            return KVCache(self.layer_types, batch=batch, capacity=self.exact.capacity(capacity), device=self.device,
+                           chunk=self.exact.block, full_width=True)
         if self.preallocated:
             return KVCache(self.layer_types, batch=batch, capacity=capacity, device=self.device)
         return DynamicKVCache(DynamicCache(config=self.config))
@@ -133,7 +139,11 @@ class CausalLM(ModelAdapter):
         asked = picked is not None or bool(hidden)
         if asked:
             kwargs["output_hidden_states"] = True
-        if self.preallocated:
+        if self.preallocated and self.exact is not None and cache is not None:
+            kwargs.pop("logits_to_keep", None)  # every position's logits: the LM head's shape is fixed too
+            logits, states, layers = self._exact(input_ids, positions, cache, attention_mask, visible, kwargs,
+                                                 sparse, picked)
+        elif self.preallocated:
             logits, states, layers = self._planned(input_ids, positions, cache, attention_mask, visible, kwargs,
                                                    num_logits, sparse, picked)
         else:
@@ -147,10 +157,44 @@ class CausalLM(ModelAdapter):
             return CausalOutput(logits.float(), states, layers)
         return logits.float()
 
-    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs, num_logits, sparse=None,
-                 picked=None):
+    def _exact(self, input_ids, positions, cache, attention_mask, visible, kwargs, sparse, picked):
+        """The forward in exact mode: chunks of `exact.width` tokens from the block's start, the last padded to the
+        width and its padding dropped from the cache; outputs cover the block's own tokens only."""
+        assert self.exact is not None
         B, T = input_ids.shape
+        W = self.exact.width
         real, vis, past = _new_block(attention_mask, visible, B, T, input_ids.device)
+        lengths = list(cache.lengths)
+        parts: list[tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]] = []
+        try:
+            for start in range(0, T, W):
+                end = min(start + W, T)
+                seen = chunk_past(lengths, start, end, vis, past)
+                ids, pos, rl, vs, ps = pad_block(self.exact, input_ids[:, start:end], positions[:, start:end],
+                                                 real[:, start:end], vis[:, start:end, start:end], seen,
+                                                 self.pad_token_id)
+                logits, states, layers = self._planned(ids, pos, cache, None, None, kwargs, None, sparse, picked,
+                                                       block=(rl, vs, ps))
+                n = end - start
+                if n < W:
+                    cache.crop_rows([length - (W - n) for length in cache.lengths])
+                parts.append((logits[:, :n], None if states is None else states[:, :n],
+                              tuple(x[:, :n] for x in layers)))
+        except BaseException:
+            cache.crop_rows(lengths)  # the chunks written before the failure go too
+            raise
+        if len(parts) == 1:
+            return parts[0]
+        logits = torch.cat([p[0] for p in parts], dim=1)
+        states = None if parts[0][1] is None else torch.cat([p[1] for p in parts], dim=1)
+        layers = tuple(torch.cat([p[2][i] for p in parts], dim=1) for i in range(len(parts[0][2])))
+        return logits, states, layers
+
+    def _planned(self, input_ids, positions, cache, attention_mask, visible, kwargs, num_logits, sparse=None,
+                 picked=None, block=None):
+        B, T = input_ids.shape
+        # block: (real, visible, past) already read from the mask arguments (exact mode pads them)
+        real, vis, past = block if block is not None else _new_block(attention_mask, visible, B, T, input_ids.device)
         if cache is None:
             if sparse is not None:
                 raise ValueError("sparse attention selects among cached columns: pass a cache (model.new_cache())")

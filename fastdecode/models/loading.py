@@ -24,6 +24,7 @@ from ..errors import DeviceError, ModelLoadError, close_names
 from . import mdlm  # noqa: F401  (registers the zoo's diffusion architecture with the Auto classes)
 from .causal import CausalLM
 from .diffusion import MaskedDiffusionLM
+from .exact import exact_mode
 
 # model_type -> whether logits are shifted by one (Dream) or at the same position (LLaDA)
 DIFFUSION_MODEL_TYPES = {"llada": False, "dream": True, mdlm.MDLMConfig.model_type: None}
@@ -248,12 +249,16 @@ def load(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     trust_remote_code: bool = False,
+    exact: bool | int | None = None,
 ) -> CausalLM | MaskedDiffusionLM:
     """Load model and tokenizer from a local Hugging Face folder or `zoo:NAME`.
 
     The kind (causal or diffusion) is detected from config.json; weights must be safetensors. The device
     defaults to CUDA when present, the dtype to bfloat16 on CUDA and float32 on CPU. `trust_remote_code`
     stays off unless asked: checkpoints such as LLaDA and Dream ship their own modelling code and need it.
+    `exact` (causal models): every cached forward at one shape, so lossless methods equal their baseline token for
+    token in low precision (models/exact.py, docs/gpu.md); None turns it on for CUDA in bfloat16/float16, an int
+    sets the block width.
     """
     if kind is not None and kind not in KINDS:
         raise ModelLoadError(f"kind must be 'causal' or 'diffusion', not {kind!r} "
@@ -300,7 +305,7 @@ def load(
     tokenizer = _load_tokenizer(folder, trust_remote_code)
     name = str(source)
     if kind == "causal":
-        return CausalLM(model, tokenizer, name)
+        return CausalLM(model, tokenizer, name, exact=exact_mode(exact, dev, dt))
     return MaskedDiffusionLM(model, tokenizer, name, mask_token_id=_mask_token_id(cfg, tokenizer, folder),
                              shifted=_shifted(cfg, model_type))
 

@@ -15,6 +15,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
+from ..attention import sdpa
+
 
 class MDLMConfig(PretrainedConfig):
     model_type = "fastdecode_mdlm"
@@ -135,7 +137,7 @@ class Attention(nn.Module):
             k, v = kv.k, kv.v  # [B, KVH, L, D]
         if self.kvh != self.h:
             k, v = (t.repeat_interleave(self.h // self.kvh, dim=1) for t in (k, v))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)  # bidirectional
+        y = sdpa(q, k, v, mask)  # bidirectional
         return self.o_proj(y.transpose(1, 2).reshape(B, L, self.h * self.d))
 
 

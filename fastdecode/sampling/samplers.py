@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import ParameterError
+
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """`[B, V]` -> `[B]` argmax (ties go to the lowest id, as torch.argmax does)."""
@@ -17,8 +19,14 @@ def sample(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
 
 
 def make_generator(seed: int | None, given: torch.Generator | None, device: torch.device) -> torch.Generator | None:
-    """The caller's generator wins; else a fresh one from `seed`; else None (torch's global RNG)."""
+    """The caller's generator wins (it must live on the model's device: torch draws on the logits' device); else a
+    fresh one from `seed` on `device`; else None (torch's global RNG)."""
     if given is not None:
+        if given.device.type != torch.device(device).type:
+            raise ParameterError(
+                f"generator= is on {given.device} but the model is on {device}: make it there, "
+                f"torch.Generator(device=model.device).manual_seed(...), or pass seed= instead."
+            )
         return given
     if seed is None:
         return None

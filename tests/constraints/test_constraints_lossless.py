@@ -18,13 +18,13 @@ SPEC = [m.name for m in list_methods("causal") if m.lossless and m.name != "ar.g
 
 
 @pytest.fixture(scope="module")
-def drafts(causal, diffusion):
+def drafts(causal, diffusion, to_device):
     with torch.random.fork_rng():
         torch.manual_seed(1)
         twin = LlamaForCausalLM(causal.model.config).eval()
     with torch.no_grad():
         twin.lm_head.weight.mul_(8.0)
-    return {"causal": fastdecode.CausalLM(twin, causal.tokenizer, name="tiny-draft"), "diffusion": diffusion}
+    return {"causal": fastdecode.CausalLM(to_device(twin), causal.tokenizer, name="tiny-draft"), "diffusion": diffusion}
 
 
 @pytest.fixture(scope="module")

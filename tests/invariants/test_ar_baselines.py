@@ -12,7 +12,8 @@ PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC
 
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     out = model.model.generate(
-        torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        torch.tensor([ids], device=model.device),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=model.device),
         do_sample=False, max_new_tokens=n, eos_token_id=1, pad_token_id=2,
     )
     return out[0, len(ids):].tolist()
@@ -67,8 +68,8 @@ def test_seeded_sampling_repeats_and_seeds_differ(causal):
 
 
 def test_explicit_generator_is_used(causal):
-    g1 = torch.Generator().manual_seed(3)
-    g2 = torch.Generator().manual_seed(3)
+    g1 = torch.Generator(device=causal.device).manual_seed(3)
+    g2 = torch.Generator(device=causal.device).manual_seed(3)
     a = fastdecode.generate(causal, "the", "ar.sample", generator=g1, max_new_tokens=16, temperature=2.0)
     b = fastdecode.generate(causal, "the", "ar.sample", generator=g2, max_new_tokens=16, temperature=2.0)
     assert a.token_ids == b.token_ids

@@ -206,7 +206,7 @@ def test_seeded_sampling_repeats_and_seeds_differ(diffusion, remasking):
     a, b, c = (fastdecode.generate(diffusion, PROMPTS, "dlm.baseline", seed=s, **kw) for s in (7, 7, 8))
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
     assert [r.token_ids for r in a] != [r.token_ids for r in c]
-    g = torch.Generator().manual_seed(7)
+    g = torch.Generator(device=diffusion.device).manual_seed(7)
     assert fastdecode.generate(diffusion, PROMPTS, "dlm.baseline", generator=g, **kw)[0].token_ids == a[0].token_ids
 
 

@@ -20,7 +20,7 @@ LOSSLESS = [m.name for m in list_methods() if m.lossless and m.name not in BASEL
 
 
 @pytest.fixture(scope="module")
-def models(causal, diffusion):
+def models(causal, diffusion, to_device):
     """The target of each kind, and a draft of each kind that shares the tokenizer: for causal drafts a different
     random model with the target's shape (it disagrees with the target often), for diffusion drafts the tiny MDLM."""
     with torch.random.fork_rng():
@@ -28,7 +28,7 @@ def models(causal, diffusion):
         twin = LlamaForCausalLM(causal.model.config).eval()
     with torch.no_grad():
         twin.lm_head.weight.mul_(8.0)  # as sharp as the target (conftest.save_causal)
-    other = fastdecode.CausalLM(twin, causal.tokenizer, name="tiny-draft")
+    other = fastdecode.CausalLM(to_device(twin), causal.tokenizer, name="tiny-draft")
     return {"causal": causal, "diffusion": diffusion}, {"causal": other, "diffusion": diffusion}
 
 

@@ -23,14 +23,14 @@ LONG = PROMPTS[2]  # runs 40 tokens without EOS on the tiny model
 
 
 @pytest.fixture(scope="module")
-def other_draft(causal):
+def other_draft(causal, to_device):
     """A different random model with the target's shape and tokenizer: it disagrees with the target often."""
     with torch.random.fork_rng():
         torch.manual_seed(1)
         twin = LlamaForCausalLM(causal.model.config).eval()
     with torch.no_grad():
         twin.lm_head.weight.mul_(8.0)  # as sharp as the target (conftest.save_causal)
-    return fastdecode.CausalLM(twin, causal.tokenizer, name="tiny-draft")
+    return fastdecode.CausalLM(to_device(twin), causal.tokenizer, name="tiny-draft")
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +186,7 @@ def test_seeded_sampling_repeats_and_seeds_differ(causal, other_draft):
                 causal, PROMPTS, method, temperature=1.5, seed=seed, max_new_tokens=24, **kw)]
         assert run(7) == run(7)
         assert run(7) != run(8)
-    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    g1, g2 = (torch.Generator(device=causal.device).manual_seed(3) for _ in range(2))
     a = fastdecode.generate(causal, LONG, "spec.ngram", generator=g1, temperature=2.0, max_new_tokens=16)
     b = fastdecode.generate(causal, LONG, "spec.ngram", generator=g2, temperature=2.0, max_new_tokens=16)
     assert a.token_ids == b.token_ids
@@ -203,18 +203,18 @@ def test_missing_or_mismatched_draft_is_refused(causal, tokenizer):
 
 
 @pytest.mark.parametrize("method", ["spec.pld", "spec.ngram", "spec.recycling", "spec.lookahead"])
-def test_sliding_window_model_runs_speculative_methods(method):
+def test_sliding_window_model_runs_speculative_methods(method, to_device):
     """A window shorter than prompt and output: the attention plan applies it to drafted and tree tokens alike, and
     the rolled-back cache keeps every key, so the output is ar.greedy's and transformers' own."""
     torch.manual_seed(0)
     cfg = MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, initializer_range=0.3,
                         num_attention_heads=4, num_key_value_heads=2, sliding_window=6, max_position_embeddings=256)
-    module = MistralForCausalLM(cfg).eval()
+    module = to_device(MistralForCausalLM(cfg).eval())
     model = fastdecode.CausalLM(module)
     prompt = [3, 4, 5, 6, 3, 4, 5, 6, 7, 3, 4]
     base = fastdecode.generate(model, prompt, "ar.greedy", max_new_tokens=24).token_ids
-    hf = module.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=24, min_new_tokens=24,
-                         pad_token_id=0)[0, len(prompt):].tolist()
+    hf = module.generate(torch.tensor([prompt], device=model.device), do_sample=False, max_new_tokens=24,
+                         min_new_tokens=24, pad_token_id=0)[0, len(prompt):].tolist()
     assert base == hf[: len(base)]
     assert fastdecode.generate(model, prompt, method, max_new_tokens=24).token_ids == base
 

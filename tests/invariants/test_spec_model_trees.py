@@ -174,7 +174,7 @@ def test_rsd_greedy_tree_equals_top_children_from_plain_forwards(small_draft):
 
 
 def test_rsd_sampled_draft_carries_q(small_draft):
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(device=small_draft.device).manual_seed(0)
     drafter = RSDDrafter(small_draft, RSDConfig(branches="3,2", temperature=1.0, top_k=5), g)
     d = drafter.propose(torch.tensor(small_draft.encode("the quick")), 10)
     assert d.probs.shape == (9, small_draft.vocab_size)
@@ -218,7 +218,7 @@ def test_seeded_sampling_repeats_and_seeds_differ(causal, small_draft, method, p
         causal, PROMPTS, method, draft=small_draft, temperature=1.5, seed=seed, max_new_tokens=24, **params)]
     assert run(7) == run(7)
     assert run(7) != run(8)
-    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    g1, g2 = (torch.Generator(device=causal.device).manual_seed(3) for _ in range(2))
     a = fastdecode.generate(causal, LONG, method, draft=causal, generator=g1, temperature=2.0, max_new_tokens=16)
     b = fastdecode.generate(causal, LONG, method, draft=causal, generator=g2, temperature=2.0, max_new_tokens=16)
     assert a.token_ids == b.token_ids

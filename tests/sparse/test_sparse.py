@@ -28,7 +28,7 @@ def small(rule: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def model(tokenizer):
+def model(tokenizer, to_device):
     """4 layers, grouped-query attention (4 query heads, 2 key/value heads), 512 positions, sharp random logits."""
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
@@ -37,7 +37,7 @@ def model(tokenizer):
     net = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         net.lm_head.weight.mul_(8.0)
-    m = fastdecode.CausalLM(net, tokenizer, name="tiny-sparse")
+    m = fastdecode.CausalLM(to_device(net), tokenizer, name="tiny-sparse")
     m._sparse_calibration = calibrate(m, longctx_prompts(items=2, context=96), context=96, tail=8)
     return m
 

@@ -1,0 +1,257 @@
+"""`make results-gpu`: the GPU measurements of issue #30 in one run of under 8 minutes on one H100/H200, with only the
+repository (nothing is downloaded).
+
+1. Engine speed (`engine.jsonl`): a randomly initialised Llama of TinyLlama-1.1B's shape, built on the device in
+   bfloat16, on a 512-token prompt (64 random tokens said 8 times, so that copying drafters find something) and 256
+   new tokens: `ar.greedy` (the baseline), `hf.greedy` (transformers' `generate()`), transformers' static cache
+   with `torch.compile` (method `hf.static_compile`, timed here), `spec.suffix` and `spec.pld`. One warm-up, then
+   `--reps` generations each, taking turns. `score` is 1 where the tokens equal `ar.greedy`'s.
+2. The zoo (`zoo-<dtype>.jsonl`, one file per dtype so that resuming never mixes them): zoo:ar-small's lossless
+   methods (zoo:ar-tiny the draft) on the code and parallel-lists suites, and zoo:dlm-small's diffusion family on
+   parallel-lists, in bfloat16 (exact mode on, the CUDA default) and float32; then bfloat16 with exact mode off
+   (`zoo-bfloat16-noexact.jsonl`), whose `= base` column is the agreement without the mode.
+
+Stages run in that order; a bench run that would start after `--budget-s` is skipped with a line saying so, and the
+bench files resume, so running the command again finishes them. Every row records the dtype, exact mode and the machine
+(`machine.device_name`: the GPU); `fastdecode report docs/results/gpu/*.jsonl` shows them like any other.
+
+    python tools/results_gpu.py --out docs/results/gpu            # on the GPU machine (make results-gpu)
+    python tools/results_gpu.py --smoke --out /tmp/gpu-smoke      # tiny shapes on the CPU, seconds (the test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import fastdecode  # noqa: E402
+from fastdecode.bench.harness import run_bench  # noqa: E402
+from fastdecode.bench.jobs import machine, precision, versions  # noqa: E402
+from fastdecode.bench.suites import Suite, get_suite  # noqa: E402
+from fastdecode.models.exact import Exact, exact_mode  # noqa: E402
+from fastdecode.models.loading import pick_device  # noqa: E402
+from fastdecode.speculative.memory import DrafterMemory  # noqa: E402
+
+# TinyLlama-1.1B's shape (its config.json), random weights
+TINYLLAMA = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                 num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                 bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+TINY = {**TINYLLAMA, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+# zoo:ar-small's lossless methods: draft-free, then those that draft with zoo:ar-tiny
+LOSSLESS = ["spec.pld", "hf.prompt_lookup", "spec.ngram", "spec.suffix", "spec.suffix:tree=true", "spec.recycling",
+            "spec.lookahead", "spec.jacobi", "spec.layerskip", "hf.greedy", "spec.draft_model", "hf.assisted",
+            "spec.rsd", "spec.dyntree"]
+DIFFUSION = ["dlm.threshold", "dlm.factor", "dlm.entropy_bound", "dlm.localleap", "dlm.prophet", "dlm.credit",
+             "dlm.freedave", "dlm.adablock", "dlm.dcd", "dlm.r2", "dlm.ccd", "dlm.ete"]
+# every block-based method with blocks of 16, as the zoo's card (the Makefile's DLM_BLOCKS)
+BLOCKS = {m: {"block_length": 16} for m in ["dlm.baseline", *DIFFUSION] if m not in ("dlm.dcd", "dlm.adablock")}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run measures: the engine's shape and lengths, and the zoo's suites and limits."""
+
+    shape: dict[str, Any]
+    prompt: int  # prompt tokens (a random block of prompt // 8 tokens said 8 times)
+    new: int  # new tokens
+    reps: int
+    compile: bool
+    ar_suites: tuple[tuple[str, int], ...]  # (suite, items per task)
+    dlm_suites: tuple[tuple[str, int], ...]
+    lossless: tuple[str, ...]
+    diffusion: tuple[str, ...]
+    zoo_params: dict[str, dict[str, Any]]
+    one_task: bool  # smoke: the first task of each suite only
+
+
+FULL = Plan(TINYLLAMA, 512, 256, 3, True, (("code", 3), ("parallel-lists", 1)), (("parallel-lists", 1),),
+            tuple(LOSSLESS), tuple(DIFFUSION), BLOCKS, False)
+SMOKE = Plan(TINY, 32, 12, 1, False, (("code", 1),), (("parallel-lists", 1),), ("spec.pld", "spec.suffix"),
+             ("dlm.threshold",), {"ar.greedy": {"max_new_tokens": 8}, "spec.pld": {"max_new_tokens": 8},
+                                  "spec.suffix": {"max_new_tokens": 8}}, True)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def random_llama(plan: Plan, device: torch.device, dtype: torch.dtype) -> fastdecode.CausalLM:
+    """A randomly initialised Llama built directly on the device (no download, no host copy), in exact mode where
+    `load` would turn it on (CUDA in low precision)."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        module = LlamaForCausalLM(LlamaConfig(**plan.shape)).to(dtype).eval()
+    module.config.eos_token_id = None  # random weights: generate the full budget, never stop early
+    module.generation_config.eos_token_id = None
+    module.generation_config.pad_token_id = 0
+    return fastdecode.CausalLM(module, name=f"random:{'tinyllama-1.1b' if plan.shape is TINYLLAMA else 'tiny'}",
+                               exact=exact_mode(None, device, dtype))
+
+
+def repeated_prompt(plan: Plan, vocab: int) -> list[int]:
+    g = torch.Generator().manual_seed(1)
+    block = torch.randint(3, vocab, (plan.prompt // 8,), generator=g).tolist()
+    return block * 8
+
+
+def static_compile(model: fastdecode.CausalLM, prompt: list[int], new: int, compiled: bool) -> Callable[[], Any]:
+    """transformers' own loop on its static cache; on CUDA `generate` compiles the forward itself (`torch.compile`,
+    its auto-compile of static caches) unless `compiled` is False (`disable_compile`)."""
+    module = model.model
+    ids = torch.tensor([prompt], device=model.device)
+
+    def run() -> list[int]:
+        out = module.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
+                              min_new_tokens=new, cache_implementation="static", pad_token_id=0,
+                              disable_compile=not compiled)
+        return out[0, len(prompt):].tolist()
+    return run
+
+
+def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], say: Callable[[str], None]) -> None:
+    model = random_llama(plan, device, torch.bfloat16 if device.type == "cuda" or plan is FULL else torch.float32)
+    prompt = repeated_prompt(plan, model.vocab_size)
+    runners: dict[str, Callable[[], tuple[list[int], int]]] = {}
+    for method in ("ar.greedy", "hf.greedy", "spec.suffix", "spec.pld"):
+        def run(method=method) -> tuple[list[int], int]:
+            # a fresh memory each time: spec.suffix must not remember the previous repetition's output
+            r = fastdecode.generate(model, prompt, method, max_new_tokens=plan.new, memory=DrafterMemory())
+            return r.token_ids, r.stats.forwards
+        runners[method] = run
+    hf_static = static_compile(model, prompt, plan.new, plan.compile)
+    runners["hf.static_compile"] = lambda: (ids := hf_static(), len(ids))
+    rows = []
+    for name, run in runners.items():  # warm-up (and compilation)
+        t = time.perf_counter()
+        run()
+        say(f"engine warm-up {name}: {time.perf_counter() - t:.1f} s")
+    base: list[int] | None = None
+    for rep in range(plan.reps):
+        for name, run in runners.items():
+            _sync(device)
+            t = time.perf_counter()
+            ids, forwards = run()
+            _sync(device)
+            wall = time.perf_counter() - t
+            if name == "ar.greedy":
+                base = ids
+            rows.append(engine_row(meta, model, name, rep, ids, forwards, wall, base, plan, len(prompt)))
+    with out.open("a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    for name in runners:
+        mine = [r for r in rows if r["method"] == name]
+        rate = sum(r["new_tokens"] for r in mine) / sum(r["wall_s"] for r in mine)
+        say(f"engine {name}: {rate:.1f} tokens/s, equal to ar.greedy {sum(r['score'] for r in mine):.0f}/{len(mine)}")
+
+
+def engine_row(meta: dict[str, Any], model: fastdecode.CausalLM, method: str, rep: int, ids: list[int],
+               forwards: int, wall: float, base: list[int] | None, plan: Plan, prompt_tokens: int) -> dict[str, Any]:
+    equal = base is not None and ids == base
+    params: dict[str, Any] = {"max_new_tokens": plan.new}
+    if method == "hf.static_compile":
+        params["compiled"] = plan.compile and model.device.type == "cuda"
+    return {
+        "suite": "engine", "task": f"engine.repeat-{prompt_tokens}", "item": rep, "seed": 0, "method": method,
+        "params": params,
+        "default_budget": True, "model": model.name, "draft": None,
+        "is_baseline": method == "ar.greedy", "baseline": "ar.greedy",
+        "lossless": method != "hf.static_compile", "score": float(equal), "scores": {},
+        "equal_to_baseline": equal, "prompt_tokens": prompt_tokens, "new_tokens": len(ids), "forwards": forwards,
+        "draft_forwards": 0, "proposed": 0, "accepted": 0, "accepted_per_position": [], "wall_s": wall,
+        "draft_s": 0.0, "verify_s": 0.0, "peak_rss_mb": 0.0,
+        "peak_device_mb": torch.cuda.max_memory_allocated(model.device) / 2**20 if model.device.type == "cuda" else 0.0,
+        "finish_reason": "length", "tokens_per_forward": len(ids) / max(forwards, 1),
+        "tokens_per_s": len(ids) / wall, "acceptance_rate": 0.0, "output": "", "token_ids": ids,
+        **meta, **precision(model), "machine": machine(model.device), "run": meta["run"],
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def suite_of(name: str, one_task: bool) -> Suite | str:
+    if not one_task:
+        return name
+    s = get_suite(name)
+    return Suite(s.name, s.description, s.tasks[:1])
+
+
+def zoo(plan: Plan, device: torch.device, dtype: str, exact: bool | Exact | None, out: Path, command: str,
+        say: Callable[[str], None], time_left: Callable[[], bool]) -> None:
+    load = {"device": str(device), "dtype": dtype, **({} if exact is None else {"exact": exact})}
+    for model, draft, methods, suites in (("zoo:ar-small", "zoo:ar-tiny", plan.lossless, plan.ar_suites),
+                                          ("zoo:dlm-small", None, plan.diffusion, plan.dlm_suites)):
+        names = {m.partition(":")[0] for m in methods} | {"ar.greedy", "dlm.baseline"}
+        params = {m: p for m, p in plan.zoo_params.items() if m in names}
+        for suite, limit in suites:
+            if not time_left():
+                say(f"{model} {suite} {dtype} skipped: past --budget-s; run the command again to finish it")
+                continue
+            run_bench(suite_of(suite, plan.one_task), model, list(methods), out, draft=draft, params=params,
+                      limit=limit, command=command, load_kwargs=load, warmup=not plan.one_task)
+            say(f"{model} {suite} {dtype} exact={exact}: {out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "gpu"), help="folder of the JSONL files")
+    ap.add_argument("--device", default=None, help="default: cuda (the CPU with --smoke)")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes and one item each: the CPU, seconds")
+    ap.add_argument("--budget-s", type=float, default=360.0,
+                    help="no bench run starts after this many seconds (one run takes up to about two minutes)")
+    ap.add_argument("--stages", nargs="+", default=["engine", "bfloat16", "float32", "bfloat16-noexact"])
+    args = ap.parse_args(argv)
+    plan = SMOKE if args.smoke else FULL
+    device = pick_device(args.device or ("cpu" if args.smoke else "cuda"))
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = shlex.join(["python", "tools/results_gpu.py", *(argv if argv is not None else sys.argv[1:])])
+    meta = {"command": command, "run": uuid.uuid4().hex[:12], **versions()}
+    start = time.perf_counter()
+
+    def say(text: str) -> None:
+        print(f"[{time.perf_counter() - start:6.1f} s] {text}", flush=True)
+
+    def time_left() -> bool:
+        return time.perf_counter() - start <= args.budget_s
+
+    stages: dict[str, Callable[[], None]] = {
+        "engine": lambda: engine(plan, device, out / "engine.jsonl", meta, say),
+        # exact mode is the CUDA default in bfloat16; the smoke run on the CPU asks for it, at a small width
+        "bfloat16": lambda: zoo(plan, device, "bfloat16", Exact(8, 256) if args.smoke else None,
+                                out / "zoo-bfloat16.jsonl", command, say, time_left),
+        "float32": lambda: zoo(plan, device, "float32", None, out / "zoo-float32.jsonl", command, say,
+                               time_left),
+        "bfloat16-noexact": lambda: zoo(plan, device, "bfloat16", False, out / "zoo-bfloat16-noexact.jsonl",
+                                        command, say, time_left),
+    }
+    for name in args.stages:
+        if name not in stages:
+            raise SystemExit(f"unknown stage {name!r}: pick from {', '.join(stages)}")
+        if not time_left():
+            say(f"stage {name} skipped: past --budget-s {args.budget_s:.0f}; run the command again to finish it")
+            continue
+        stages[name]()
+    say("done")
+
+
+if __name__ == "__main__":
+    main()
