@@ -13,7 +13,8 @@ the K/V of the other columns are read from the cache (stale where the canvas cha
   the tokens committed at the previous step; a token's K/V are cached one step after its commit.
 
 `cache_refresh=n` adds a full refresh every n steps (for `delayed` by default every 8); with n = 1 every
-forward is full, which gives exactly the uncached result.
+forward is full, which gives exactly the uncached result. Canvases may shrink between calls (End-of-Text
+Prediction drops the columns after an EOS); the cache is cut with them.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Forwarder:
         cols = torch.minimum(lo[:, None] + torch.arange(W, device=x.device), (hi - 1)[:, None])  # [R, W]
         if self.mode == "none":
             return self.model.forward(x, attention, at=cols)
+        self._fit(x.shape[1])
         refresh = ~self.has_cache[rows]
         if self.mode in ("prefix", "dual", "suffix"):
             refresh |= block != self.ref_block[rows]
@@ -99,6 +101,20 @@ class Forwarder:
             self._pending.append((g, kv, q, full))
         assert out is not None  # every row is in one of the two groups
         return out
+
+    @torch.inference_mode()
+    def _fit(self, T: int) -> None:
+        """Cut the cache to canvases of T columns: End-of-Text Prediction drops the columns after an EOS from
+        later forwards (the canvas only ever gets shorter; a wider one, never seen, refreshes every row)."""
+        if self.kv is None or self.kv[0][0].shape[2] == T:
+            return
+        if self.kv[0][0].shape[2] < T:
+            self.kv, self.cached = None, None
+            self.has_cache.fill_(False)
+            return
+        self.kv = [(k[:, :, :T].contiguous(), v[:, :, :T].contiguous()) for k, v in self.kv]
+        if self.cached is not None:
+            self.cached = self.cached[:, :T].contiguous()
 
     @torch.inference_mode()  # the stored K/V are the model's inference tensors, updated in place here
     def keep(self, entries: torch.Tensor | None = None) -> None:

@@ -48,6 +48,10 @@ class DiffusionConfig(MethodConfig):
     cache: CacheKind = "none"
     cache_refresh: int | None = None  # a full refresh at least every n steps; None: only at block changes (prefix,
     #   dual, suffix), every 8 steps (delayed); 1: every step, exactly the uncached result
+    eotp: bool = False  # End-of-Text Prediction (Learn2PD): once an EOS is committed, every mask after it is settled
+    #   as that EOS at once and its columns are dropped from later forwards (driver.py, `Canvas.settle`)
+    eotp_keep: bool = False  # with eotp: keep the settled EOS columns in the forwards (the EOS-padded canvas the
+    #   zoo's models were trained on) instead of dropping them; saves steps, not the columns' compute
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -55,6 +59,8 @@ class DiffusionConfig(MethodConfig):
               "must be a finite number >= 0 (0 means argmax)")
         check(self.cache in ("none", "prefix", "dual", "suffix", "delayed"), "cache", self.cache,
               "must be 'none', 'prefix', 'dual', 'suffix' or 'delayed'")
+        check(self.eotp or not self.eotp_keep, "eotp_keep", self.eotp_keep,
+              "only applies with eotp=True (it keeps the columns End-of-Text Prediction settles)")
         if self.cache_refresh is not None:
             check(self.cache_refresh >= 1, "cache_refresh", self.cache_refresh,
                   "must be at least 1 (1 refreshes every step), or None for the cache's default")
