@@ -13,8 +13,9 @@ the K/V of the other columns are read from the cache (stale where the canvas cha
   the tokens committed at the previous step; a token's K/V are cached one step after its commit.
 
 `cache_refresh=n` adds a full refresh every n steps (for `delayed` by default every 8); with n = 1 every
-forward is full, which gives exactly the uncached result. Canvases may shrink between calls (End-of-Text
-Prediction drops the columns after an EOS); the cache is cut with them.
+forward is full, which gives exactly the uncached result. `recap=k` replaces these refreshes by ReCAP's
+schedule (recap.py): warm-up steps all full, then one full forward per k cheap ones. Canvases may shrink
+between calls (End-of-Text Prediction drops the columns after an EOS); the cache is cut with them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from ..errors import IncompatibleMethodError
 from ..models.diffusion import DenoisingModel
 from .policy import DiffusionConfig
+from .recap import recap_refresh
 
 DELAYED_REFRESH = 8  # dKV-Cache's `cache_reloading_step`
 
@@ -45,6 +47,9 @@ class Forwarder:
             )
         self.model, self.mode, self.mask_id = model, cfg.cache, model.mask_token_id
         self.every = cfg.cache_refresh or (DELAYED_REFRESH if cfg.cache == "delayed" else 0)
+        self.recap, self.warmup = cfg.recap, cfg.recap_warmup  # ReCAP's schedule, in place of the above
+        if self.recap is not None:
+            self.every = self.recap + 1
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer [B, KVH, T, D]
         device = model.device
         self.ref_block = torch.full((rows,), -1, dtype=torch.long, device=device)  # block at the last refresh
@@ -74,10 +79,13 @@ class Forwarder:
             return self.model.forward(x, attention, at=cols)
         self._fit(x.shape[1])
         refresh = ~self.has_cache[rows]
-        if self.mode in ("prefix", "dual", "suffix"):
-            refresh |= block != self.ref_block[rows]
-        if self.every:
-            refresh |= step - self.ref_step[rows] >= self.every
+        if self.recap is not None:
+            refresh |= recap_refresh(step, self.ref_step[rows], self.recap, self.warmup)
+        else:
+            if self.mode in ("prefix", "dual", "suffix"):
+                refresh |= block != self.ref_block[rows]
+            if self.every:
+                refresh |= step - self.ref_step[rows] >= self.every
         out: torch.Tensor | None = None
         self._pending, self._last = [], (x, rows, block, step)
         for full in (True, False):

@@ -48,6 +48,9 @@ class DiffusionConfig(MethodConfig):
     cache: CacheKind = "none"
     cache_refresh: int | None = None  # a full refresh at least every n steps; None: only at block changes (prefix,
     #   dual, suffix), every 8 steps (delayed); 1: every step, exactly the uncached result
+    recap: int | None = None  # ReCAP's refresh schedule (recap.py): a full forward, then `recap` cheap cached ones,
+    #   again and again, in place of the cache's own refreshes; None: the cache's own schedule
+    recap_warmup: int = 0  # with recap: the first n steps of a row are all full (ReCAP's pre_full_iters)
     eotp: bool = False  # End-of-Text Prediction (Learn2PD): once an EOS is committed, every mask after it is settled
     #   as that EOS at once and its columns are dropped from later forwards (driver.py, `Canvas.settle`)
     eotp_keep: bool = False  # with eotp: keep the settled EOS columns in the forwards (the EOS-padded canvas the
@@ -59,6 +62,16 @@ class DiffusionConfig(MethodConfig):
               "must be a finite number >= 0 (0 means argmax)")
         check(self.cache in ("none", "prefix", "dual", "suffix", "delayed"), "cache", self.cache,
               "must be 'none', 'prefix', 'dual', 'suffix' or 'delayed'")
+        if self.recap is not None:
+            check(self.recap >= 1, "recap", self.recap, "must be at least 1 (cheap steps per full one), or None")
+            check(self.cache != "none", "cache", self.cache,
+                  "must be a cache ('dual', 'suffix', 'prefix' or 'delayed') with recap: its cheap steps are the "
+                  "cache's partial forwards")
+            check(self.cache_refresh is None, "cache_refresh", self.cache_refresh,
+                  "must be None with recap, which sets the refreshes itself")
+        check(self.recap_warmup >= 0, "recap_warmup", self.recap_warmup, "must be >= 0")
+        check(self.recap is not None or self.recap_warmup == 0, "recap_warmup", self.recap_warmup,
+              "only applies with recap (it makes the first steps full)")
         check(self.eotp or not self.eotp_keep, "eotp_keep", self.eotp_keep,
               "only applies with eotp=True (it keeps the columns End-of-Text Prediction settles)")
         if self.cache_refresh is not None:

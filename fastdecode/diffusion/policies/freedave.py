@@ -42,6 +42,9 @@ class FreeDaveConfig(BlockConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.draft_steps >= 1, "draft_steps", self.draft_steps, "must be at least 1")
+        check(self.recap is None, "recap", self.recap,
+              "cannot be set for dlm.freedave: a ReCAP warm-up ends inside a round of drafts verified against one "
+              "cache; use cache_refresh=n for a periodic refresh")
         check(self.cache != "delayed", "cache", self.cache,
               "cannot be 'delayed' for dlm.freedave: a delayed cache depends on the order of past steps, which "
               "drafts verified in parallel cannot reproduce; use 'prefix', 'dual' or 'suffix'")
