@@ -9,6 +9,8 @@ the K/V of the other columns are read from the cache (stale where the canvas cha
   The mirror of `prefix`, for models whose prompt K/V shift as the answer fills in: on the zoo's dlm-small the
   dual cache loses accuracy on the suite's canvases and this one none (measured in docs/methods.md).
   The three refresh (one full forward, whose logits also serve the step) when the view's block changes.
+- `window` (Window-Diffusion, window.py): recompute the view, the first masks and the tokens committed since the
+  last full forward; masks past a window are pruned from attention; a full refresh every 32 steps.
 - `delayed` (dKV-Cache-Decode): recompute every column whose K/V are not cached yet, i.e. the masks and
   the tokens committed at the previous step; a token's K/V are cached one step after its commit.
 
@@ -24,6 +26,7 @@ import torch
 
 from ..errors import IncompatibleMethodError
 from ..models.diffusion import DenoisingModel
+from . import window
 from .policy import DiffusionConfig
 from .recap import recap_refresh
 
@@ -46,7 +49,10 @@ class Forwarder:
                 f"Run {method} with cache='none'."
             )
         self.model, self.mode, self.mask_id = model, cfg.cache, model.mask_token_id
-        self.every = cfg.cache_refresh or (DELAYED_REFRESH if cfg.cache == "delayed" else 0)
+        default = {"delayed": DELAYED_REFRESH, "window": window.REFRESH}.get(cfg.cache, 0)
+        self.every = cfg.cache_refresh or default
+        self.active, self.window = cfg.active_tokens, cfg.window_tokens
+        self.base: torch.Tensor | None = None  # [B, T] window: the canvas at each row's last full forward
         self.recap, self.warmup = cfg.recap, cfg.recap_warmup  # ReCAP's schedule, in place of the above
         if self.recap is not None:
             self.every = self.recap + 1
@@ -96,11 +102,15 @@ class Forwarder:
                 part, kv = self.model.forward_columns(x[g], attention[g], None, None, at=cols[g])
                 q = None
             else:
-                q = self._columns(x[g], attention[g], rows[g], lo[g], hi[g])  # [G, Q]
+                att = attention[g]
+                if self.mode == "window":
+                    q, att = self._window(x[g], att, rows[g], lo[g], hi[g])
+                else:
+                    q = self._columns(x[g], att, rows[g], lo[g], hi[g])  # [G, Q]
                 r = rows[g]
                 assert self.kv is not None  # rows that are not refreshed have a cache
                 stored = self.kv if _all_rows(r, len(self.has_cache)) else [(k[r], v[r]) for k, v in self.kv]
-                part, kv = self.model.forward_columns(x[g], attention[g], q, stored, at=cols[g])
+                part, kv = self.model.forward_columns(x[g], att, q, stored, at=cols[g])
             if len(g) == len(rows):  # one group: nothing to merge
                 out = part
             else:
@@ -117,12 +127,14 @@ class Forwarder:
         if self.kv is None or self.kv[0][0].shape[2] == T:
             return
         if self.kv[0][0].shape[2] < T:
-            self.kv, self.cached = None, None
+            self.kv, self.cached, self.base = None, None, None
             self.has_cache.fill_(False)
             return
         self.kv = [(k[:, :, :T].contiguous(), v[:, :, :T].contiguous()) for k, v in self.kv]
         if self.cached is not None:
             self.cached = self.cached[:, :T].contiguous()
+        if self.base is not None:
+            self.base = self.base[:, :T].contiguous()
 
     @torch.inference_mode()  # the stored K/V are the model's inference tensors, updated in place here
     def keep(self, entries: torch.Tensor | None = None) -> None:
@@ -148,6 +160,10 @@ class Forwarder:
                     K[r], V[r] = k[sel], v[sel]
             if full:
                 self.has_cache[r], self.ref_block[r], self.ref_step[r] = True, block[e], step[e]
+                if self.mode == "window":
+                    if self.base is None:
+                        self.base = torch.zeros(B, x.shape[1], dtype=x.dtype, device=x.device)
+                    self.base[r] = x[e]
             if self.mode != "delayed":
                 continue
             if self.cached is None:
@@ -158,6 +174,20 @@ class Forwarder:
                 assert q is not None  # a partial forward recomputed the columns q
                 fresh = torch.zeros_like(x[e], dtype=torch.bool).scatter_(1, q[sel], True)
                 self.cached[r] |= fresh & (x[e] != self.mask_id)
+
+    def _window(self, x: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor,
+                hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Window-Diffusion's cheap step (window.py): `[G, Q]` the view, the active masks and the tokens committed
+        since the last full forward, and the attention with the far field hidden."""
+        assert self.base is not None  # rows with a cache were computed by a full forward first
+        need, attention = window.window_plan(x, self.base[rows], attention, self.mask_id, hi, self.active,
+                                             self.window)
+        cols = torch.arange(x.shape[1], device=x.device)
+        need |= (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
+        Q = int(need.sum(-1).max())
+        order = need.long().argsort(dim=-1, descending=True, stable=True)[:, :Q]  # needed columns first
+        n = need.sum(-1, keepdim=True)
+        return torch.where(torch.arange(Q, device=x.device) < n, order, order[:, :1]), attention
 
     def _columns(self, x: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor,
                  hi: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 from ..config import MethodConfig, check
 from ..registry import ConstraintSupport, DriverOf, register
 
-CacheKind = Literal["none", "prefix", "dual", "suffix", "delayed"]
+CacheKind = Literal["none", "prefix", "dual", "suffix", "delayed", "window"]
 C = TypeVar("C", bound=MethodConfig)
 
 # A constraint on a dlm.* method is applied by the grammar mask over the canvas; Grammar-Aligned Decoding needs a
@@ -44,10 +44,13 @@ class DiffusionConfig(MethodConfig):
 
     temperature: float = 0.0  # 0: argmax; > 0: Gumbel-max sampling in float64
     seed: int | None = None  # None draws from torch's global RNG; a seed makes the run repeat
-    # K/V reuse: prefix / dual (Fast-dLLM), suffix (masks after the view), delayed (dKV-Cache)
+    # K/V reuse: prefix / dual (Fast-dLLM), suffix (masks after the view), delayed (dKV-Cache), window
+    #   (Window-Diffusion: window.py)
     cache: CacheKind = "none"
     cache_refresh: int | None = None  # a full refresh at least every n steps; None: only at block changes (prefix,
-    #   dual, suffix), every 8 steps (delayed); 1: every step, exactly the uncached result
+    #   dual, suffix), every 8 steps (delayed), every 32 (window); 1: every step, exactly the uncached result
+    window_tokens: int = 64  # cache="window": masks the recomputed columns attend to; those past them are pruned
+    active_tokens: int = 16  # cache="window": the first masks, recomputed every step (with the view)
     recap: int | None = None  # ReCAP's refresh schedule (recap.py): a full forward, then `recap` cheap cached ones,
     #   again and again, in place of the cache's own refreshes; None: the cache's own schedule
     recap_warmup: int = 0  # with recap: the first n steps of a row are all full (ReCAP's pre_full_iters)
@@ -60,8 +63,10 @@ class DiffusionConfig(MethodConfig):
         super().__post_init__()
         check(0 <= self.temperature < math.inf, "temperature", self.temperature,
               "must be a finite number >= 0 (0 means argmax)")
-        check(self.cache in ("none", "prefix", "dual", "suffix", "delayed"), "cache", self.cache,
-              "must be 'none', 'prefix', 'dual', 'suffix' or 'delayed'")
+        check(self.cache in ("none", "prefix", "dual", "suffix", "delayed", "window"), "cache", self.cache,
+              "must be 'none', 'prefix', 'dual', 'suffix', 'delayed' or 'window'")
+        check(self.window_tokens >= 1, "window_tokens", self.window_tokens, "must be at least 1")
+        check(self.active_tokens >= 1, "active_tokens", self.active_tokens, "must be at least 1")
         if self.recap is not None:
             check(self.recap >= 1, "recap", self.recap, "must be at least 1 (cheap steps per full one), or None")
             check(self.cache != "none", "cache", self.cache,

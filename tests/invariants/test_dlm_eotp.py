@@ -157,7 +157,7 @@ def test_freedave_equals_the_baseline_with_eotp_on_both(diffusion_dir):
         assert [r.token_ids for r in free] == [r.token_ids for r in base]
 
 
-@pytest.mark.parametrize("cache", ["prefix", "dual", "suffix", "delayed"])
+@pytest.mark.parametrize("cache", ["prefix", "dual", "suffix", "delayed", "window"])
 @pytest.mark.parametrize("name", ["dlm.baseline", "dlm.threshold", "dlm.dcd"])
 def test_caches_are_cut_with_the_canvas(diffusion_dir, name, cache):
     """A cache refreshed every step gives the uncached result with EoTP too; with its own refresh it runs."""
