@@ -9,11 +9,15 @@ the K/V of the other columns are read from the cache (stale where the canvas cha
   The mirror of `prefix`, for models whose prompt K/V shift as the answer fills in: on the zoo's dlm-small the
   dual cache loses accuracy on the suite's canvases and this one none (measured in docs/methods.md).
   The three refresh (one full forward, whose logits also serve the step) when the view's block changes.
+- `window` (Window-Diffusion, window.py): recompute the view, the first masks and the tokens committed since the
+  last full forward; masks past a window are pruned from attention; a full refresh every 32 steps.
 - `delayed` (dKV-Cache-Decode): recompute every column whose K/V are not cached yet, i.e. the masks and
   the tokens committed at the previous step; a token's K/V are cached one step after its commit.
 
 `cache_refresh=n` adds a full refresh every n steps (for `delayed` by default every 8); with n = 1 every
-forward is full, which gives exactly the uncached result.
+forward is full, which gives exactly the uncached result. `recap=k` replaces these refreshes by ReCAP's
+schedule (recap.py): warm-up steps all full, then one full forward per k cheap ones. Canvases may shrink
+between calls (End-of-Text Prediction drops the columns after an EOS); the cache is cut with them.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import torch
 
 from ..errors import IncompatibleMethodError
 from ..models.diffusion import DenoisingModel
+from . import window
 from .policy import DiffusionConfig
+from .recap import recap_refresh
 
 DELAYED_REFRESH = 8  # dKV-Cache's `cache_reloading_step`
 
@@ -43,7 +49,13 @@ class Forwarder:
                 f"Run {method} with cache='none'."
             )
         self.model, self.mode, self.mask_id = model, cfg.cache, model.mask_token_id
-        self.every = cfg.cache_refresh or (DELAYED_REFRESH if cfg.cache == "delayed" else 0)
+        default = {"delayed": DELAYED_REFRESH, "window": window.REFRESH}.get(cfg.cache, 0)
+        self.every = cfg.cache_refresh or default
+        self.active, self.window = cfg.active_tokens, cfg.window_tokens
+        self.base: torch.Tensor | None = None  # [B, T] window: the canvas at each row's last full forward
+        self.recap, self.warmup = cfg.recap, cfg.recap_warmup  # ReCAP's schedule, in place of the above
+        if self.recap is not None:
+            self.every = self.recap + 1
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer [B, KVH, T, D]
         device = model.device
         self.ref_block = torch.full((rows,), -1, dtype=torch.long, device=device)  # block at the last refresh
@@ -71,11 +83,15 @@ class Forwarder:
         cols = torch.minimum(lo[:, None] + torch.arange(W, device=x.device), (hi - 1)[:, None])  # [R, W]
         if self.mode == "none":
             return self.model.forward(x, attention, at=cols)
+        self._fit(x.shape[1])
         refresh = ~self.has_cache[rows]
-        if self.mode in ("prefix", "dual", "suffix"):
-            refresh |= block != self.ref_block[rows]
-        if self.every:
-            refresh |= step - self.ref_step[rows] >= self.every
+        if self.recap is not None:
+            refresh |= recap_refresh(step, self.ref_step[rows], self.recap, self.warmup)
+        else:
+            if self.mode in ("prefix", "dual", "suffix"):
+                refresh |= block != self.ref_block[rows]
+            if self.every:
+                refresh |= step - self.ref_step[rows] >= self.every
         out: torch.Tensor | None = None
         self._pending, self._last = [], (x, rows, block, step)
         for full in (True, False):
@@ -86,11 +102,15 @@ class Forwarder:
                 part, kv = self.model.forward_columns(x[g], attention[g], None, None, at=cols[g])
                 q = None
             else:
-                q = self._columns(x[g], attention[g], rows[g], lo[g], hi[g])  # [G, Q]
+                att = attention[g]
+                if self.mode == "window":
+                    q, att = self._window(x[g], att, rows[g], lo[g], hi[g])
+                else:
+                    q = self._columns(x[g], att, rows[g], lo[g], hi[g])  # [G, Q]
                 r = rows[g]
                 assert self.kv is not None  # rows that are not refreshed have a cache
                 stored = self.kv if _all_rows(r, len(self.has_cache)) else [(k[r], v[r]) for k, v in self.kv]
-                part, kv = self.model.forward_columns(x[g], attention[g], q, stored, at=cols[g])
+                part, kv = self.model.forward_columns(x[g], att, q, stored, at=cols[g])
             if len(g) == len(rows):  # one group: nothing to merge
                 out = part
             else:
@@ -99,6 +119,22 @@ class Forwarder:
             self._pending.append((g, kv, q, full))
         assert out is not None  # every row is in one of the two groups
         return out
+
+    @torch.inference_mode()
+    def _fit(self, T: int) -> None:
+        """Cut the cache to canvases of T columns: End-of-Text Prediction drops the columns after an EOS from
+        later forwards (the canvas only ever gets shorter; a wider one, never seen, refreshes every row)."""
+        if self.kv is None or self.kv[0][0].shape[2] == T:
+            return
+        if self.kv[0][0].shape[2] < T:
+            self.kv, self.cached, self.base = None, None, None
+            self.has_cache.fill_(False)
+            return
+        self.kv = [(k[:, :, :T].contiguous(), v[:, :, :T].contiguous()) for k, v in self.kv]
+        if self.cached is not None:
+            self.cached = self.cached[:, :T].contiguous()
+        if self.base is not None:
+            self.base = self.base[:, :T].contiguous()
 
     @torch.inference_mode()  # the stored K/V are the model's inference tensors, updated in place here
     def keep(self, entries: torch.Tensor | None = None) -> None:
@@ -124,6 +160,10 @@ class Forwarder:
                     K[r], V[r] = k[sel], v[sel]
             if full:
                 self.has_cache[r], self.ref_block[r], self.ref_step[r] = True, block[e], step[e]
+                if self.mode == "window":
+                    if self.base is None:
+                        self.base = torch.zeros(B, x.shape[1], dtype=x.dtype, device=x.device)
+                    self.base[r] = x[e]
             if self.mode != "delayed":
                 continue
             if self.cached is None:
@@ -134,6 +174,20 @@ class Forwarder:
                 assert q is not None  # a partial forward recomputed the columns q
                 fresh = torch.zeros_like(x[e], dtype=torch.bool).scatter_(1, q[sel], True)
                 self.cached[r] |= fresh & (x[e] != self.mask_id)
+
+    def _window(self, x: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor,
+                hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Window-Diffusion's cheap step (window.py): `[G, Q]` the view, the active masks and the tokens committed
+        since the last full forward, and the attention with the far field hidden."""
+        assert self.base is not None  # rows with a cache were computed by a full forward first
+        need, attention = window.window_plan(x, self.base[rows], attention, self.mask_id, hi, self.active,
+                                             self.window)
+        cols = torch.arange(x.shape[1], device=x.device)
+        need |= (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
+        Q = int(need.sum(-1).max())
+        order = need.long().argsort(dim=-1, descending=True, stable=True)[:, :Q]  # needed columns first
+        n = need.sum(-1, keepdim=True)
+        return torch.where(torch.arange(Q, device=x.device) < n, order, order[:, :1]), attention
 
     def _columns(self, x: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor,
                  hi: torch.Tensor) -> torch.Tensor:

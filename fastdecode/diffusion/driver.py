@@ -3,7 +3,8 @@
 Each step is one forward (through the cache, if any); the method's policy then picks which masked
 positions of its view take their prediction x0. Every row commits at least one position per step, so a
 run never stalls. Unlike LLaDA, a row stops once its text is settled through its first EOS, and the rows
-left are decoded without it.
+left are decoded without it. With `eotp=True` (End-of-Text Prediction, Learn2PD) a committed EOS also settles
+every mask after it at once, and those columns leave the forwards.
 """
 
 from __future__ import annotations
@@ -34,6 +35,21 @@ class Canvas:
         self.eos = torch.tensor(sorted(model.eos_token_ids), dtype=torch.long, device=self.device)
         self.live = torch.arange(B, device=self.device)  # rows still decoding; finished rows cost no more work
         self.B = B
+        self.end = torch.full((B,), n, dtype=torch.long, device=self.device)  # generated offsets >= end are settled
+
+    def settle(self, rows: torch.Tensor) -> None:
+        """End-of-Text Prediction on `rows`: every mask after the first committed EOS becomes that EOS, and the
+        row's canvas ends there for later forwards (`end`)."""
+        self.x[rows, self.P :], end = settle(self.x[rows, self.P :], self.mask_id, self.eos)
+        self.end[rows] = torch.minimum(self.end[rows], end)
+
+    def clip(self, view: View, rows: torch.Tensor) -> View:
+        """The view cut at each row's settled end (at least one column)."""
+        return View(view.lo, torch.maximum(torch.minimum(view.hi, self.end[rows]), view.lo + 1), view.block)
+
+    def visible(self, rows: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(canvases, attention) of `rows` as a forward sees them under End-of-Text Prediction (`cut`)."""
+        return cut(self.x[rows], self.attention[rows], self.P, torch.maximum(self.end[rows], hi))
 
     def gen(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """`[B', N]` generated regions of `rows` (default: the live rows)."""
@@ -75,7 +91,12 @@ def denoise(
         live = canvas.live
         view = policy.view(canvas.gen(), live)
         steps = torch.full_like(live, index)
-        logits = forward(canvas.x[live], canvas.attention[live], live, view.lo + P, view.hi + P, view.block, steps)
+        x, attention = canvas.x[live], canvas.attention[live]
+        if cfg.eotp:
+            view = canvas.clip(view, live)
+            if not cfg.eotp_keep:
+                x, attention = canvas.visible(live, view.hi)
+        logits = forward(x, attention, live, view.lo + P, view.hi + P, view.block, steps)
         forward.keep()
         if guard is not None:
             logits = guard.mask_frontier(logits, live, view.lo, view.hi, canvas.gen())
@@ -86,11 +107,35 @@ def denoise(
         if guard is not None:
             commit, tokens = guard.filter(step, commit, tokens, canvas.gen(), generator)
         pairs = canvas.write(live, view.lo, commit, tokens)
+        if cfg.eotp:
+            canvas.settle(live)
         done = finished(canvas.gen(), canvas.mask_id, canvas.eos)
         yield event(index, canvas.B, live, pairs, step.masked.sum(-1), done)
         canvas.live = live[~done]
         if canvas.live.numel() == 0:
             return
+
+
+def settle(gen: torch.Tensor, mask_id: int, eos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """End-of-Text Prediction on generated regions `[R, N]`: every mask after a row's first EOS becomes that EOS
+    token (the zoo's training pads answers with EOS, so the padding is what the model would write; positions
+    after the first EOS are never output). -> (the settled regions, `[R]` offset one past the first EOS, or N)."""
+    N = gen.shape[-1]
+    is_eos = torch.isin(gen, eos)  # [R, N]
+    first = torch.where(is_eos.any(-1), is_eos.long().argmax(-1), N)  # [R]
+    pad = gen.gather(1, first.clamp(max=N - 1)[:, None])  # [R, 1] the EOS token itself
+    after = torch.arange(N, device=gen.device) > first[:, None]  # [R, N]
+    return torch.where(after & (gen == mask_id), pad, gen), (first + 1).clamp(max=N)
+
+
+def cut(x: torch.Tensor, attention: torch.Tensor, P: int, end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Canvases `[R, T]` without the columns past each row's generated offset `end` `[R]`: cut after the widest
+    row's end, the rest hidden from attention (a dropped column costs no compute in a forward of one row)."""
+    T = P + int(end.max())
+    hidden = torch.arange(T - P, device=x.device)[None, :] >= end[:, None]  # [R, T - P]
+    attention = attention[:, :T].clone()
+    attention[:, P:] = attention[:, P:].masked_fill(hidden, 0)
+    return x[:, :T], attention
 
 
 def make_step(

@@ -18,7 +18,7 @@ import torch
 from ..config import MethodConfig, check
 from ..registry import ConstraintSupport, DriverOf, register
 
-CacheKind = Literal["none", "prefix", "dual", "suffix", "delayed"]
+CacheKind = Literal["none", "prefix", "dual", "suffix", "delayed", "window"]
 C = TypeVar("C", bound=MethodConfig)
 
 # A constraint on a dlm.* method is applied by the grammar mask over the canvas; Grammar-Aligned Decoding needs a
@@ -44,17 +44,41 @@ class DiffusionConfig(MethodConfig):
 
     temperature: float = 0.0  # 0: argmax; > 0: Gumbel-max sampling in float64
     seed: int | None = None  # None draws from torch's global RNG; a seed makes the run repeat
-    # K/V reuse: prefix / dual (Fast-dLLM), suffix (masks after the view), delayed (dKV-Cache)
+    # K/V reuse: prefix / dual (Fast-dLLM), suffix (masks after the view), delayed (dKV-Cache), window
+    #   (Window-Diffusion: window.py)
     cache: CacheKind = "none"
     cache_refresh: int | None = None  # a full refresh at least every n steps; None: only at block changes (prefix,
-    #   dual, suffix), every 8 steps (delayed); 1: every step, exactly the uncached result
+    #   dual, suffix), every 8 steps (delayed), every 32 (window); 1: every step, exactly the uncached result
+    window_tokens: int = 64  # cache="window": masks the recomputed columns attend to; those past them are pruned
+    active_tokens: int = 16  # cache="window": the first masks, recomputed every step (with the view)
+    recap: int | None = None  # ReCAP's refresh schedule (recap.py): a full forward, then `recap` cheap cached ones,
+    #   again and again, in place of the cache's own refreshes; None: the cache's own schedule
+    recap_warmup: int = 0  # with recap: the first n steps of a row are all full (ReCAP's pre_full_iters)
+    eotp: bool = False  # End-of-Text Prediction (Learn2PD): once an EOS is committed, every mask after it is settled
+    #   as that EOS at once and its columns are dropped from later forwards (driver.py, `Canvas.settle`)
+    eotp_keep: bool = False  # with eotp: keep the settled EOS columns in the forwards (the EOS-padded canvas the
+    #   zoo's models were trained on) instead of dropping them; saves steps, not the columns' compute
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(0 <= self.temperature < math.inf, "temperature", self.temperature,
               "must be a finite number >= 0 (0 means argmax)")
-        check(self.cache in ("none", "prefix", "dual", "suffix", "delayed"), "cache", self.cache,
-              "must be 'none', 'prefix', 'dual', 'suffix' or 'delayed'")
+        check(self.cache in ("none", "prefix", "dual", "suffix", "delayed", "window"), "cache", self.cache,
+              "must be 'none', 'prefix', 'dual', 'suffix', 'delayed' or 'window'")
+        check(self.window_tokens >= 1, "window_tokens", self.window_tokens, "must be at least 1")
+        check(self.active_tokens >= 1, "active_tokens", self.active_tokens, "must be at least 1")
+        if self.recap is not None:
+            check(self.recap >= 1, "recap", self.recap, "must be at least 1 (cheap steps per full one), or None")
+            check(self.cache != "none", "cache", self.cache,
+                  "must be a cache ('dual', 'suffix', 'prefix' or 'delayed') with recap: its cheap steps are the "
+                  "cache's partial forwards")
+            check(self.cache_refresh is None, "cache_refresh", self.cache_refresh,
+                  "must be None with recap, which sets the refreshes itself")
+        check(self.recap_warmup >= 0, "recap_warmup", self.recap_warmup, "must be >= 0")
+        check(self.recap is not None or self.recap_warmup == 0, "recap_warmup", self.recap_warmup,
+              "only applies with recap (it makes the first steps full)")
+        check(self.eotp or not self.eotp_keep, "eotp_keep", self.eotp_keep,
+              "only applies with eotp=True (it keeps the columns End-of-Text Prediction settles)")
         if self.cache_refresh is not None:
             check(self.cache_refresh >= 1, "cache_refresh", self.cache_refresh,
                   "must be at least 1 (1 refreshes every step), or None for the cache's default")

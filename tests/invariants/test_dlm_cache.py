@@ -100,7 +100,7 @@ def test_a_stale_cache_reads_old_kv_for_columns_it_does_not_recompute(diffusion)
     assert not torch.allclose(stale, fresh)
 
 
-@pytest.mark.parametrize("cache", ["prefix", "dual", "suffix", "delayed"])
+@pytest.mark.parametrize("cache", ["prefix", "dual", "suffix", "delayed", "window"])
 @pytest.mark.parametrize("name", METHODS)
 def test_a_cache_refreshed_every_step_gives_exactly_the_uncached_result(sharp, name, cache):
     if name == "dlm.freedave" and cache == "delayed":  # drafts would read K/V of tokens not yet verified
@@ -113,7 +113,7 @@ def test_a_cache_refreshed_every_step_gives_exactly_the_uncached_result(sharp, n
     assert [r.stats.forwards for r in cached] == [r.stats.forwards for r in plain]
 
 
-@pytest.mark.parametrize("cache", ["prefix", "dual", "suffix", "delayed"])
+@pytest.mark.parametrize("cache", ["prefix", "dual", "suffix", "delayed", "window"])
 @pytest.mark.parametrize("name", ["dlm.baseline", "dlm.threshold", "dlm.dcd", "dlm.ccd"])
 def test_cached_runs_batched_equal_one_by_one(sharp, name, cache):
     batched = fastdecode.generate(sharp, PROMPTS, name, **kw(name, cache=cache))

@@ -9,7 +9,7 @@ import fastdecode
 METHODS = [m.name for m in fastdecode.methods("diffusion")]
 
 
-@pytest.mark.parametrize("cache", ["none", "prefix", "dual", "suffix", "delayed"])
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual", "suffix", "delayed", "window"])
 @pytest.mark.parametrize("name", METHODS)
 def test_method_with_cache_runs_and_stats_are_consistent(diffusion, name, cache):
     if name == "dlm.freedave" and cache == "delayed":

@@ -109,8 +109,9 @@ class Guided:
 
     def _force(self, canvas: torch.Tensor) -> torch.Tensor:
         if self._cols.numel():
+            inside = self._cols < canvas.shape[1]  # a canvas cut by End-of-Text Prediction may end before some
             canvas = canvas.clone()
-            canvas[:, self._cols] = self._toks
+            canvas[:, self._cols[inside]] = self._toks[inside]
         return canvas
 
     def forward(self, canvas: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -120,7 +121,7 @@ class Guided:
             un = canvas.clone()
             un[:, : self._P] = self._model.mask_token_id
             if self._cols.numel():
-                un[:, self._cols] = self._model.mask_token_id
+                un[:, self._cols[self._cols < un.shape[1]]] = self._model.mask_token_id
             both = self._model.forward(
                 torch.cat([canvas, un]), None if attention_mask is None else attention_mask.repeat(2, 1),
                 None if at is None else at.repeat(2, 1))

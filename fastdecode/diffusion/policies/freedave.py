@@ -27,8 +27,8 @@ from ...registry import ConstraintSupport, RunContext
 from ...sampling.samplers import make_generator
 from ...types import PromptBatch, StepEvent
 from ..cache import Forwarder
-from ..driver import Canvas, event, finished, make_step
-from ..policy import BlockConfig, block_view, register_dlm
+from ..driver import Canvas, cut, event, finished, make_step, settle
+from ..policy import BlockConfig, View, block_view, register_dlm
 from ..rules import top1
 
 
@@ -42,6 +42,9 @@ class FreeDaveConfig(BlockConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.draft_steps >= 1, "draft_steps", self.draft_steps, "must be at least 1")
+        check(self.recap is None, "recap", self.recap,
+              "cannot be set for dlm.freedave: a ReCAP warm-up ends inside a round of drafts verified against one "
+              "cache; use cache_refresh=n for a periodic refresh")
         check(self.cache != "delayed", "cache", self.cache,
               "cannot be 'delayed' for dlm.freedave: a delayed cache depends on the order of past steps, which "
               "drafts verified in parallel cannot reproduce; use 'prefix', 'dual' or 'suffix'")
@@ -79,9 +82,14 @@ class FreeDave:
         """One batched forward of the generated regions `gens` `[R, N]` (entries of `rows`) -> their states."""
         c = self.canvas
         view = block_view(gens, self.mask_id, self.cfg.block_size)
-        x = torch.cat([c.x[rows, : c.P], gens], dim=1)
+        x, attention = torch.cat([c.x[rows, : c.P], gens], dim=1), c.attention[rows]
         steps = (gens != self.mask_id).sum(-1)  # the baseline step whose forward sees this canvas
-        logits = self.forward(x, c.attention[rows], rows, view.lo + c.P, view.hi + c.P, view.block, steps)
+        if self.cfg.eotp:  # the drafts are settled (`plan`): their columns after the first EOS are dropped
+            end = settle(gens, self.mask_id, c.eos)[1]
+            view = View(view.lo, torch.maximum(torch.minimum(view.hi, end), view.lo + 1), view.block)
+            if not self.cfg.eotp_keep:
+                x, attention = cut(x, attention, c.P, torch.maximum(end, view.hi))
+        logits = self.forward(x, attention, rows, view.lo + c.P, view.hi + c.P, view.block, steps)
         s = make_step(index, rows, view, gens, logits, self.mask_id, self.cfg.temperature, self.generator)
         return [State(int(view.lo[i]), s.x0[i], s.conf[i]) for i in range(len(rows))]
 
@@ -99,6 +107,8 @@ class FreeDave:
         upto = ranks[None, :] <= ranks[:, None]  # [K, K]: draft i holds commits 0..i
         drafts = gen.expand(K, -1).clone()
         drafts[ranks[:, None].expand(K, K)[upto], offsets.expand(K, K)[upto]] = tokens.expand(K, K)[upto]
+        if self.cfg.eotp:  # each draft is the baseline's state after its commits, settled as the baseline's is
+            drafts = settle(drafts, self.mask_id, self.canvas.eos)[0]
         ends = finished(drafts, self.mask_id, self.canvas.eos)
         K = int(ends.long().argmax()) + 1 if ends.any() else K  # drafts past the row's end are never needed
         return Plan(drafts[:K], offsets[:K], tokens[:K], ends[:K], int(masked.sum()))
