@@ -168,6 +168,11 @@ class DFlashHead(Head):
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.fc = nn.Linear(len(config.target_layers) * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, config.rms_norm_eps)
+        self.training_options: dict[str, float] = {}  # how a trainer set it up (anchors, gamma); not saved
+
+    def blocks(self) -> list[DFlashLayer]:
+        """The draft decoder layers, typed."""
+        return [layer for layer in self.layers if isinstance(layer, DFlashLayer)]
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`[B, T]` positions -> the cos/sin every layer rotates with."""
@@ -183,7 +188,7 @@ class DFlashHead(Head):
     def context(self, fused: torch.Tensor, positions: torch.Tensor) -> list[KV]:
         """Fused features `[B, C, H]` at `[B, C]` positions -> each layer's context keys and values."""
         cos, sin = self.rotary(positions)
-        return [layer.self_attn.keys(fused, cos, sin) for layer in self.layers]
+        return [layer.self_attn.keys(fused, cos, sin) for layer in self.blocks()]
 
     def forward(self, block: torch.Tensor, positions: torch.Tensor, context: Sequence[KV],
                 visible: torch.Tensor | None = None) -> torch.Tensor:
@@ -192,16 +197,16 @@ class DFlashHead(Head):
         `[B, Q, C + Q]` bool says which context and block keys each query reads (None: all of them)."""
         cos, sin = self.rotary(positions)
         x = block.to(self.fc.weight.dtype)
-        for layer, kv in zip(self.layers, context, strict=True):
+        for layer, kv in zip(self.blocks(), context, strict=True):
             x = layer(x, cos, sin, kv, visible)
         return self.norm(x)
 
 
-def target_parts(model: object) -> tuple[nn.Module, nn.Module]:
+def target_parts(model: object) -> tuple[nn.Module, nn.Linear]:
     """The target's input embeddings and lm_head (shared, frozen) from a loaded `CausalLM`."""
     module = getattr(model, "model", model)
     embed, head = module.get_input_embeddings(), module.get_output_embeddings()  # type: ignore[attr-defined]
-    if embed is None or head is None:
+    if not isinstance(embed, nn.Module) or not isinstance(head, nn.Linear):
         raise ValueError(f"{type(module).__name__} exposes no input embeddings or lm_head for a DFlash drafter")
     return embed, head
 
@@ -248,9 +253,10 @@ def build_for(model: object, seed: int | None = None, **options: object) -> DFla
     """A freshly initialised DFlash head for `model` (init: normal(0, 0.02) linears, unit norms, as transformers'
     `_init_weights`), on the model's device and dtype; `seed` makes it repeatable without touching the global RNG."""
     cfg = config_for(model, **options)
+    num = int(getattr(model.config, "num_hidden_layers", 0) or 0)  # type: ignore[attr-defined]
     for i in cfg.target_layers:
-        num = int(getattr(model.config, "num_hidden_layers", 0) or 0)  # type: ignore[attr-defined]
-        check(not num or -num <= i < num, "target_layers", cfg.target_layers, f"must be layers of the target (0..{num - 1})")
+        check(not num or -num <= i < num, "target_layers", cfg.target_layers,
+              f"must be layers of the target (0..{num - 1})")
     head = DFlashHead(cfg, Target.of(model))
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     with torch.no_grad():

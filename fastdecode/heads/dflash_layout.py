@@ -131,8 +131,9 @@ def _config(record: dict[str, Any], model: Any, root: Path) -> DFlashConfig:
     wrong = [f"{k} {v} (the target has {getattr(target, k)})" for k, v in found.items()
              if v is not None and getattr(target, k) and int(v) != getattr(target, k)]
     if wrong:
-        raise IncompatibleMethodError(f"The DFlash drafter {root} was made for another target: its config gives "
-                                      f"{', '.join(wrong)}. Load the drafter trained for {target.name or 'this model'}.")
+        raise IncompatibleMethodError(
+            f"The DFlash drafter {root} was made for another target: its config gives {', '.join(wrong)}. Load the "
+            f"drafter trained for {target.name or 'this model'}.")
     if record.get("attention_bias"):
         raise ModelLoadError(f"{root} uses attention biases, which this DFlash drafter does not implement.")
     types = set(record.get("layer_types") or ["full_attention"])

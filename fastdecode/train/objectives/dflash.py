@@ -87,11 +87,11 @@ class DFlashObjective(HeadObjective):
     def head_loss(self, head: DFlashHead, target: Any, batch: TargetBatch,
                   gen: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         cfg, Bk = head.config, head.config.block_size
-        options = {**TRAINING, **getattr(head, "training_options", {})}
+        options: dict[str, Any] = {**TRAINING, **head.training_options}
         anchors_per_row, gamma = int(options["anchors"]), float(options["gamma"])
         ids, attention, answer = batch.ids, batch.attention.bool(), batch.answer.bool()  # [B, T]
         B, T = ids.shape
-        device = head.fc.weight.device
+        device: torch.device = head.fc.weight.device
         anchors, keep = sample_anchors(answer, anchors_per_row, gen)  # [B, N]
         N = anchors.shape[1]
         offsets = torch.arange(Bk, device=ids.device)  # [Bk]
@@ -100,7 +100,7 @@ class DFlashObjective(HeadObjective):
         with torch.no_grad():
             block_ids = torch.full((B, N, Bk), cfg.mask_token_id, dtype=torch.long, device=ids.device)
             block_ids[..., 0] = ids.gather(1, anchors)
-            noise = embed(block_ids.view(B, N * Bk).to(embed.weight.device)).clone()  # [B, Q, H]
+            noise = embed(block_ids.view(B, N * Bk).to(next(embed.parameters()).device)).clone()  # [B, Q, H]
         fused = head.fuse([t.clone().to(device) for t in batch.layers])  # [B, T, H]
         context = head.context(fused, torch.arange(T, device=device).expand(B, T))
         visible = block_mask(anchors, attention, Bk).to(device)
