@@ -170,6 +170,16 @@ class DFlashHead(Head):
         self.hidden_norm = RMSNorm(H, config.rms_norm_eps)
         self.training_options: dict[str, float] = {}  # how a trainer set it up (anchors, gamma); not saved
 
+    @classmethod
+    def for_target(cls, model: object, **options: object) -> DFlashHead:
+        """A freshly initialised head shaped for `model` (`config_for`), what training starts from."""
+        return build_for(model, None, **options)
+
+    @classmethod
+    def untrained(cls, model: object, seed: int = 0) -> DFlashHead:
+        """A seeded random head for `model` with the default shape (lossless, but it rarely guesses right)."""
+        return build_for(model, seed=seed)
+
     def blocks(self) -> list[DFlashLayer]:
         """The draft decoder layers, typed."""
         return [layer for layer in self.layers if isinstance(layer, DFlashLayer)]
