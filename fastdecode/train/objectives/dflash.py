@@ -74,6 +74,15 @@ def block_mask(anchors: torch.Tensor, attention: torch.Tensor, block: int) -> to
 
 class DFlashObjective(HeadObjective):
     kind = "dflash"
+    method = "spec.dflash"  # the method the loop measures the trained head with, for its card
+
+    def card_lines(self, options: dict[str, Any]) -> list[str]:
+        """How the head is shaped and trained, for its card."""
+        training = {**TRAINING, **{k: options[k] for k in TRAINING if k in options}}
+        return [f"DFlash block drafter (z-lab/dflash; SpecForge's DFlash training): {training['anchors']} random "
+                "anchors per sequence, each block [anchor token, masks] reading the fused target features of the "
+                "context strictly before its anchor and itself bidirectionally; cross-entropy on the target's own "
+                f"tokens weighted exp(-(k-1)/{training['gamma']}) over block position k.", ""]
 
     def target_layers(self, target: Any, options: dict[str, Any]) -> tuple[int, ...]:
         return config_for(target, **shape_options(options)).target_layers
