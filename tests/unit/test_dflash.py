@@ -171,7 +171,11 @@ def test_authors_layout_on_another_target_is_refused(causal, head, tmp_path, sav
         load_dflash(folder, causal)
 
 
-def test_a_model_without_a_shipped_head_gets_a_seeded_random_one(causal):
+def test_a_model_without_a_shipped_head_is_refused_unless_untrained_heads_are_allowed(causal, monkeypatch):
+    monkeypatch.delenv("FASTDECODE_UNTRAINED_HEADS")
+    with pytest.raises(ModelLoadError, match="No 'dflash' head ships"):
+        dflash_head(causal)
+    monkeypatch.setenv("FASTDECODE_UNTRAINED_HEADS", "1")  # the test suite's setting: a seeded random head
     a, b = dflash_head(causal), dflash_head(causal)
     assert isinstance(a, DFlashHead)
     for k, v in a.state_dict().items():

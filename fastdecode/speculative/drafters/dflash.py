@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 
 from ...config import check
-from ...heads.dflash import KV, DFlashHead, build_for, target_parts
+from ...errors import ModelLoadError
+from ...heads.dflash import KV, DFlashHead, target_parts
 from ...heads.dflash_layout import is_dflash_layout, load_dflash
-from ...heads.io import head_for, head_names
+from ...heads.io import head_for
 from ...models.causal import CausalLM
 from ...models.hidden import layer_list
 from ...registry import RunContext
@@ -37,8 +38,8 @@ from ..verify import target_distribution
 class DFlashSpecConfig(SpecConfig):
     num_draft_tokens: int = 0  # masks filled per block, at most the head's block size - 1; 0 = block size - 1
     # the drafter: a folder (save_head's, or a DFlash checkpoint in the authors' / SpecForge layout) or
-    # zoo:<model>/<head>; "" = the head shipped for a zoo model, or for any other model an untrained random head
-    # (seed 0: lossless, but it rarely guesses right; train one with `fastdecode train drafter --kind dflash`)
+    # zoo:<model>/<head>; "" = the head shipped for a zoo model (train one for another model with
+    # `fastdecode train drafter --target MODEL --kind dflash`)
     head: str = ""
 
     def __post_init__(self) -> None:
@@ -51,12 +52,10 @@ def dflash_head(model: CausalLM, head: str = "") -> DFlashHead:
     """The DFlash head `spec.dflash` decodes `model` with (see `DFlashSpecConfig.head`)."""
     if head and Path(head).expanduser().is_dir() and is_dflash_layout(head):
         found = load_dflash(head, model)
-    elif head or f"{str(model.name).removeprefix('zoo:')}/dflash" in head_names():
-        found = head_for(model, "dflash", head or None)  # type: ignore[assignment]
     else:
-        found = build_for(model, seed=0)
+        found = head_for(model, "dflash", head or None)  # type: ignore[assignment]
     if not isinstance(found, DFlashHead):
-        raise TypeError(f"{head} is not a DFlash head")
+        raise ModelLoadError(f"{head} holds a {found.kind!r} head, not a DFlash one")
     return found.eval()
 
 
