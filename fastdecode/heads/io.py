@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import weakref
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -159,10 +160,26 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+_ATTACHED: weakref.WeakKeyDictionary[Any, dict[str, Head]] = weakref.WeakKeyDictionary()
+
+
+def attach_head(model: Any, head: Head) -> None:
+    """Make `head` (a module in memory, e.g. freshly trained or built) the head of its kind that methods decode
+    `model` with when no `head=` is passed, ahead of any shipped one; refused if it was trained against another
+    model. Held only as long as the model lives."""
+    if head.target is not None:
+        head.target.check(model, f"the {head.kind} head")
+    _ATTACHED.setdefault(model, {})[head.kind] = head
+
+
 def head_for(model: Any, kind: str, head: str | Path | None = None) -> Head:
-    """The head a method decodes `model` with: `head` (a folder or `zoo:<model>/<name>`) when given, else the head of
-    kind `kind` shipped beside a zoo model (`zoo:ar-small` finds `zoo:ar-small/<kind>`). It is loaded on the model's
-    device and dtype, and refused when it is of another kind or was trained against another model."""
+    """The head a method decodes `model` with: `head` (a folder or `zoo:<model>/<name>`) when given, else one attached
+    to the model (`attach_head`), else the head of kind `kind` shipped beside a zoo model (`zoo:ar-small` finds
+    `zoo:ar-small/<kind>`). It is loaded on the model's device and dtype, and refused when it is of another kind or
+    was trained against another model."""
+    attached = _ATTACHED.get(model, {}).get(kind) if head is None else None
+    if attached is not None:
+        return attached
     if head is None:
         name = str(getattr(model, "name", ""))
         shipped = f"{name}/{kind}" if name.startswith("zoo:") else None

@@ -1,0 +1,125 @@
+"""EAGLE-3's training-time test (Li et al. 2025; SafeAILab/EAGLE `eagle/traineagle3/cnets.py`, SpecForge's
+`OnlineEagle3Model`): the head is unrolled for `ttt` steps over every position of a batch at once, each step fed the
+layer's own outputs of the step before, so that it learns to draft from its own features as it must at decode time.
+
+At step i, row p reads the embedding of token p+1+i and (step 0) the target's fused feature f_p or (later steps)
+its own step-(i-1) output at row p, sits at rotary position p+i, and predicts token p+2+i. Its attention sees the
+step-0 entries of rows <= p and one entry per later step, its own row's: exactly the cache a chain drafted from
+position p holds at decode time. The loss is sum_i 0.8^i * soft cross-entropy against the target's distribution at
+p+1+i restricted to the draft vocabulary, on answer tokens whose target argmax the draft vocabulary holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ...heads.base import Target
+from ...heads.eagle3 import Eagle3Head, default_layers, eagle3_config_for
+from .base import HeadObjective, TargetBatch
+
+DECAY = 0.8  # the authors' per-step loss weight
+TTT_STEPS = 5  # unrolled steps (the authors use 7; decoding drafts k = 5)
+DRAFT_VOCAB = 1024
+COUNT_ITEMS = 4000  # training items whose answers are counted for the draft vocabulary when no data is given
+
+
+class Eagle3Objective(HeadObjective):
+    kind = "eagle3"
+
+    def target_layers(self, target: Any, options: dict[str, Any]) -> tuple[int, ...]:
+        return _layers(target, options)
+
+    def build_head(self, target: Any, options: dict[str, Any]) -> Eagle3Head:
+        """A random head shaped like `target`; options: `draft_vocab` (1024), `layers` ("1,3,5"), `ttt` (5),
+        `token_counts` (a `[V]` tensor of the training data's token counts; default: counted on the reference
+        answers of training items)."""
+        config = eagle3_config_for(target, int(options.get("draft_vocab", DRAFT_VOCAB)), _layers(target, options))
+        head = Eagle3Head(config, Target.of(target))
+        counts = options.get("token_counts")
+        head.set_vocab(counts if isinstance(counts, torch.Tensor) else answer_counts(target, config.vocab_size))
+        head.ttt_length = int(options.get("ttt", TTT_STEPS))
+        return head
+
+    def head_loss(self, head: Any, target: Any, batch: TargetBatch,
+                  gen: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        steps = int(getattr(head, "ttt_length", TTT_STEPS))
+        losses, accs = ttt_losses(head, target.model.get_input_embeddings(), batch, steps)
+        loss = sum(DECAY**i * part for i, part in enumerate(losses))
+        assert isinstance(loss, torch.Tensor)
+        metrics = {f"acc{i}": a for i, a in enumerate(accs)}
+        metrics["tau"] = simulated_tau(accs)
+        return loss, metrics
+
+
+def ttt_losses(head: Eagle3Head, embed: torch.nn.Module, batch: TargetBatch,
+               steps: int) -> tuple[list[torch.Tensor], list[float]]:
+    """Each unrolled step's soft cross-entropy (mean over its counted positions) and its top-1 agreement with the
+    target's argmax on answer tokens (out-of-vocabulary targets count as misses)."""
+    ids, real, answer = batch.ids, batch.attention.bool(), batch.answer.bool()
+    B, T = ids.shape
+    device = ids.device
+    pad = steps + 2
+    ids_ext = F.pad(ids, (0, pad))  # [B, T + pad]
+    answer_ext = F.pad(answer & real, (0, pad))
+    logits_ext = F.pad(batch.logits.float(), (0, 0, 0, pad))  # [B, T + pad, V]
+    positions = torch.arange(T, device=device)[None].expand(B, T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    allow0 = (causal[None] & real[:, None, :]) | torch.eye(T, dtype=torch.bool, device=device)[None]  # [B, T, T]
+    t2d = head.t2d.to(device)
+    h = head.fuse(batch.layers)  # [B, T, H]
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    losses, accs = [], []
+    for i in range(steps):
+        emb = embed(ids_ext[:, 1 + i : 1 + i + T])  # [B, T, H] token p+1+i
+        h = head.ttt_step(emb, h, positions + i, keys, values, allow0)
+        draft = head.logits(h).float()  # [B, T, V']
+        teacher = logits_ext[:, 1 + i : 1 + i + T]  # [B, T, V] the target at p+1+i predicts token p+2+i
+        best = teacher.argmax(-1)  # [B, T]
+        counted = answer_ext[:, 2 + i : 2 + i + T]  # [B, T] token p+2+i is an answer token
+        kept = counted & t2d[best]
+        p = teacher[..., t2d].softmax(-1)  # [B, T, V'] the target's distribution on the draft vocabulary
+        ce = -(p * draft.log_softmax(-1)).sum(-1)  # [B, T]
+        losses.append((ce * kept).sum() / kept.sum().clamp(min=1))
+        with torch.no_grad():
+            hit = (head.to_target(draft.argmax(-1)) == best) & counted
+            accs.append(float(hit.sum()) / max(1, int(counted.sum())))
+    return losses, accs
+
+
+def simulated_tau(accs: list[float]) -> float:
+    """Expected tokens per verification of a chain if step i's accuracy were its acceptance given the earlier ones:
+    1 + sum_k prod_{i<=k} acc_i (NeMo's tau_sim)."""
+    tau, run = 1.0, 1.0
+    for a in accs:
+        run *= a
+        tau += run
+    return tau
+
+
+def answer_counts(target: Any, vocab_size: int, items: int = COUNT_ITEMS, seed: int = 0) -> torch.Tensor:
+    """`[V]` token counts over prompt + reference answer of `items` training items (train seeds, the zoo mixture):
+    the text the self-distilled data is made of. A target without a tokenizer counts nothing (ids in order)."""
+    counts = torch.zeros(vocab_size)
+    tokenizer = getattr(target, "tokenizer", None)
+    if tokenizer is None:
+        return counts
+    from ..data import DEFAULT_MIXTURE, encode, item_stream
+
+    stream = item_stream(DEFAULT_MIXTURE, seed)
+    for _ in range(items):
+        ids = torch.tensor(encode(tokenizer, next(stream)).ids)
+        counts += torch.bincount(ids[ids < vocab_size], minlength=vocab_size).float()
+    return counts
+
+
+def _layers(target: Any, options: dict[str, Any]) -> tuple[int, ...]:
+    given = options.get("layers")
+    if given is None:
+        return default_layers(Target.of(target).num_layers)
+    if isinstance(given, str):
+        given = [int(x) for x in given.replace(";", ",").split(",") if x.strip()]
+    return tuple(int(x) for x in given)
