@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -155,6 +156,8 @@ class Eagle3Head(Head):
 
     config_class = Eagle3Config
     config: Eagle3Config
+    d2t: torch.Tensor  # [V'] long buffer
+    t2d: torch.Tensor  # [V] bool buffer
     ttt_length = 5  # training-time-test steps the objective unrolls (a training option, not saved)
 
     def __init__(self, config: Eagle3Config, target: Target | None = None) -> None:
@@ -167,6 +170,22 @@ class Eagle3Head(Head):
         d2t, t2d = vocab_maps(torch.zeros(c.vocab_size), c.draft_vocab_size)  # the first V' ids until set
         self.register_buffer("d2t", d2t)
         self.register_buffer("t2d", t2d)
+
+    @classmethod
+    def for_target(cls, model: Any, **options: Any) -> Eagle3Head:
+        """A freshly initialised head shaped for `model` (a loaded `CausalLM`): options `draft_vocab_size` (1024)
+        and `layers` (`default_layers`); its draft vocabulary is the first ids until `set_vocab`."""
+        layers = options.get("layers")
+        config = eagle3_config_for(model, int(options.get("draft_vocab_size", 1024)),
+                                   tuple(layers) if layers is not None else None)
+        return cls(config, Target.of(model))
+
+    @classmethod
+    def untrained(cls, model: Any, seed: int = 0) -> Eagle3Head:
+        """A seeded random head for `model` (what tests decode with: lossless, it only accepts less)."""
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            return cls.for_target(model)
 
     def set_vocab(self, counts: torch.Tensor) -> None:
         """Keep the `draft_vocab_size` most frequent tokens of `counts` `[V]` (token counts of the training data)."""
@@ -265,6 +284,12 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allow: torch.Tens
     `[B, heads, Tq, Tk]`) is True."""
     groups = q.shape[1] // k.shape[1]
     return F.scaled_dot_product_attention(q, _expand(k, groups), _expand(v, groups), attn_mask=allow)
+
+
+def target_embeddings(model: Any) -> nn.Module:
+    """The target's token embedding module (a transformers model's `get_input_embeddings()`): the head's input."""
+    transformers_model: Any = model.model
+    return cast(nn.Module, transformers_model.get_input_embeddings())
 
 
 def eagle3_config_for(model: object, draft_vocab_size: int = 1024,

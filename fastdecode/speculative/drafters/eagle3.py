@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ...config import check
-from ...heads.eagle3 import DraftCache, Eagle3Head
+from ...heads.eagle3 import DraftCache, Eagle3Head, target_embeddings
 from ...heads.eagle3_io import eagle3_for
 from ...models.causal import CausalLM
 from ...registry import RunContext
@@ -52,7 +52,7 @@ class Eagle3Drafter(BaseDrafter):
         self.head, self.cfg = head, cfg
         self.hidden_layers = head.config.layers
         self.tree_drafts = cfg.tree
-        self.embed = model.model.get_input_embeddings()
+        self.embed = target_embeddings(model)
         self.eos = model.eos_token_ids
         self.vocab = model.vocab_size
         self.cache = DraftCache()

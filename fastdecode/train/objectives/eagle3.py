@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ...heads.base import Target
-from ...heads.eagle3 import Eagle3Head, default_layers, eagle3_config_for
+from ...heads.eagle3 import Eagle3Head, default_layers, target_embeddings
 from .base import HeadObjective, TargetBatch
 
 DECAY = 0.8  # the authors' per-step loss weight
@@ -36,17 +36,17 @@ class Eagle3Objective(HeadObjective):
         """A random head shaped like `target`; options: `draft_vocab` (1024), `layers` ("1,3,5"), `ttt` (5),
         `token_counts` (a `[V]` tensor of the training data's token counts; default: counted on the reference
         answers of training items)."""
-        config = eagle3_config_for(target, int(options.get("draft_vocab", DRAFT_VOCAB)), _layers(target, options))
-        head = Eagle3Head(config, Target.of(target))
+        head = Eagle3Head.for_target(target, draft_vocab_size=int(options.get("draft_vocab", DRAFT_VOCAB)),
+                                     layers=_layers(target, options))
         counts = options.get("token_counts")
-        head.set_vocab(counts if isinstance(counts, torch.Tensor) else answer_counts(target, config.vocab_size))
+        head.set_vocab(counts if isinstance(counts, torch.Tensor) else answer_counts(target, head.config.vocab_size))
         head.ttt_length = int(options.get("ttt", TTT_STEPS))
         return head
 
     def head_loss(self, head: Any, target: Any, batch: TargetBatch,
                   gen: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         steps = int(getattr(head, "ttt_length", TTT_STEPS))
-        losses, accs = ttt_losses(head, target.model.get_input_embeddings(), batch, steps)
+        losses, accs = ttt_losses(head, target_embeddings(target), batch, steps)
         loss = sum(DECAY**i * part for i, part in enumerate(losses))
         assert isinstance(loss, torch.Tensor)
         metrics = {f"acc{i}": a for i, a in enumerate(accs)}
