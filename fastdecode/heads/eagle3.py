@@ -130,24 +130,40 @@ class Projected:
 
 
 class DraftCache:
-    """The draft layer's own KV cache at decode time, one row: keys and values in entry order, cropped on rollback."""
+    """The draft layer's own KV cache at decode time, one row: keys and values in entry order, cropped on rollback.
+    Storage grows by doubling, so appending an entry copies only that entry."""
 
     def __init__(self) -> None:
-        self.k: torch.Tensor | None = None  # [1, kv_heads, L, head_dim]
-        self.v: torch.Tensor | None = None
+        self._k: torch.Tensor | None = None  # [1, kv_heads, capacity, head_dim]
+        self._v: torch.Tensor | None = None
+        self.length = 0
 
     @property
-    def length(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
+    def k(self) -> torch.Tensor | None:
+        return None if self._k is None else self._k[:, :, : self.length]
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        return None if self._v is None else self._v[:, :, : self.length]
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        return self.k, self.v
+        """Add `[1, kv_heads, T, hd]` entries; returns all keys and values held."""
+        n = self.length + k.shape[2]
+        if self._k is None or self._v is None or n > self._k.shape[2]:
+            size = max(64, 2 * n)
+            grown_k = k.new_empty(k.shape[0], k.shape[1], size, k.shape[3])
+            grown_v = v.new_empty(v.shape[0], v.shape[1], size, v.shape[3])
+            if self._k is not None and self._v is not None:
+                grown_k[:, :, : self.length] = self._k[:, :, : self.length]
+                grown_v[:, :, : self.length] = self._v[:, :, : self.length]
+            self._k, self._v = grown_k, grown_v
+        self._k[:, :, self.length : n] = k
+        self._v[:, :, self.length : n] = v
+        self.length = n
+        return self._k[:, :, :n], self._v[:, :, :n]
 
     def crop(self, n: int) -> None:
-        if self.k is not None and self.v is not None and n < self.k.shape[2]:
-            self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
+        self.length = min(self.length, n)
 
 
 @register_head("eagle3")
@@ -170,6 +186,7 @@ class Eagle3Head(Head):
         d2t, t2d = vocab_maps(torch.zeros(c.vocab_size), c.draft_vocab_size)  # the first V' ids until set
         self.register_buffer("d2t", d2t)
         self.register_buffer("t2d", t2d)
+        self._inverse_frequencies: dict[torch.device, torch.Tensor] = {}
 
     @classmethod
     def for_target(cls, model: Any, **options: Any) -> Eagle3Head:
@@ -263,8 +280,11 @@ class Eagle3Head(Head):
         return self.finish(p, out)
 
     def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        hd = self.config.head_dim
-        inv = 1.0 / (self.config.rope_theta ** (torch.arange(0, hd, 2, device=positions.device).float() / hd))
+        inv = self._inverse_frequencies.get(positions.device)
+        if inv is None:  # float32 always, whatever dtype the head is cast to
+            hd = self.config.head_dim
+            inv = 1.0 / (self.config.rope_theta ** (torch.arange(0, hd, 2, device=positions.device).float() / hd))
+            self._inverse_frequencies[positions.device] = inv
         angles = positions.float()[..., None] * inv  # [B, T, hd/2]
         both = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, hd]
         return both.cos().to(dtype), both.sin().to(dtype)
