@@ -119,6 +119,33 @@ def test_an_out_of_vocabulary_target_is_not_trained_but_counts_as_a_miss(causal)
     assert [float(part.detach()) for part in losses] == [0.0, 0.0] and accs == [0.0, 0.0]
 
 
+def test_the_unrolled_loss_skips_only_rows_that_never_count(causal):
+    """ttt_losses runs later steps on fewer rows and takes logits only where they count: the same numbers as running
+    every row at every step."""
+    head = eagle3_for(causal)
+    texts = ["Sort this waiting line alphabetically by last name", "0123456789 ABC abc the lazy dog"]
+    batch = _batch(causal, head, texts)
+    assert int(batch.answer.float().argmax(-1).min()) > 8  # long prompts: rows are skipped after step 0
+    losses, accs = ttt_losses(head, causal.model.get_input_embeddings(), batch, 3)
+    embed = causal.model.get_input_embeddings()
+    B, T = batch.ids.shape
+    ids = torch.nn.functional.pad(batch.ids, (0, 5))
+    answer = torch.nn.functional.pad(batch.answer & batch.attention, (0, 5))
+    logits = torch.nn.functional.pad(batch.logits, (0, 0, 0, 5))
+    allow = torch.ones(T, T, dtype=torch.bool).tril()[None] & batch.attention[:, None, :] | torch.eye(T, dtype=bool)
+    h, keys, values = head.fuse(batch.layers), [], []
+    for i in range(3):
+        h = head.ttt_step(embed(ids[:, 1 + i : 1 + i + T]), h, torch.arange(T)[None] + i, keys, values, allow)
+        counted = answer[:, 2 + i : 2 + i + T]
+        teacher = logits[:, 1 + i : 1 + i + T][counted]
+        p = teacher[:, head.t2d].softmax(-1)
+        ce = -(p * head.logits(h[counted]).log_softmax(-1)).sum(-1)
+        kept = head.t2d[teacher.argmax(-1)]
+        torch.testing.assert_close(losses[i], (ce * kept).sum() / kept.sum(), rtol=1e-4, atol=1e-5)
+        hit = head.to_target(head.logits(h[counted]).argmax(-1)) == teacher.argmax(-1)
+        assert accs[i] == pytest.approx(float(hit.float().mean()))
+
+
 class Oracle(Eagle3Head):
     """A head whose guesses are read off the known output: right except where `wrong` says (by position)."""
 

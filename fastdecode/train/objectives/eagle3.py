@@ -57,7 +57,11 @@ class Eagle3Objective(HeadObjective):
 def ttt_losses(head: Eagle3Head, embed: torch.nn.Module, batch: TargetBatch,
                steps: int) -> tuple[list[torch.Tensor], list[float]]:
     """Each unrolled step's soft cross-entropy (mean over its counted positions) and its top-1 agreement with the
-    target's argmax on answer tokens (out-of-vocabulary targets count as misses)."""
+    target's argmax on answer tokens (out-of-vocabulary targets count as misses).
+
+    Step 0 runs every row (all are keys of later steps); later steps only the rows from which some step still
+    predicts an answer token (rows deep inside the prompts are never queried again), and logits are taken only
+    where an answer token is predicted."""
     ids, real, answer = batch.ids, batch.attention.bool(), batch.answer.bool()
     B, T = ids.shape
     device = ids.device
@@ -67,26 +71,32 @@ def ttt_losses(head: Eagle3Head, embed: torch.nn.Module, batch: TargetBatch,
     logits_ext = F.pad(batch.logits.float(), (0, 0, 0, pad))  # [B, T + pad, V]
     positions = torch.arange(T, device=device)[None].expand(B, T)
     causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-    allow0 = (causal[None] & real[:, None, :]) | torch.eye(T, dtype=torch.bool, device=device)[None]  # [B, T, T]
+    allow = (causal[None] & real[:, None, :]) | torch.eye(T, dtype=torch.bool, device=device)[None]  # [B, T, T]
+    first = int(answer_ext.float().argmax(-1).min()) if bool(answer.any()) else T  # earliest answer token
+    lo = max(0, min(T - 1, first - 1 - steps))  # rows below lo are not queried after step 0
     t2d = head.t2d.to(device)
     h = head.fuse(batch.layers)  # [B, T, H]
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     losses, accs = [], []
+    start = 0  # the first row this step runs
     for i in range(steps):
-        emb = embed(ids_ext[:, 1 + i : 1 + i + T])  # [B, T, H] token p+1+i
-        h = head.ttt_step(emb, h, positions + i, keys, values, allow0)
-        draft = head.logits(h).float()  # [B, T, V']
-        teacher = logits_ext[:, 1 + i : 1 + i + T]  # [B, T, V] the target at p+1+i predicts token p+2+i
-        best = teacher.argmax(-1)  # [B, T]
-        counted = answer_ext[:, 2 + i : 2 + i + T]  # [B, T] token p+2+i is an answer token
-        kept = counted & t2d[best]
-        p = teacher[..., t2d].softmax(-1)  # [B, T, V'] the target's distribution on the draft vocabulary
-        ce = -(p * draft.log_softmax(-1)).sum(-1)  # [B, T]
+        with torch.no_grad():  # the target's embeddings are frozen
+            emb = embed(ids_ext[:, start + 1 + i : 1 + i + T])  # [B, T', H] token p+1+i
+        h = head.ttt_step(emb, h, positions[:, start:] + i, keys, values, allow[:, start:])
+        counted = answer_ext[:, start + 2 + i : 2 + i + T]  # [B, T'] row p predicts answer token p+2+i
+        teacher = logits_ext[:, start + 1 + i : 1 + i + T][counted]  # [N, V] the target at p+1+i
+        draft = head.logits(h[counted]).float()  # [N, V']
+        best = teacher.argmax(-1)  # [N]
+        kept = t2d[best]  # [N] the draft vocabulary holds the target's choice
+        p = teacher[:, t2d].softmax(-1)  # [N, V'] the target's distribution on the draft vocabulary
+        ce = -(p * draft.log_softmax(-1)).sum(-1)  # [N]
         losses.append((ce * kept).sum() / kept.sum().clamp(min=1))
         with torch.no_grad():
-            hit = (head.to_target(draft.argmax(-1)) == best) & counted
-            accs.append(float(hit.sum()) / max(1, int(counted.sum())))
+            hit = head.to_target(draft.argmax(-1)) == best
+            accs.append(float(hit.sum()) / max(1, best.numel()))
+        if i == 0 and lo > 0:  # from now on only rows lo.. are queried
+            h, start = h[:, lo:], lo
     return losses, accs
 
 
