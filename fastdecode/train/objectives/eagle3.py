@@ -111,8 +111,8 @@ def simulated_tau(accs: list[float]) -> float:
 
 
 def answer_counts(target: Any, vocab_size: int, items: int = COUNT_ITEMS, seed: int = 0) -> torch.Tensor:
-    """`[V]` token counts over prompt + reference answer of `items` training items (train seeds, the zoo mixture):
-    the text the self-distilled data is made of. A target without a tokenizer counts nothing (ids in order)."""
+    """`[V]` token counts over the reference answers of `items` training items (train seeds, the zoo mixture), as
+    SpecForge counts the tokens under its loss mask: what the target's self-distilled answers are made of. A target without a tokenizer counts nothing (ids in order)."""
     counts = torch.zeros(vocab_size)
     tokenizer = getattr(target, "tokenizer", None)
     if tokenizer is None:
@@ -121,7 +121,8 @@ def answer_counts(target: Any, vocab_size: int, items: int = COUNT_ITEMS, seed: 
 
     stream = item_stream(DEFAULT_MIXTURE, seed)
     for _ in range(items):
-        ids = torch.tensor(encode(tokenizer, next(stream)).ids)
+        example = encode(tokenizer, next(stream))
+        ids = torch.tensor(example.ids[example.prompt_len :])  # the tokens a drafter has to guess
         counts += torch.bincount(ids[ids < vocab_size], minlength=vocab_size).float()
     return counts
 
