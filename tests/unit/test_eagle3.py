@@ -18,6 +18,7 @@ from fastdecode.heads.eagle3_io import eagle3_for, is_eagle3_layout, load_eagle3
 from fastdecode.registry import RunContext
 from fastdecode.speculative.drafters.eagle3 import Eagle3Drafter, Eagle3SpecConfig
 from fastdecode.speculative.driver import speculative
+from fastdecode.train.data import Example
 from fastdecode.train.objectives import TargetBatch, head_objective
 from fastdecode.train.objectives.eagle3 import simulated_tau, ttt_losses
 
@@ -38,6 +39,15 @@ def test_vocab_maps_keep_the_most_counted_tokens_in_id_order():
     assert (torch.arange(3) + d2t).tolist() == [0, 2, 4]
     assert t2d.tolist() == [True, False, True, False, True, False]
     assert default_layers(6) == (1, 3, 5) and default_layers(2) == (0, 1, 1)
+
+
+def test_the_draft_vocabulary_is_fitted_on_the_answers_of_the_training_data(causal):
+    objective = head_objective("eagle3")
+    head = objective.build_head(causal, {"token_counts": torch.zeros(causal.vocab_size), "draft_vocab": 4})
+    examples = [Example([0, 50, 7, 7, 9], 2, "t"), Example([0, 60, 9, 7, 1], 2, "t")]  # answers 7 7 9 / 9 7 1
+    objective.prepare(head, examples)
+    assert head.t2d.nonzero().flatten().tolist() == [0, 1, 7, 9]
+    assert (torch.arange(4) + head.d2t).tolist() == [0, 1, 7, 9]  # 7, 9, 1 counted; then the lowest id
 
 
 def test_config_refuses_a_shape_that_cannot_run():

@@ -28,6 +28,7 @@ COUNT_ITEMS = 4000  # training items whose answers are counted for the draft voc
 
 class Eagle3Objective(HeadObjective):
     kind = "eagle3"
+    method = "spec.eagle3"  # what decodes with the head (the loop measures it for the card)
 
     def target_layers(self, target: Any, options: dict[str, Any]) -> tuple[int, ...]:
         return _layers(target, options)
@@ -42,6 +43,11 @@ class Eagle3Objective(HeadObjective):
         head.set_vocab(counts if isinstance(counts, torch.Tensor) else answer_counts(target, head.config.vocab_size))
         head.ttt_length = int(options.get("ttt", TTT_STEPS))
         return head
+
+    def prepare(self, head: Any, examples: list[Any]) -> None:
+        """The draft vocabulary: the most frequent tokens of the target's own answers (SpecForge counts the tokens
+        under its loss mask the same way)."""
+        head.set_vocab(token_counts([e.ids[e.prompt_len :] for e in examples], head.config.vocab_size))
 
     def head_loss(self, head: Any, target: Any, batch: TargetBatch,
                   gen: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
@@ -110,21 +116,26 @@ def simulated_tau(accs: list[float]) -> float:
     return tau
 
 
+def token_counts(rows: list[list[int]], vocab_size: int) -> torch.Tensor:
+    """`[V]` how often each token id occurs in `rows`."""
+    counts = torch.zeros(vocab_size)
+    for row in rows:
+        ids = torch.tensor(row, dtype=torch.long)
+        counts += torch.bincount(ids[(ids >= 0) & (ids < vocab_size)], minlength=vocab_size).float()
+    return counts
+
+
 def answer_counts(target: Any, vocab_size: int, items: int = COUNT_ITEMS, seed: int = 0) -> torch.Tensor:
     """`[V]` token counts over the reference answers of `items` training items (train seeds, the zoo mixture), as
     SpecForge counts the tokens under its loss mask: what the target's self-distilled answers are made of. A target without a tokenizer counts nothing (ids in order)."""
-    counts = torch.zeros(vocab_size)
     tokenizer = getattr(target, "tokenizer", None)
     if tokenizer is None:
-        return counts
+        return torch.zeros(vocab_size)
     from ..data import DEFAULT_MIXTURE, encode, item_stream
 
     stream = item_stream(DEFAULT_MIXTURE, seed)
-    for _ in range(items):
-        example = encode(tokenizer, next(stream))
-        ids = torch.tensor(example.ids[example.prompt_len :])  # the tokens a drafter has to guess
-        counts += torch.bincount(ids[ids < vocab_size], minlength=vocab_size).float()
-    return counts
+    examples = [encode(tokenizer, next(stream)) for _ in range(items)]
+    return token_counts([e.ids[e.prompt_len :] for e in examples], vocab_size)  # the tokens a drafter guesses
 
 
 def _layers(target: Any, options: dict[str, Any]) -> tuple[int, ...]:
