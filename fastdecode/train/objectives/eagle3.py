@@ -126,8 +126,9 @@ def token_counts(rows: list[list[int]], vocab_size: int) -> torch.Tensor:
 
 
 def answer_counts(target: Any, vocab_size: int, items: int = COUNT_ITEMS, seed: int = 0) -> torch.Tensor:
-    """`[V]` token counts over the reference answers of `items` training items (train seeds, the zoo mixture), as
-    SpecForge counts the tokens under its loss mask: what the target's self-distilled answers are made of. A target without a tokenizer counts nothing (ids in order)."""
+    """`[V]` token counts over the reference answers of `items` training items (train seeds, the zoo mixture): close
+    to the target's own answers, for a head built outside the training loop (whose `prepare` counts those). A target
+    without a tokenizer counts nothing (the draft vocabulary is then the first ids)."""
     tokenizer = getattr(target, "tokenizer", None)
     if tokenizer is None:
         return torch.zeros(vocab_size)
