@@ -44,6 +44,14 @@ class Eagle3Objective(HeadObjective):
         head.ttt_length = int(options.get("ttt", TTT_STEPS))
         return head
 
+    def card_lines(self, options: dict[str, Any]) -> list[str]:
+        steps = int(options.get("ttt", TTT_STEPS))
+        return [f"EAGLE-3 head: `fc` over the target layers' outputs, one decoder layer whose attention reads "
+                f"[input_layernorm(emb); hidden_norm(feature)], a draft vocabulary of the most frequent answer tokens "
+                f"(`d2t`/`t2d`). Training-time test: {steps} unrolled steps, loss sum_i {DECAY}^i soft cross-entropy "
+                f"against the target's distribution on the draft vocabulary. The same tensors in "
+                f"SpecForge/SGLang/vLLM's layout: `fastdecode.heads.eagle3_io.save_eagle3`.", ""]
+
     def prepare(self, head: Any, examples: list[Any]) -> None:
         """The draft vocabulary: the most frequent tokens of the target's own answers (SpecForge counts the tokens
         under its loss mask the same way)."""
