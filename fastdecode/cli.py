@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -9,7 +10,7 @@ import sys
 import time
 import traceback
 import warnings
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -394,20 +395,114 @@ def demo(
               + ", ".join(str(p) for p in result.report.plots), highlight=False)
 
 
-@app.command()
-def train(
-    name: Annotated[str, typer.Argument(help="Zoo model: ar-small, ar-tiny, dlm-small or ar-long.")],
-    out_dir: Annotated[
-        Optional[str], typer.Option("--out", help="Output folder (default: the package's zoo/NAME).")
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Training seed.")] = 0,
-    threads: Annotated[int, typer.Option(help="torch CPU threads (results depend on it).")] = 1,
-    steps: Annotated[Optional[int], typer.Option(help="Override the recipe's step count (for trials).")] = None,
-    set_: Annotated[
-        list[str], typer.Option("--set", help="Override a recipe field for a trial, e.g. --set lr=0.002.")
-    ] = [],  # noqa: B006
-    eval_items: Annotated[int, typer.Option(help="Test items per task for the model card.")] = 50,
+train_app = typer.Typer(
+    no_args_is_help=True,
+    help="Train a zoo model from its recipe (fastdecode train NAME), or a drafter head against a target model "
+         "(fastdecode train drafter --target MODEL --kind KIND).",
+)
+app.add_typer(train_app, name="train")
+
+OutOpt = Annotated[Optional[str], typer.Option("--out", help="Output folder (default: the package's zoo/NAME).")]
+SeedOpt = Annotated[int, typer.Option(help="Training seed.")]
+TrainThreadsOpt = Annotated[int, typer.Option(help="torch CPU threads (results depend on it).")]
+StepsOpt = Annotated[Optional[int], typer.Option(help="Override the recipe's step count (for trials).")]
+SetOpt = Annotated[list[str], typer.Option("--set", help="Override a recipe field for a trial, e.g. --set lr=0.002.")]
+EvalOpt = Annotated[int, typer.Option(help="Test items per task for the model card.")]
+ZOO_MODELS = {  # what `fastdecode train NAME` builds: the recipes of train/recipes.py, and ar-long's stages
+    "ar-small": "the zoo's Llama-shaped causal LM (10 M parameters)",
+    "ar-tiny": "the small draft model of zoo:ar-small (ar-small's tokenizer)",
+    "dlm-small": "the zoo's masked-diffusion LM",
+    "ar-long": "zoo:ar-small fine-tuned in stages to a 4k context (fastdecode/train/long.py)",
+}
+
+
+def _zoo_command(name: str, what: str) -> None:
+    def command(out_dir: OutOpt = None, seed: SeedOpt = 0, threads: TrainThreadsOpt = 1, steps: StepsOpt = None,
+                set_: SetOpt = [], eval_items: EvalOpt = 50) -> None:  # noqa: B006
+        _train_zoo(name, out_dir, seed, threads, steps, set_, eval_items)
+
+    command.__doc__ = f"Reproduce zoo:{name}, {what}, from its recipe and a seed; evaluate it and write its card."
+    train_app.command(name)(command)
+
+
+for _name, _what in ZOO_MODELS.items():
+    _zoo_command(_name, _what)
+
+
+@train_app.command("drafter")
+def train_drafter(
+    target: Annotated[str, typer.Option(help="The frozen target model: a folder or zoo:NAME.")],
+    kind: Annotated[str, typer.Option(help="Head kind: medusa, hydra, eagle3, dflash ... (one objective a kind, "
+                                           "fastdecode/train/objectives/).")],
+    out_dir: Annotated[Optional[str], typer.Option(
+        "--out", help="Output folder; the checkpoint there is resumed (default for a zoo target: the package's "
+                      "zoo/MODEL/heads/KIND, the head its methods find with no flag).")] = None,
+    seed: SeedOpt = 0,
+    threads: TrainThreadsOpt = 1,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (default: the loop's, 600).")] = None,
+    set_: Annotated[list[str], typer.Option(
+        "--set", help="A training setting (lr, batch_tokens, items, warmup, ...: fastdecode/train/heads.py, "
+                      "HeadTraining) or a head option (e.g. num_heads=4), as NAME=VALUE.")] = [],  # noqa: B006
+    device: DeviceOpt = None,
 ) -> None:
+    """Train a drafter head against a frozen target on its own greedy answers; write it with its card.
+
+    The target first regenerates its answers on training seeds of the zoo tasks (batched greedy decoding, cached and
+    shared by every kind), then the head trains with AdamW; the run is resumable (rerun the same command) and
+    deterministic for a seed and thread count. The card states the training time, the tokens and the τ per draft
+    position measured with the method that decodes with the head."""
+    from pathlib import Path
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    import fastdecode
+    from fastdecode.config import parse_param_strings
+    from fastdecode.errors import ArgumentError
+    from fastdecode.train.heads import split_settings, train_head
+    from fastdecode.train.objectives import head_objective
+
+    _check_threads(threads)
+    head_objective(kind)  # an unknown kind is refused before the model loads
+    cfg, options = split_settings(parse_param_strings(set_))
+    if steps is not None:
+        cfg = dataclasses.replace(cfg, steps=steps)
+    if out_dir is None:
+        if not target.startswith("zoo:"):
+            raise ArgumentError(f"--out is needed for a target outside the zoo ({target!r}): name the head's folder.")
+        from fastdecode.train.zoo import zoo_folder
+
+        out_dir = str(zoo_folder(target[4:]) / "heads" / kind)
+    import torch
+
+    torch.set_num_threads(threads)
+    model = fastdecode.load(target, device=device, dtype="float32")
+    command = (f"fastdecode train drafter --target {target} --kind {kind} --seed {seed} --threads {threads}"
+               + (f" --steps {steps}" if steps else "") + "".join(f" --set '{s}'" for s in set_))
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    started = time.perf_counter()
+    with Progress(*columns, console=err) as bar:
+        tasks: dict[str, Any] = {}
+        titles = {"data": f"regenerating {target}'s answers", "train": f"training the {kind} head",
+                  "measure": "measuring τ on parallel-lists"}
+
+        def report(phase: str, done: int, total: int, metrics: dict[str, float]) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(titles.get(phase, phase), total=total, info="")
+            info = " ".join(f"{k} {v:.3f}" for k, v in metrics.items() if k in ("loss", "acc0", "acc1"))
+            bar.update(tasks[phase], completed=done, info=info)
+            if not err.is_terminal and phase == "train" and (done % 50 == 0 or done == total):
+                bar.console.print(f"step {done}/{total} {info} elapsed {time.perf_counter() - started:.0f}s",
+                                  highlight=False)
+
+        card = train_head(model, kind, Path(out_dir), seed=seed, cfg=cfg, options=options, report=report,
+                          command=command, threads=threads)
+    out.print_json(json.dumps(card))
+    err.print(f"saved {out_dir} (card: {Path(out_dir) / 'README.md'})")
+
+
+def _train_zoo(name: str, out_dir: str | None, seed: int, threads: int, steps: int | None, set_: list[str],
+               eval_items: int) -> None:
     """Reproduce a zoo model from its recipe and a seed, then evaluate it and write its card."""
     from pathlib import Path
 

@@ -6,7 +6,7 @@ here and registers itself when imported.
 """
 
 from .base import Head, HeadConfig, Target, head_class, head_kinds, register_head
-from .io import attach_head, head_for, head_names, load_head, resolve_head, save_head
+from .io import head_for, head_names, load_head, resolve_head, save_head
 
-__all__ = ["Head", "HeadConfig", "Target", "attach_head", "head_class", "head_for", "head_kinds", "head_names",
-           "load_head", "register_head", "resolve_head", "save_head"]
+__all__ = ["Head", "HeadConfig", "Target", "head_class", "head_for", "head_kinds", "head_names", "load_head",
+           "register_head", "resolve_head", "save_head"]

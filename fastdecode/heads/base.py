@@ -81,6 +81,18 @@ class Head(nn.Module):
         self.config = config
         self.target = target
 
+    @classmethod
+    def for_target(cls, model: Any, **options: Any) -> Head:
+        """A freshly initialised head shaped for `model` (a loaded `CausalLM`), options as its config's fields; its
+        `Target` record is `Target.of(model)`. What training starts from."""
+        raise NotImplementedError(f"head kind {cls.kind!r} does not build itself for a target: write for_target")
+
+    @classmethod
+    def untrained(cls, model: Any, seed: int = 0) -> Head:
+        """A seeded, randomly initialised head for `model`: what tests decode with where no trained head exists
+        (`heads.io.untrained_heads_allowed`). A lossless method stays lossless with it; it only accepts less."""
+        raise NotImplementedError(f"head kind {cls.kind!r} has no untrained form: write untrained")
+
 
 _KINDS: dict[str, type[Head]] = {}
 _found = False

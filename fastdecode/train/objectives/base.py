@@ -75,6 +75,16 @@ class HeadObjective:
     """
 
     kind: ClassVar[str]
+    # the registered method that decodes with this head kind ("" = none): the loop measures it for the card
+    method: ClassVar[str] = ""
+
+    def method_params(self, folder: str) -> dict[str, Any]:
+        """The method's parameters that make it decode with the head saved in `folder` (default: `head=folder`)."""
+        return {"head": folder}
+
+    def card_lines(self, options: dict[str, Any]) -> list[str]:
+        """Extra card lines on the head's shape and loss (markdown, each paragraph ending in "")."""
+        return []
 
     def target_layers(self, target: Any, options: dict[str, Any]) -> tuple[int, ...]:
         """The target's decoder layers the head reads (`CausalLM.forward(hidden=...)` indices); () = none."""

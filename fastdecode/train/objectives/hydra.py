@@ -1,0 +1,52 @@
+"""`hydra`: Hydra heads (Ankner et al. 2024) on a frozen target: Medusa's loss, each head also fed the embeddings
+of the tokens between h_t and the token it guesses (teacher forcing with the target's own greedy tokens, which are
+what an accepted draft path holds at decoding time)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...heads.hydra import HydraHead
+from ...heads.medusa import target_embeddings
+from .base import HeadObjective, TargetBatch
+from .medusa import scored, shifted, tied_lm_head
+
+
+class Hydra(HeadObjective):
+    kind = "hydra"
+    method = "spec.medusa"
+
+    def method_params(self, folder: str) -> dict[str, Any]:
+        return {"hydra": True, "head": folder}
+
+    def build_head(self, target: Any, options: dict[str, Any]) -> HydraHead:
+        return HydraHead.for_target(target, **options)
+
+    def head_loss(self, head: Any, target: Any, batch: TargetBatch,
+                  gen: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        assert isinstance(head, HydraHead)
+        lm = tied_lm_head(head, target)
+        embed = target_embeddings(target).detach().float()  # [V, H]
+        T = batch.ids.shape[1]
+        metrics: dict[str, float] = {}
+        loss = batch.hidden.new_zeros(())
+        for k in range(head.config.num_heads):
+            offset = k + 2
+            if T <= offset:
+                break
+            valid, labels = shifted(batch, offset)
+            if not labels.numel():
+                continue
+            # [B, T - offset, k + 1]: the tokens t + 1 .. t + k + 1 between h_t and the guessed token
+            path = torch.stack([batch.ids[:, 1 + j : T - offset + 1 + j] for j in range(k + 1)], dim=-1)
+            logits = head.head_logits(k, batch.hidden[:, : T - offset][valid], embed[path[valid]], lm)  # [N, V]
+            loss = loss + scored(logits, labels, k, metrics)
+        return loss, metrics
+
+    def card_lines(self, options: dict[str, Any]) -> list[str]:
+        return ["Head k (0-based) reads h_t and the embeddings of tokens t + 1 .. t + k + 1 (the target's next token "
+                "and the k drafted before it), through a linear map to the hidden size, a residual block x + "
+                "SiLU(Wx) and the target's own lm_head (tied); it guesses token t + k + 2. Loss Σ_k 0.8^k · CE_k "
+                "against the target's greedy tokens.", ""]

@@ -1,0 +1,63 @@
+"""spec.medusa equals ar.greedy token for token with Medusa and Hydra heads, trees of every size and a chain; the
+tree it drafts stays within its node budget, closed under parents, siblings distinct; without a head for a model it
+is refused unless untrained heads are allowed (the test suite allows them)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastdecode
+from fastdecode.errors import ModelLoadError
+from fastdecode.heads.medusa import MedusaHead
+from fastdecode.speculative.drafters.medusa import MedusaDrafter, MedusaSpecConfig, _accepted_node
+from fastdecode.speculative.tree import check_tree, depths
+
+PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC"]
+
+
+@pytest.mark.parametrize("params", [
+    {}, {"hydra": True}, {"total_tokens": 1}, {"width": 1, "total_tokens": 4}, {"depth": 2, "width": 6},
+    {"hydra": True, "total_tokens": 40, "width": 8},
+])
+def test_greedy_equals_ar_greedy(causal, params):
+    base = fastdecode.generate(causal, PROMPTS, "ar.greedy", max_new_tokens=30)
+    got = fastdecode.generate(causal, PROMPTS, "spec.medusa", max_new_tokens=30, **params)
+    assert [r.token_ids for r in got] == [r.token_ids for r in base]
+    assert sum(r.stats.proposed for r in got) > 0
+
+
+def test_sampling_runs_and_repeats_with_its_seed(causal):
+    a = fastdecode.generate(causal, PROMPTS, "spec.medusa", max_new_tokens=20, temperature=0.8, seed=3)
+    b = fastdecode.generate(causal, PROMPTS, "spec.medusa", max_new_tokens=20, temperature=0.8, seed=3)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+
+
+@pytest.mark.parametrize("total, width", [(16, 4), (5, 3), (64, 10)])
+def test_the_tree_is_within_budget_and_well_formed(causal, total, width):
+    cfg = MedusaSpecConfig(total_tokens=total, width=width)
+    head = MedusaHead.untrained(causal)
+    drafter = MedusaDrafter(causal, head, cfg)
+    assert drafter.propose(torch.tensor([5, 6]), 8).tokens.numel() == 0  # no hidden state yet: nothing to draft
+    drafter.hidden = torch.randn(causal.config.hidden_size)
+    draft = drafter.propose(torch.tensor([5, 6]), 8)  # 4 levels: w nodes, then w² each
+    assert draft.parents is not None and draft.tokens.numel() == min(total, width + 3 * width**2)
+    check_tree(draft.tokens.tolist(), draft.parents)
+    assert max(depths(draft.parents)) <= head.config.num_heads
+    assert drafter.propose(torch.tensor([5, 6]), 2).depth <= 2  # never deeper than the room asked
+
+
+def test_the_accepted_path_is_found_by_its_tokens():
+    from fastdecode.speculative.drafter import Draft
+
+    tree = Draft(torch.tensor([7, 8, 9, 7, 4]), parents=[-1, -1, 0, 1, 1])
+    assert _accepted_node(tree, ()) == -1
+    assert _accepted_node(tree, (8, 7)) == 3 and _accepted_node(tree, (7, 9)) == 2
+
+
+def test_a_model_without_a_head_is_refused_unless_untrained_heads_are_allowed(causal, monkeypatch):
+    monkeypatch.delenv("FASTDECODE_UNTRAINED_HEADS")
+    with pytest.raises(ModelLoadError, match="train drafter --target MODEL --kind medusa"):
+        fastdecode.generate(causal, "the", "spec.medusa", max_new_tokens=4)
+    with pytest.raises(ModelLoadError, match="kind hydra"):
+        fastdecode.generate(causal, "the", "spec.medusa", max_new_tokens=4, hydra=True)
