@@ -210,6 +210,28 @@ class Eagle3Head(Head):
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
 
+    @torch.no_grad()
+    def pass_high_layer(self) -> None:
+        """Initialise `fc` to pass the high target layer through (plus a tenth of its random init): with
+        `copy_output`, the untrained head starts as the target's own next-token head on its residual stream and only
+        has to learn the one-token shift (a deviation from the authors' random init that a short CPU budget needs)."""
+        if self.config.hidden_size == self.config.target_hidden_size:
+            H = self.config.hidden_size
+            self.fc.weight.mul_(0.1)
+            self.fc.weight[:, -H:] += torch.eye(H, dtype=self.fc.weight.dtype, device=self.fc.weight.device)
+
+    @torch.no_grad()
+    def copy_output(self, model: Any) -> None:
+        """`lm_head` rows := the target's output embeddings of the draft vocabulary, `norm` := its final norm (where
+        the target has them in these shapes). Call after `set_vocab`."""
+        out = model.model.get_output_embeddings()
+        used = self.to_target(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
+        if out is not None and out.weight.shape[1] == self.config.hidden_size:
+            self.lm_head.weight.copy_(out.weight.detach()[used.to(out.weight.device)].to(self.lm_head.weight))
+        weight = getattr(getattr(getattr(model.model, "model", None), "norm", None), "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.shape == self.norm.weight.shape:
+            self.norm.weight.copy_(weight.detach().to(self.norm.weight))
+
     # -- the pieces every step is made of -------------------------------------------------------------------------
     def fuse(self, layers: Sequence[torch.Tensor]) -> torch.Tensor:
         """The target feature f from its three layer outputs, each `[..., H_t]` -> `[..., H]`."""

@@ -5,6 +5,8 @@ SpecForge/SGLang/vLLM's layout."""
 from __future__ import annotations
 
 import json
+from importlib import resources
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ from fastdecode.registry import RunContext
 from fastdecode.speculative.drafters.eagle3 import Eagle3Drafter, Eagle3SpecConfig
 from fastdecode.speculative.driver import speculative
 from fastdecode.train.data import Example
+from fastdecode.train.measure import measure_tau, suite_prompts
 from fastdecode.train.objectives import TargetBatch, head_objective
 from fastdecode.train.objectives.eagle3 import simulated_tau, ttt_losses
 
@@ -243,3 +246,22 @@ def test_a_foreign_head_for_another_target_is_refused(tmp_path, causal):
     (tmp_path / "small" / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(ModelLoadError, match="pickle"):
         load_eagle3(tmp_path / "small", causal)
+
+
+SHIPPED = Path(str(resources.files("fastdecode") / "zoo")) / "ar-small" / "heads" / "eagle3"
+
+
+def test_the_shipped_head_keeps_its_card_claim_on_a_few_items():
+    """τ of spec.eagle3 with zoo:ar-small's head, measured again on the first item of four parallel-lists tasks, is
+    within 10 % of the card's per-item counts for them (README.md quotes the overall τ of all its items)."""
+    card = json.loads((SHIPPED / "card.json").read_text())
+    measured = card["measured"]
+    assert measured["method"] == "spec.eagle3" and card["target"] == "zoo:ar-small"
+    model = fastdecode.load("zoo:ar-small", device="cpu", dtype="float32")
+    per_task = measured["per_task"]
+    picked = list(range(0, measured["items"], per_task))[:4]
+    prompts = suite_prompts(measured["suite"], per_task)
+    got = measure_tau(model, "spec.eagle3", dict(measured["params"]), [prompts[i] for i in picked])
+    claimed = sum(measured["item_tokens"][i] for i in picked) / sum(measured["item_forwards"][i] for i in picked)
+    assert got["tau"] == pytest.approx(claimed, rel=0.1)
+    assert f"τ = {measured['tau']:.2f}" in (SHIPPED / "README.md").read_text()

@@ -34,7 +34,8 @@ class Eagle3Objective(HeadObjective):
         return _layers(target, options)
 
     def build_head(self, target: Any, options: dict[str, Any]) -> Eagle3Head:
-        """A random head shaped like `target`; options: `draft_vocab` (1024), `layers` ("1,3,5"), `ttt` (5),
+        """A head shaped like `target`, its output side from the target (`init`: "target", or "random" as the authors);
+        options: `draft_vocab` (1024), `layers` ("1,3,5"), `ttt` (5),
         `token_counts` (a `[V]` tensor of the training data's token counts; default: counted on the reference
         answers of training items)."""
         head = Eagle3Head.for_target(target, draft_vocab_size=int(options.get("draft_vocab", DRAFT_VOCAB)),
@@ -42,7 +43,13 @@ class Eagle3Objective(HeadObjective):
         counts = options.get("token_counts")
         head.set_vocab(counts if isinstance(counts, torch.Tensor) else answer_counts(target, head.config.vocab_size))
         head.ttt_length = int(options.get("ttt", TTT_STEPS))
+        self._target = target if options.get("init", "target") == "target" else None
+        if self._target is not None:
+            head.pass_high_layer()
+            head.copy_output(target)
         return head
+
+    _target: Any = None  # the target of the last head built from it (prepare copies its output rows again)
 
     def card_lines(self, options: dict[str, Any]) -> list[str]:
         steps = int(options.get("ttt", TTT_STEPS))
@@ -56,6 +63,8 @@ class Eagle3Objective(HeadObjective):
         """The draft vocabulary: the most frequent tokens of the target's own answers (SpecForge counts the tokens
         under its loss mask the same way)."""
         head.set_vocab(token_counts([e.ids[e.prompt_len :] for e in examples], head.config.vocab_size))
+        if self._target is not None:
+            head.copy_output(self._target)  # the rows of the fitted vocabulary
 
     def head_loss(self, head: Any, target: Any, batch: TargetBatch,
                   gen: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
