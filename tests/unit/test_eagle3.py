@@ -51,6 +51,9 @@ def test_the_draft_vocabulary_is_fitted_on_the_answers_of_the_training_data(caus
     objective.prepare(head, examples)
     assert head.t2d.nonzero().flatten().tolist() == [0, 1, 7, 9]
     assert (torch.arange(4) + head.d2t).tolist() == [0, 1, 7, 9]  # 7, 9, 1 counted; then the lowest id
+    # the output side starts as the target's: its output embeddings of those ids and its final norm
+    assert torch.equal(head.lm_head.weight, causal.model.lm_head.weight[[0, 1, 7, 9]])
+    assert torch.equal(head.norm.weight, causal.model.model.norm.weight)
 
 
 def test_config_refuses_a_shape_that_cannot_run():
