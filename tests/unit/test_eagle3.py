@@ -46,7 +46,8 @@ def test_vocab_maps_keep_the_most_counted_tokens_in_id_order():
 
 def test_the_draft_vocabulary_is_fitted_on_the_answers_of_the_training_data(causal):
     objective = head_objective("eagle3")
-    head = objective.build_head(causal, {"token_counts": torch.zeros(causal.vocab_size), "draft_vocab": 4})
+    head = objective.build_head(causal, {"token_counts": torch.zeros(causal.vocab_size), "draft_vocab": 4,
+                                         "init": "target"})
     examples = [Example([0, 50, 7, 7, 9], 2, "t"), Example([0, 60, 9, 7, 1], 2, "t")]  # answers 7 7 9 / 9 7 1
     objective.prepare(head, examples)
     assert head.t2d.nonzero().flatten().tolist() == [0, 1, 7, 9]

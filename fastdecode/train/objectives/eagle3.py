@@ -34,8 +34,8 @@ class Eagle3Objective(HeadObjective):
         return _layers(target, options)
 
     def build_head(self, target: Any, options: dict[str, Any]) -> Eagle3Head:
-        """A head shaped like `target`, its output side from the target (`init`: "target", or "random" as the authors);
-        options: `draft_vocab` (1024), `layers` ("1,3,5"), `ttt` (5),
+        """A head shaped like `target`, randomly initialised as the authors' (`init`: "random"), or its output side
+        from the target (`init`: "target"); options: `draft_vocab` (1024), `layers` ("1,3,5"), `ttt` (5),
         `token_counts` (a `[V]` tensor of the training data's token counts; default: counted on the reference
         answers of training items)."""
         head = Eagle3Head.for_target(target, draft_vocab_size=int(options.get("draft_vocab", DRAFT_VOCAB)),
@@ -43,7 +43,7 @@ class Eagle3Objective(HeadObjective):
         counts = options.get("token_counts")
         head.set_vocab(counts if isinstance(counts, torch.Tensor) else answer_counts(target, head.config.vocab_size))
         head.ttt_length = int(options.get("ttt", TTT_STEPS))
-        self._target = target if options.get("init", "target") == "target" else None
+        self._target = target if options.get("init", "random") == "target" else None
         if self._target is not None:
             head.pass_high_layer()
             head.copy_output(target)
