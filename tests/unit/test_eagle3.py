@@ -269,3 +269,16 @@ def test_the_shipped_head_keeps_its_card_claim_on_a_few_items():
     claimed = sum(measured["item_tokens"][i] for i in picked) / sum(measured["item_forwards"][i] for i in picked)
     assert got["tau"] == pytest.approx(claimed, rel=0.1)
     assert f"τ = {measured['tau']:.2f}" in (SHIPPED / "README.md").read_text()
+
+
+def test_the_shipped_head_saved_in_the_specforge_layout_decodes_the_same(tmp_path):
+    model = fastdecode.load("zoo:ar-small", device="cpu", dtype="float32")
+    save_eagle3(eagle3_for(model), tmp_path / "ar-small-eagle3")
+    assert json.loads((tmp_path / "ar-small-eagle3" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] \
+        == [2, 4, 6]
+    prompt = suite_prompts("parallel-lists", 1)[0]
+    shipped = fastdecode.generate(model, prompt, "spec.eagle3", max_new_tokens=24)
+    folder = str(tmp_path / "ar-small-eagle3")
+    theirs = fastdecode.generate(model, prompt, "spec.eagle3", max_new_tokens=24, head=folder)
+    assert theirs.token_ids == shipped.token_ids
+    assert theirs.stats.accepted_per_position == shipped.stats.accepted_per_position  # the same drafts
