@@ -139,6 +139,7 @@ def train_head(target: Any, kind: str, out: str | Path, *, seed: int = 0, cfg: H
     layers = goal.target_layers(target, options)
     torch.manual_seed(seed)
     head = goal.build_head(target, options).to(target.device).float().train()
+    goal.prepare(head, train_set)  # fitted on the data before any step (a resumed run then loads its own)
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=cfg.weight_decay)
     state = _resume(folder, head, opt, kind, seed, cfg, options)

@@ -52,6 +52,8 @@ CASES = [
     ("spec.jacobi", {"window": 2}, None),
     ("spec.recycling", {"top_k_candidates": 2, "template": "1,1,1"}, None),
     ("spec.lookahead", {"ngram": 3, "window": 4, "guesses": 2}, None),
+    ("spec.eagle3", {"num_draft_tokens": 3}, None),  # the random head conftest attaches
+    ("spec.eagle3", {"tree": True, "total_tokens": 8, "width": 3}, None),
 ]
 
 

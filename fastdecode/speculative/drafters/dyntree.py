@@ -21,6 +21,7 @@ from ...config import check
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
+from ..best_first import Candidates
 from ..drafter import BaseDrafter, Draft, SpecConfig, register_spec
 from ..driver import check_rollback, speculative
 from ..model_tree import DraftModelTree
@@ -41,33 +42,6 @@ class DynTreeConfig(SpecConfig):
         check(self.width >= 1, "width", self.width, "must be at least 1")
 
 
-@dataclass
-class _Candidates:
-    """Every node generated this step, in creation order (parents before children)."""
-
-    tokens: list[int]
-    parents: list[int]
-    scores: list[float]  # log path probability under the draft
-
-    def add_children(self, beam: list[int], logits: torch.Tensor, width: int) -> list[int]:
-        """Give each beam node (-1 = root) its `width` likeliest children; `logits` `[len(beam), V]`. Returns them."""
-        logq = logits.float().log_softmax(-1)  # [B, V]
-        top = logq.topk(min(width, logq.shape[-1]), dim=-1)
-        new = []
-        for parent, ids, lq in zip(beam, top.indices.tolist(), top.values.clamp(max=0.0).tolist(), strict=True):
-            base = self.scores[parent] if parent >= 0 else 0.0
-            for x, s in zip(ids, lq, strict=True):
-                new.append(len(self.tokens))
-                self.tokens.append(x)
-                self.parents.append(parent)
-                self.scores.append(base + s)  # <= the parent's score: clamp keeps rounding from breaking this
-        return new
-
-    def ranked(self, nodes: list[int]) -> list[int]:
-        """Best score first; ties go to the node created first (so a parent ranks before its children)."""
-        return sorted(nodes, key=lambda i: (-self.scores[i], i))
-
-
 class DynTreeDrafter(BaseDrafter):
     """Grows EAGLE-2's tree with the draft model, one forward per depth; the tree is deterministic (no q)."""
 
@@ -83,19 +57,15 @@ class DynTreeDrafter(BaseDrafter):
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         depth, width, total = min(self.cfg.depth, k), self.cfg.width, self.cfg.total_tokens
-        nodes = _Candidates([], [], [])
+        nodes = Candidates([], [], [])
         level = nodes.add_children([-1], self.tree.start(context)[None], width)
         for _ in range(depth - 1):
             beam = nodes.ranked(level)[:width]
-            # children score at most the beam's best; once `total` nodes reach it, no new node could be kept
-            best = nodes.scores[beam[0]]
-            if sum(s >= best for s in nodes.scores) >= total:
+            if nodes.full(beam, total):  # children score at most the beam's best: none could be kept
                 break
             level = nodes.add_children(beam, self.tree.grow(nodes.tokens, nodes.parents, beam), width)
-        keep = sorted(nodes.ranked(list(range(len(nodes.tokens))))[:total])  # creation order: parents first
-        index = {node: i for i, node in enumerate(keep)}
-        parents = [index[nodes.parents[i]] if nodes.parents[i] >= 0 else -1 for i in keep]
-        return Draft(torch.tensor([nodes.tokens[i] for i in keep], dtype=torch.long), parents=parents)
+        tokens, parents = nodes.best(total)
+        return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
 
 
 @register_spec("spec.dyntree", config=DynTreeConfig, needs_draft=True)

@@ -95,6 +95,10 @@ class HeadObjective:
         `--set NAME=VALUE` pairs, parsed); the head's `Target` record is `Target.of(target)`."""
         raise NotImplementedError
 
+    def prepare(self, head: Any, examples: list[Any]) -> None:
+        """Fit what a fresh head takes from the training data itself before any step (EAGLE-3: its draft vocabulary,
+        the most frequent answer tokens); `examples` are the self-distilled `data.Example`s. Default: nothing."""
+
     def head_loss(self, head: Any, target: Any, batch: TargetBatch,
                   gen: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         """The scalar loss on one batch and the metrics the progress bar and the log show (e.g. `acc0`, the

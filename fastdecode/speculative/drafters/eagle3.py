@@ -1,0 +1,199 @@
+"""spec.eagle3: EAGLE-3 drafting (Li et al. 2025, arXiv 2503.01840): a trained head reads three of the target's
+own layers and drafts with one decoder layer of its own, whose KV cache holds one entry per context token.
+
+Entry j pairs the target's fused feature of token j (from a verification forward: `hidden_layers`,
+`Verification.layers`) with the embedding of token j + 1, and its output predicts token j + 2. A chain then feeds
+each drafted token with the layer's own last output; a rejected draft's entries are cropped and the accepted tokens
+enter with the target's features instead, as in the authors' code. `tree=True` grows EAGLE-2's best-first tree
+(`best_first.py`) of at most `total_tokens` nodes with the same head, a level per head forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ...config import check
+from ...heads.eagle3 import DraftCache, Eagle3Head, target_embeddings
+from ...heads.eagle3_io import eagle3_for
+from ...models.causal import CausalLM
+from ...registry import RunContext
+from ...types import PromptBatch, StepEvent
+from ..best_first import Candidates
+from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
+from ..driver import check_rollback, speculative
+from ..tree import ancestor_mask
+
+MAX_NODES = 64
+
+
+@dataclass(frozen=True)
+class Eagle3SpecConfig(SpecConfig):
+    num_draft_tokens: int = 5  # chain length (the tree's depth)
+    # the head: a folder (save_head's layout or SpecForge/SGLang/vLLM's), zoo:<model>/<name>; "" = the shipped one
+    head: str = ""
+    tree: bool = False  # a dynamic best-first tree instead of a chain
+    total_tokens: int = 16  # tree: nodes kept (verification cost grows with them on a CPU)
+    width: int = 4  # tree: nodes expanded per level, and children drawn per expanded node
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.num_draft_tokens >= 1, "num_draft_tokens", self.num_draft_tokens, "must be at least 1")
+        check(1 <= self.total_tokens <= MAX_NODES, "total_tokens", self.total_tokens, f"must be in [1, {MAX_NODES}]")
+        check(self.width >= 1, "width", self.width, "must be at least 1")
+
+
+class Eagle3Drafter(BaseDrafter):
+    """One row's EAGLE-3 drafter: the head's cache of committed entries, the fused features not yet entered."""
+
+    def __init__(self, model: CausalLM, head: Eagle3Head, cfg: Eagle3SpecConfig) -> None:
+        self.head, self.cfg = head, cfg
+        self.hidden_layers = head.config.layers
+        self.tree_drafts = cfg.tree
+        self.embed = target_embeddings(model)
+        self.eos = model.eos_token_ids
+        self.vocab = model.vocab_size
+        self.cache = DraftCache()
+        self.forwards = 0
+        self._entered = 0  # context positions whose entry is in the cache (entry j: token j's feature, token j+1)
+        self._featured = 0  # context positions whose fused feature is known (entered or pending)
+        self._committed = 0  # cache rows holding committed entries (the rows after them are the last draft's)
+        self._pending: list[torch.Tensor] = []  # [m, H] fused features of positions _entered.._featured-1
+        self._last: torch.Tensor | None = None  # [H] output of the newest committed entry
+        self._n = 0  # context length at the last proposal
+        self._tokens: list[int] = []  # the last draft
+        self._parents: list[int] = []
+
+    # -- proposing ------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def propose(self, context: torch.Tensor, k: int) -> Draft:
+        self._n, self._tokens, self._parents = context.numel(), [], []
+        self.cache.crop(self._committed)  # drop the last draft's entries
+        if k < 1 or self._featured != context.numel() - 1:
+            return Draft.empty()  # no features yet (the first step feeds the prompt)
+        self._enter(context)
+        assert self._last is not None
+        if self.cfg.tree:
+            return self._tree(min(k, self.cfg.num_draft_tokens))
+        return self._chain(min(k, self.cfg.num_draft_tokens))
+
+    def _enter(self, context: torch.Tensor) -> None:
+        """Append the pending entries (positions _entered.._featured-1) to the cache in one head forward."""
+        if not self._pending:
+            return
+        feats = torch.cat(self._pending)[None]  # [1, m, H]
+        m, start = feats.shape[1], self._entered
+        ids = context[start + 1 : start + 1 + m].to(feats.device)  # token j + 1 of each entry j
+        C = self.cache.length
+        allow = torch.ones(m, C + m, dtype=torch.bool)
+        allow[:, C:] = torch.ones(m, m, dtype=torch.bool).tril()
+        pos = torch.arange(start, start + m, device=feats.device)[None]
+        out = self.head.step(self.embed(ids)[None], feats, pos, self.cache, allow)  # [1, m, H]
+        self.forwards += 1
+        self._pending, self._entered, self._committed = [], start + m, C + m
+        self._last = out[0, -1]
+
+    def _pick(self, logits: torch.Tensor) -> int:
+        return int(self.head.to_target(logits.argmax(-1)))
+
+    def _chain(self, k: int) -> Draft:
+        assert self._last is not None
+        h, p = self._last, self._entered - 1  # the newest entry sits at position p; chain step i at p + i
+        tokens = [self._pick(self.head.logits(h))]
+        for i in range(1, k):
+            if tokens[-1] in self.eos:
+                break
+            x = torch.tensor([[tokens[-1]]], device=h.device)
+            allow = torch.ones(1, self.cache.length + 1, dtype=torch.bool)
+            out = self.head.step(self.embed(x), h[None, None], torch.tensor([[p + i]], device=h.device), self.cache,
+                                 allow)
+            self.forwards += 1
+            h = out[0, -1]
+            tokens.append(self._pick(self.head.logits(h)))
+        self._tokens, self._parents = tokens, list(range(-1, len(tokens) - 1))
+        return Draft(torch.tensor(tokens, dtype=torch.long))
+
+    def _tree(self, depth: int) -> Draft:
+        assert self._last is not None
+        width, total = self.cfg.width, self.cfg.total_tokens
+        outs: dict[int, torch.Tensor] = {-1: self._last}  # each fed node's output (its children's feature)
+        fed: list[int] = []  # tree nodes in cache order after the committed entries
+        nodes = Candidates([], [], [])
+        level = nodes.add_children([-1], self._full_logits(self._last[None]), width)
+        p = self._entered - 1
+        for d in range(1, depth):
+            beam = nodes.ranked(level)[:width]
+            if not beam or nodes.full(beam, total):
+                break
+            out = self._grow(nodes, beam, fed, outs, p + d)  # [Q, H]
+            for node, o in zip(beam, out, strict=True):
+                outs[node] = o
+            level = nodes.add_children(beam, self._full_logits(out), width)
+        tokens, parents = nodes.best(total)
+        self._tokens, self._parents = tokens, parents
+        return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
+
+    def _grow(self, nodes: Candidates, beam: list[int], fed: list[int], outs: dict[int, torch.Tensor],
+              position: int) -> torch.Tensor:
+        """Feed the beam (one level: all at `position`) under a tree mask; returns their outputs `[Q, H]`."""
+        C0, Q = self._committed, len(beam)
+        every = fed + beam
+        line = ancestor_mask(nodes.parents)  # [N, N] node i sees node j
+        allow = torch.zeros(Q, C0 + len(every), dtype=torch.bool)
+        allow[:, :C0] = True
+        for row, node in enumerate(beam):
+            allow[row, C0:] = line[node, every]
+        device = self._last.device if self._last is not None else None
+        ids = torch.tensor([nodes.tokens[i] for i in beam], device=device)[None]  # [1, Q]
+        h = torch.stack([outs[nodes.parents[i]] for i in beam])[None]  # [1, Q, H] each node's parent's output
+        pos = torch.full((1, Q), position, device=device)
+        out = self.head.step(self.embed(ids), h, pos, self.cache, allow)
+        self.forwards += 1
+        fed.extend(beam)
+        return out[0]
+
+    def _full_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """`[Q, V]` target-vocabulary logits of outputs `[Q, H]`: -inf outside the draft vocabulary."""
+        draft = self.head.logits(h).float()  # [Q, V']
+        full = torch.full((draft.shape[0], self.vocab), float("-inf"), device=draft.device)
+        ids = self.head.to_target(torch.arange(draft.shape[1], device=draft.device))
+        full[:, ids] = draft
+        return full
+
+    # -- learning the features of what was accepted ------------------------------------------------------------
+    @torch.no_grad()
+    def observe(self, verification: Verification) -> None:
+        layers = verification.layers
+        rows = layers[0].shape[0]  # P + k + S
+        P = rows - (verification.logits.shape[0] - 1)
+        start = self._n - P  # the context position of the first fed row
+        path = self._accepted_path(verification)
+        pick = list(range(P)) + [P + node for node in path]
+        feats = self.head.fuse([t[pick] for t in layers])  # [P + a, H] positions start .. n - 1 + a
+        if self._featured < start:  # a gap (the prompt was prefilled elsewhere): restart the cache here
+            self.cache.crop(0)
+            self._pending, self._committed, self._last = [], 0, None
+            self._entered = self._featured = start
+        skip = self._featured - start  # rows whose feature is already known (a tree's path fed again)
+        if skip < feats.shape[0]:
+            self._pending.append(feats[skip:])
+            self._featured = start + feats.shape[0]
+
+    def _accepted_path(self, v: Verification) -> list[int]:
+        """The draft nodes accepted, root to leaf."""
+        tokens, parents = self._tokens[: v.num_draft], self._parents[: v.num_draft]
+        path, node = [], -1
+        for t in v.tokens[: v.accepted]:
+            node = next(i for i, (x, p) in enumerate(zip(tokens, parents, strict=True)) if p == node and x == t)
+            path.append(node)
+        return path
+
+
+@register_spec("spec.eagle3", config=Eagle3SpecConfig)
+def run(model: CausalLM, batch: PromptBatch, cfg: Eagle3SpecConfig, ctx: RunContext) -> Iterator[StepEvent]:
+    """EAGLE-3: a trained head drafts from the target's own features (chain, or tree=True); head=FOLDER."""
+    check_rollback(model)
+    head = eagle3_for(model, cfg.head or None)
+    return speculative(model, batch, cfg, ctx, lambda generator: Eagle3Drafter(model, head, cfg))
