@@ -27,5 +27,7 @@ def measure_tau(target: Any, method: str, params: dict[str, Any], prompts: list[
     per_position = [sum(r.stats.accepted_per_position[k] for r in results if k < len(r.stats.accepted_per_position))
                     for k in range(depth)]
     return {"method": method, "items": len(prompts), "tokens": tokens, "forwards": forwards,
+            # per item, in order: what a test re-measures on a few of them
+            "item_tokens": [r.stats.new_tokens for r in results], "item_forwards": [r.stats.forwards for r in results],
             "tau": round(tokens / forwards, 3) if forwards else 0.0,
             "accept_per_position": [round(a / forwards, 3) for a in per_position] if forwards else []}
