@@ -14,7 +14,13 @@ from pathlib import Path
 
 
 def label(row: dict) -> str:
-    params = {k: v for k, v in row.get("params", {}).items() if k != "max_new_tokens"}
+    """The method with the parameters its row sets away from their defaults (e.g. `spec.medusa:hydra=True`)."""
+    import dataclasses
+
+    import fastdecode
+
+    defaults = dataclasses.asdict(fastdecode.get_method(row["method"]).config())
+    params = {k: v for k, v in row.get("params", {}).items() if k != "max_new_tokens" and defaults.get(k) != v}
     return row["method"] + (":" + ",".join(f"{k}={v}" for k, v in sorted(params.items())) if params else "")
 
 
