@@ -81,25 +81,25 @@ results-spec-code: $(VENV)/.installed
 LEARNED_BASE := spec.suffix spec.draft_model
 .PHONY: results-learned results-learned-medusa results-learned-eagle3 results-learned-dflash
 results-learned: results-learned-medusa results-learned-eagle3 results-learned-dflash
-	$(BIN)/python tools/learned_plot.py $(wildcard $(RESULTS)/learned-*.jsonl) --out $(RESULTS)/learned-acceptance.png
+	$(BIN)/python tools/learned_plot.py $(wildcard $(RESULTS)/learned/*.jsonl) --out $(RESULTS)/learned/acceptance.png
 
 results-learned-medusa: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny \
-		--methods $(LEARNED_BASE) spec.medusa spec.medusa:hydra=true --limit 10 --out $(RESULTS)/learned-medusa.jsonl
+		--methods $(LEARNED_BASE) spec.medusa spec.medusa:hydra=true --limit 10 --out $(RESULTS)/learned/medusa.jsonl
 	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny \
-		--methods $(LEARNED_BASE) spec.medusa spec.medusa:hydra=true --limit 10 --out $(RESULTS)/learned-medusa.jsonl
+		--methods $(LEARNED_BASE) spec.medusa spec.medusa:hydra=true --limit 10 --out $(RESULTS)/learned/medusa.jsonl
 
 results-learned-eagle3: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny \
-		--methods $(LEARNED_BASE) spec.eagle3 --limit 10 --out $(RESULTS)/learned-eagle3.jsonl
+		--methods $(LEARNED_BASE) spec.eagle3 --limit 10 --out $(RESULTS)/learned/eagle3.jsonl
 	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny \
-		--methods $(LEARNED_BASE) spec.eagle3 --limit 10 --out $(RESULTS)/learned-eagle3.jsonl
+		--methods $(LEARNED_BASE) spec.eagle3 --limit 10 --out $(RESULTS)/learned/eagle3.jsonl
 
 results-learned-dflash: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny \
-		--methods $(LEARNED_BASE) spec.dflash --limit 10 --out $(RESULTS)/learned-dflash.jsonl
+		--methods $(LEARNED_BASE) spec.dflash --limit 10 --out $(RESULTS)/learned/dflash.jsonl
 	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny \
-		--methods $(LEARNED_BASE) spec.dflash --limit 10 --out $(RESULTS)/learned-dflash.jsonl
+		--methods $(LEARNED_BASE) spec.dflash --limit 10 --out $(RESULTS)/learned/dflash.jsonl
 
 # what ar-small's cached forward costs as it verifies more tokens (run it with the machine otherwise idle)
 results-cost: $(VENV)/.installed

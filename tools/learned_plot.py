@@ -1,8 +1,8 @@
-"""Acceptance per draft position of the trained drafters (docs/results/learned-*.jsonl) as one plot and a table.
+"""Acceptance per draft position of the trained drafters (docs/results/learned/*.jsonl) as one plot and a table.
 
 For each method and suite: the share of target forwards whose draft position k was accepted (position 1 = the
 first drafted token), summed over the rows of the runs, and τ (tokens per target forward). Usage:
-    python tools/learned_plot.py docs/results/learned-*.jsonl --out docs/results/learned-acceptance.png
+    python tools/learned_plot.py docs/results/learned/*.jsonl --out docs/results/learned/acceptance.png
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def acceptance(paths: list[Path]) -> dict[tuple[str, str], dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path, default=Path("docs/results/learned-acceptance.png"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results/learned/acceptance.png"))
     parser.add_argument("--positions", type=int, default=6, help="draft positions shown")
     args = parser.parse_args()
     table = acceptance(args.results)
