@@ -75,6 +75,32 @@ results-spec-code: $(VENV)/.installed
 	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny --methods $(SPEC_DRAFT) \
 		--limit 20 --out $(RESULTS)/spec-code.jsonl
 
+# the trained drafters (issue #31, docs/learned.md): each beside ar.greedy, spec.suffix and spec.draft_model in the
+# same invocation, on parallel-lists and code; heads are the ones shipped in fastdecode/zoo/ar-small/heads/ (train
+# them with `fastdecode train drafter --target zoo:ar-small --kind KIND`); then the acceptance-per-position plot
+LEARNED_BASE := spec.suffix spec.draft_model
+.PHONY: results-learned results-learned-medusa results-learned-eagle3 results-learned-dflash
+results-learned: results-learned-medusa results-learned-eagle3 results-learned-dflash
+	$(BIN)/python tools/learned_plot.py $(wildcard $(RESULTS)/learned/*.jsonl) --out $(RESULTS)/learned/acceptance.png
+
+results-learned-medusa: $(VENV)/.installed
+	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny \
+		--methods $(LEARNED_BASE) spec.medusa spec.medusa:hydra=true --limit 10 --out $(RESULTS)/learned/medusa.jsonl
+	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny \
+		--methods $(LEARNED_BASE) spec.medusa spec.medusa:hydra=true --limit 10 --out $(RESULTS)/learned/medusa.jsonl
+
+results-learned-eagle3: $(VENV)/.installed
+	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny \
+		--methods $(LEARNED_BASE) spec.eagle3 --limit 10 --out $(RESULTS)/learned/eagle3.jsonl
+	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny \
+		--methods $(LEARNED_BASE) spec.eagle3 --limit 10 --out $(RESULTS)/learned/eagle3.jsonl
+
+results-learned-dflash: $(VENV)/.installed
+	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:ar-tiny \
+		--methods $(LEARNED_BASE) spec.dflash --limit 10 --out $(RESULTS)/learned/dflash.jsonl
+	$(BENCH) --suite code --model zoo:ar-small --draft zoo:ar-tiny \
+		--methods $(LEARNED_BASE) spec.dflash --limit 10 --out $(RESULTS)/learned/dflash.jsonl
+
 # what ar-small's cached forward costs as it verifies more tokens (run it with the machine otherwise idle)
 results-cost: $(VENV)/.installed
 	$(BIN)/python tools/forward_cost.py --model zoo:ar-small --threads 1 --out $(RESULTS)/cost/ar-small.jsonl

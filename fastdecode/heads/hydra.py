@@ -41,12 +41,13 @@ class HydraHead(Head):
         if H <= 0 or V <= 0 or config.num_heads < 1 or config.num_layers < 0:
             raise ValueError(f"a Hydra head needs hidden_size, vocab_size > 0, num_heads >= 1, num_layers >= 0; "
                              f"got {config}")
-        self.inputs = nn.ModuleList(nn.Linear((k + 2) * H, H) for k in range(config.num_heads))
+        inputs = [nn.Linear((k + 2) * H, H) for k in range(config.num_heads)]
         with torch.no_grad():  # start from h_t alone: the identity on its slice, zero on the embeddings'
-            for lin in self.inputs:
+            for lin in inputs:
                 lin.weight.zero_()
                 lin.weight[:, :H] = torch.eye(H)
                 lin.bias.zero_()
+        self.inputs = nn.ModuleList(inputs)
         self.blocks = nn.ModuleList(
             nn.Sequential(*(ResBlock(H) for _ in range(config.num_layers))) for _ in range(config.num_heads))
         self.lm_heads = (None if config.tie_lm_head else
@@ -60,8 +61,8 @@ class HydraHead(Head):
         head = cls(config, Target.of(model))
         if head.lm_heads is not None:
             with torch.no_grad():
-                for lm in head.lm_heads:
-                    lm.weight.copy_(target_lm_head(model).float())
+                for weight in head.lm_heads.parameters():  # one weight a head, no bias
+                    weight.copy_(target_lm_head(model).float())
         return head
 
     @classmethod

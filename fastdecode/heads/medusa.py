@@ -87,8 +87,8 @@ class MedusaHead(Head):
         head = cls(config, Target.of(model))
         if head.lm_heads is not None:
             with torch.no_grad():
-                for lm in head.lm_heads:
-                    lm.weight.copy_(target_lm_head(model).float())
+                for weight in head.lm_heads.parameters():  # one weight a head, no bias
+                    weight.copy_(target_lm_head(model).float())
         return head
 
     @classmethod

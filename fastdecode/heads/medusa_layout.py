@@ -43,12 +43,12 @@ def save_medusa_layout(head: MedusaHead, folder: str | Path, model: Any, dtype: 
     out.mkdir(parents=True, exist_ok=True)
     config = head.config
     tensors: dict[str, torch.Tensor] = {}
-    for i, blocks in enumerate(head.blocks):
-        for j, block in enumerate(blocks):
-            tensors[f"{i}.{j}.linear.weight"] = block.linear.weight
-            tensors[f"{i}.{j}.linear.bias"] = block.linear.bias
-        lm = head.lm_heads[i].weight if head.lm_heads is not None else target_lm_head(model)
-        tensors[f"{i}.{config.num_layers}.weight"] = lm
+    for name, value in head.state_dict().items():  # blocks.{i}.{j}.linear.* -> {i}.{j}.linear.*
+        if name.startswith("blocks."):
+            tensors[name.removeprefix("blocks.")] = value
+    for i in range(config.num_heads):  # lm_heads.{i}.weight, or the target's -> {i}.{num_layers}.weight
+        own = head.state_dict().get(f"lm_heads.{i}.weight")
+        tensors[f"{i}.{config.num_layers}.weight"] = own if own is not None else target_lm_head(model)
     save_file({k: v.detach().to("cpu", dtype).clone().contiguous() for k, v in tensors.items()}, str(out / WEIGHTS),
               metadata={"format": "pt"})
     record = {"medusa_num_heads": config.num_heads, "medusa_num_layers": config.num_layers,

@@ -152,7 +152,7 @@ def _lossless() -> list[tuple[str, dict]]:
 
 
 LOSSLESS = _lossless()
-TREE = {"spec.lookahead", "spec.recycling", "spec.rsd", "spec.dyntree"}
+TREE = {"spec.lookahead", "spec.recycling", "spec.rsd", "spec.dyntree", "spec.medusa"}
 HF_ASSISTED = {"hf.prompt_lookup", "hf.assisted"}
 
 

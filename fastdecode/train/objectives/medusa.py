@@ -58,7 +58,11 @@ class Medusa(HeadObjective):
             if not labels.numel():
                 continue
             feats = head.blocks[k](batch.hidden[:, : T - offset][valid])  # [N, H]
-            logits = feats @ lm.T if lm is not None else head.lm_heads[k](feats)  # [N, V]
+            if lm is not None:
+                logits = feats @ lm.T  # [N, V]
+            else:
+                assert head.lm_heads is not None  # an untied head has its own
+                logits = head.lm_heads[k](feats)
             loss = loss + scored(logits, labels, k, metrics)
         return loss, metrics
 
