@@ -2,7 +2,7 @@
 time of one draft forward in target steps (draft_s / draft_forwards over the baseline's wall_s / forwards, pooled over
 the same suite), the term of the speed model S = τ / (k·c + v(n)) in docs/learned-eagle3.md.
 
-    python tools/draft_cost.py docs/results/learned-eagle3.jsonl
+    python tools/draft_cost.py docs/results/learned/eagle3.jsonl
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ forward), the speed-up over the same run's ar.greedy rows (wall time summed over
 rate per draft position (the share of target forwards whose position-k draft token was accepted), and the draft
 cost c (seconds per draft forward over seconds per ar.greedy step of the same run).
 
-    python tools/learned_numbers.py docs/results/learned-dflash.jsonl
+    python tools/learned_numbers.py docs/results/learned/dflash.jsonl
 """
 
 from __future__ import annotations
@@ -59,4 +59,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "docs/results/learned-dflash.jsonl")
+    main(sys.argv[1] if len(sys.argv) > 1 else "docs/results/learned/dflash.jsonl")

@@ -110,8 +110,6 @@ class Table(dict):
 def load(results: Path) -> Table:
     rows = []
     for path in sorted(results.glob("*.jsonl")):
-        if path.name.startswith("learned-"):
-            continue  # trained-drafter runs (issue 31): their own docs quote them, via tools/learned_numbers.py
         for row in read_rows(path):
             row["_source"] = str(path)
             rows.append(row)

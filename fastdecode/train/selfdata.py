@@ -38,7 +38,8 @@ def cache_root() -> Path:
 
 def fingerprint(target: Any) -> str:
     """A short hash of the target's config and output layer: a retrained target gets new data."""
-    h = hashlib.sha256(json.dumps(target.config.to_dict(), sort_keys=True, default=str).encode())
+    config = {k: v for k, v in target.config.to_dict().items() if k != "_name_or_path"}  # not where it was loaded
+    h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     weight = target.model.get_output_embeddings().weight.detach().float().cpu()
     h.update(weight[:: max(1, weight.shape[0] // 64)].contiguous().numpy().tobytes())
     return h.hexdigest()[:12]
