@@ -3,6 +3,8 @@ and the plots (`plots.py`) both read."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -52,12 +54,35 @@ def uses_default_budget(row: dict[str, Any]) -> bool:
 
 
 def config_id(row: dict[str, Any]) -> tuple[str, str, str]:
-    params = dict(row.get("params") or {})
+    # a parameter left at its default names the same configuration as one that states it: rows record every
+    # parameter today, older rows only those a run set
+    params = {**method_defaults(row["method"]), **(row.get("params") or {})}
     # each task sets its own budget, so max_new_tokens names a configuration only where a run overrode it
     if uses_default_budget(row):
         params.pop("max_new_tokens", None)
     draft = "" if row.get("is_baseline") else (row.get("draft") or "")
     return row["method"], json.dumps(params, sort_keys=True), draft
+
+
+@functools.cache
+def _defaults(method: str) -> tuple[tuple[str, Any], ...]:
+    from ..registry import get_method  # the registry loads every family: only when a summary is asked for
+
+    try:
+        config = get_method(method).config
+    except Exception:  # a method this version no longer has: its rows keep the parameters they recorded
+        return ()
+    return tuple((f.name, f.default) for f in dataclasses.fields(config)
+                 if f.default is not dataclasses.MISSING and _plain(f.default))
+
+
+def _plain(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def method_defaults(method: str) -> dict[str, Any]:
+    """The defaults of `method`'s parameters that a results row can record (numbers, strings, booleans, None)."""
+    return dict(_defaults(method))
 
 
 def config_labels(configs: Sequence[tuple[str, str, str]]) -> dict[tuple[str, str, str], str]:

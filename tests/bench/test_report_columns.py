@@ -43,3 +43,19 @@ def test_a_rows_speed_up_is_its_tokens_per_s_over_the_baseline_tokens_per_s_it_s
         assert float(cells[speedup].rstrip("×")) == pytest.approx(shown, abs=0.01), label
     assert _cells(report.markdown, "spec.pld")[tps:speedup + 1] == ["110.0", "100.0", "1.10×"]
     assert "baseline tokens/s (same runs)" in report.markdown.split("## ")[0]  # the caption says how
+
+
+def test_a_parameter_at_its_default_names_the_same_configuration_as_one_left_out():
+    # rows record every parameter today and recorded only those a run set before: both are one configuration, so a
+    # file holding both kinds of rows shows one `spec.pld` line, not two labelled by parameters nobody changed
+    from fastdecode.bench.summary import config_id, method_defaults
+
+    defaults = method_defaults("spec.pld")
+    assert defaults["num_tokens"] == 10 and defaults["attention"] == "dense"
+    old, new = _row("spec.pld", "r1", 0, 1.0), _row("spec.pld", "r2", 0, 1.0)
+    new["params"] = {"num_tokens": 10, "attention": "dense", "repetition_penalty": 1.0}
+    assert config_id(old) == config_id(new)
+    changed = {**new, "params": {**new["params"], "num_tokens": 5}}
+    assert config_id(changed) != config_id(old)
+    # a method this version does not know keeps the parameters it recorded
+    assert config_id({**old, "method": "spec.gone", "params": {"a": 1}})[1] == '{"a": 1}'
