@@ -307,8 +307,11 @@ class Scheduler:
             yield
             return
 
+        owner = threading.get_ident()
+
         def check(*_: Any) -> None:
-            if self._all_gone(batch):
+            # the model is shared: a forward another thread runs on it (a test, a caller of the library) is not ours
+            if threading.get_ident() == owner and self._all_gone(batch):
                 raise _Abandoned
 
         handle = module.register_forward_pre_hook(check)

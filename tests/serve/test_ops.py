@@ -220,3 +220,27 @@ def test_a_timeout_cuts_llama_cpps_own_loop(live, monkeypatch):
     _wait_idle(live)
     assert time.monotonic() - started < 5 and llm.evals < 60  # stopped at a forward soon after 0.5 s, not at 400
     assert _metric(live, "request_aborted_total", reason="timeout") == timeouts + 1
+
+
+def test_the_stop_hook_cuts_only_the_engine_threads_own_forwards(tiny):
+    # the hook that stops hf.* once its batch is gone sits on the shared torch model: a forward that another thread
+    # runs meanwhile (a library caller, a test comparing with generate()) must run, not be abandoned
+    from types import SimpleNamespace
+
+    from fastdecode.serve.scheduler import _Abandoned
+
+    scheduler = Scheduler(tiny)
+    try:
+        gone = SimpleNamespace(cancelled=True)  # a request whose client left
+        with scheduler._abandon_when_gone([gone]):  # type: ignore[list-item]
+            other: list = []
+            worker = threading.Thread(target=lambda: other.append(
+                fastdecode.generate(tiny, "a b", "hf.greedy", max_new_tokens=3)))
+            worker.start()
+            worker.join(60)
+            assert other and other[0].stats.new_tokens == 3
+            with pytest.raises(_Abandoned):  # the engine's own thread: stopped at its next forward
+                fastdecode.generate(tiny, "a b", "hf.greedy", max_new_tokens=3)
+        assert fastdecode.generate(tiny, "a b", "hf.greedy", max_new_tokens=3).stats.new_tokens == 3  # hook removed
+    finally:
+        scheduler.shutdown()
