@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import check
+from ..models.layers import RMSNorm, SwiGLU
 from .base import Head, HeadConfig, Target, register_head
 
 KV = tuple[torch.Tensor, torch.Tensor]  # one draft layer's context keys and values, each [B, kv_heads, C, head_dim]
@@ -58,21 +59,6 @@ def default_target_layers(num_layers: int, count: int) -> tuple[int, ...]:
         return (num_layers // 2,)
     start, end = (1, num_layers - 3) if num_layers - 3 > 1 else (0, num_layers - 1)
     return tuple(sorted({int(round(start + i * (end - start) / (count - 1))) for i in range(count)}))
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm computed in float32 and cast back before the weight, as Llama/Qwen3 do (the same numbers as the
-    authors' module in any dtype)."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
 
 
 def rotary(positions: torch.Tensor, dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,24 +112,13 @@ class DFlashAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
 
 
-class DFlashMLP(nn.Module):
-    def __init__(self, cfg: DFlashConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DFlashLayer(nn.Module):
     """A pre-norm decoder layer; the context keys skip `input_layernorm` (they come from the fused feature)."""
 
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
         self.self_attn = DFlashAttention(cfg)
-        self.mlp = DFlashMLP(cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import check
+from ..models.layers import RMSNorm, SwiGLU
 from .base import Head, HeadConfig, Target, register_head
 
 
@@ -74,18 +75,6 @@ def vocab_maps(counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tenso
     return d2t, t2d
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x.float()
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * y.to(x.dtype)
-
-
 class Attention(nn.Module):
     """q/k/v read the 2H-wide concatenation; grouped-query heads; rotary positions."""
 
@@ -98,17 +87,6 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
 
 
-class MLP(nn.Module):
-    def __init__(self, c: Eagle3Config) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, c: Eagle3Config) -> None:
         super().__init__()
@@ -116,7 +94,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = Attention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = MLP(c)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
 
 
 @dataclass
