@@ -11,7 +11,7 @@ import torch
 from ...heads.hydra import HydraHead
 from ...heads.medusa import target_embeddings
 from .base import HeadObjective, TargetBatch
-from .medusa import scored, shifted, tied_lm_head
+from .medusa import heads_loss, tied_lm_head
 
 
 class Hydra(HeadObjective):
@@ -29,21 +29,13 @@ class Hydra(HeadObjective):
         assert isinstance(head, HydraHead)
         lm = tied_lm_head(head, target)
         embed = target_embeddings(target).detach().float()  # [V, H]
-        T = batch.ids.shape[1]
-        metrics: dict[str, float] = {}
-        loss = batch.hidden.new_zeros(())
-        for k in range(head.config.num_heads):
-            offset = k + 2
-            if T <= offset:
-                break
-            valid, labels = shifted(batch, offset)
-            if not labels.numel():
-                continue
-            # [B, T - offset, k + 1]: the tokens t + 1 .. t + k + 1 between h_t and the guessed token
-            path = torch.stack([batch.ids[:, 1 + j : T - offset + 1 + j] for j in range(k + 1)], dim=-1)
-            logits = head.head_logits(k, batch.hidden[:, : T - offset][valid], embed[path[valid]], lm)  # [N, V]
-            loss = loss + scored(logits, labels, k, metrics)
-        return loss, metrics
+
+        def logits_of(k: int, valid: torch.Tensor, n: int) -> torch.Tensor:
+            # [B, n, k + 1]: the tokens t + 1 .. t + k + 1 between h_t and the guessed token
+            path = torch.stack([batch.ids[:, 1 + j : n + 1 + j] for j in range(k + 1)], dim=-1)
+            return head.head_logits(k, batch.hidden[:, :n][valid], embed[path[valid]], lm)  # [N, V]
+
+        return heads_loss(batch, head.config.num_heads, logits_of)
 
     def card_lines(self, options: dict[str, Any]) -> list[str]:
         return ["Head k (0-based) reads h_t and the embeddings of tokens t + 1 .. t + k + 1 (the target's next token "

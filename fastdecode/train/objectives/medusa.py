@@ -8,6 +8,7 @@ greedy verification accepts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,6 +31,25 @@ def tied_lm_head(head: Any, target: Any) -> torch.Tensor | None:
     return target_lm_head(target).detach().float() if head.config.tie_lm_head else None
 
 
+# head k's logits `[N, V]` at the positions `valid` `[B, T - offset]` of the first T - offset hidden states
+HeadLogits = Callable[[int, torch.Tensor, int], torch.Tensor]
+
+
+def heads_loss(batch: TargetBatch, num_heads: int, logits_of: HeadLogits) -> tuple[torch.Tensor, dict[str, float]]:
+    """Σ_k 0.8^k · CE_k over the heads that have a label in the batch, and each head's top-1 agreement."""
+    T = batch.ids.shape[1]
+    metrics: dict[str, float] = {}
+    loss = batch.hidden.new_zeros(())
+    for k in range(num_heads):
+        offset = k + 2
+        if T <= offset:
+            break
+        valid, labels = shifted(batch, offset)
+        if labels.numel():
+            loss = loss + scored(logits_of(k, valid, T - offset), labels, k, metrics)
+    return loss, metrics
+
+
 def scored(logits: torch.Tensor, labels: torch.Tensor, k: int, metrics: dict[str, float]) -> torch.Tensor:
     """Head k's weighted cross-entropy; its top-1 agreement with the target goes to `metrics[f"acc{k}"]`."""
     metrics[f"acc{k}"] = float((logits.argmax(-1) == labels).float().mean())
@@ -47,24 +67,15 @@ class Medusa(HeadObjective):
                   gen: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         assert isinstance(head, MedusaHead)
         lm = tied_lm_head(head, target)
-        T = batch.ids.shape[1]
-        metrics: dict[str, float] = {}
-        loss = batch.hidden.new_zeros(())
-        for k in range(head.config.num_heads):
-            offset = k + 2
-            if T <= offset:
-                break
-            valid, labels = shifted(batch, offset)
-            if not labels.numel():
-                continue
-            feats = head.blocks[k](batch.hidden[:, : T - offset][valid])  # [N, H]
+
+        def logits_of(k: int, valid: torch.Tensor, n: int) -> torch.Tensor:
+            feats = head.blocks[k](batch.hidden[:, :n][valid])  # [N, H]
             if lm is not None:
-                logits = feats @ lm.T  # [N, V]
-            else:
-                assert head.lm_heads is not None  # an untied head has its own
-                logits = head.lm_heads[k](feats)
-            loss = loss + scored(logits, labels, k, metrics)
-        return loss, metrics
+                return feats @ lm.T  # [N, V]
+            assert head.lm_heads is not None  # an untied head has its own
+            return head.lm_heads[k](feats)
+
+        return heads_loss(batch, head.config.num_heads, logits_of)
 
     def card_lines(self, options: dict[str, Any]) -> list[str]:
         return ["Head k (0-based) reads the target's last hidden state h_t and guesses token t + k + 2: residual "
