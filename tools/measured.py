@@ -26,7 +26,12 @@ Keys:
                   (draft forwards per target forward), msfwd (wall ms per target forward; not for the baseline, whose
                   rows may come from several runs), basems (wall ms per baseline forward in LABEL's run), stepcost
                   (a step's wall time over a baseline step's), draftcost (one draft forward's wall time over a baseline
-                  step's); tpf@TASK is one task's TPF
+                  step's: c), verifycost (a verification's wall time over a baseline step's: v), accept (the share of
+                  target forwards accepting the draft token at each draft position); tpf@TASK is one task's TPF
+  learned:FILE|STAT|SUITE|MODEL|LABEL[|REF]   as fig:, from the trained drafters' docs/results/learned/FILE.jsonl
+                  (each of those files measures its own baseline; `--show FILE` lists every configuration's terms)
+  learned-table:FILE   that file's table: every configuration's τ, speed-up, acceptance per draft position, draft
+                  forwards a step, c and v
   cost:STEM|WIDTH|FIELD  a causal model's cached forward over WIDTH new tokens, from docs/results/cost/STEM.jsonl
                   (`tools/forward_cost.py`): ms (median wall ms), ratio (over a one-token forward), matmul (share
                   of its CPU time in matrix products), bound@TAU (TAU / ratio: the speed-up over greedy that steps
@@ -186,6 +191,8 @@ def figure(table: dict, spec: str) -> str:
         return step(s)
 
     def draft_forward(x: Summary) -> float:  # seconds per draft forward
+        if not x.draft_forwards_per_item:
+            raise SystemExit(f"bad figure {spec!r}: {x.label} runs no draft forward")
         return (x.draft_share or 0.0) * step(x) * x.forwards_per_item / max(x.draft_forwards_per_item, 1e-9)
 
     values = {
@@ -198,6 +205,8 @@ def figure(table: dict, spec: str) -> str:
         "msfwd": lambda: f"{1000 * own_step():.1f}", "basems": lambda: f"{1000 * base_step():.1f}",
         "stepcost": lambda: f"{own_step() / base_step():.1f}×",
         "draftcost": lambda: f"{draft_forward(s) / base_step():.2f}×",
+        "verifycost": lambda: f"{(s.verify_share or 0.0) * own_step() / base_step():.2f}",
+        "accept": lambda: ", ".join(f"{a:.2f}" for a in s.accept_per_position),
     }
     stat, _, task = stat.partition("@")
     if task:  # one task's figure: tpf@TASK
@@ -207,6 +216,66 @@ def figure(table: dict, spec: str) -> str:
     if stat not in values or (stat in ("ratio", "fewer")) != bool(ref):
         raise SystemExit(f"bad figure {spec!r}: STAT is one of {sorted(values)}; ratio and fewer take a REF label")
     return values[stat]()
+
+
+LEARNED = ROOT / "docs" / "results" / "learned"
+
+
+@functools.cache
+def learned_table(stem: str) -> Table:
+    """A trained drafter's bench file, apart from the top-level rows (each file measures its own baseline)."""
+    path = LEARNED / f"{stem}.jsonl"
+    if not path.exists():
+        raise SystemExit(f"no {path.relative_to(ROOT)}: the learned: key names a file of docs/results/learned/")
+    rows = []
+    for row in read_rows(path):
+        row["_source"] = str(path)
+        rows.append(row)
+    table = Table({(s.suite, s.model, s.label): s for s in summarize(rows)})
+    table.rows, table.results = rows, path
+    return table
+
+
+def learned_text(spec: str) -> str:
+    stem, _, fig = spec.partition("|")
+    return figure(learned_table(stem), fig)
+
+
+def learned_table_text(stem: str) -> str:
+    """Every configuration of a trained drafter's bench file beside its suite's baseline: the terms of the speed
+    model S = τ / (drafts·c + v)."""
+    table = learned_table(stem)
+    lines = ["| suite | method | τ (TPF) | speed-up | acceptance per draft position (share of target steps) "
+             "| draft forwards a step | c | v |", "|---|---|---:|---:|---|---:|---:|---:|"]
+    for (suite, model, label), s in table.items():
+        if s.is_baseline:
+            continue
+        fig = f"|{suite}|{model}|{label}"
+        accept = ", ".join(f"{a:.2f}" for a in s.accept_per_position[:5]) + (
+            ", …" if len(s.accept_per_position) > 5 else "")
+        drafts = s.draft_forwards_per_item / s.forwards_per_item
+        c = figure(table, "draftcost" + fig).rstrip("×") if drafts else "–"
+        lines.append(f"| {suite} ({s.items} items) | `{label}` | {s.tpf:.2f} | {s.speedup or 0:.2f}× | {accept} "
+                     f"| {drafts:.2f} | {c} | {figure(table, 'verifycost' + fig)} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def show(path: Path) -> None:
+    """Every configuration of a bench file with the speed model's terms (τ, speed-up, acceptance per draft position,
+    c and v in the same run's baseline steps): what a doc about a drafter quotes, through the keys above."""
+    rows = []
+    for row in read_rows(path):
+        row["_source"] = str(path)
+        rows.append(row)
+    table = Table({(s.suite, s.model, s.label): s for s in summarize(rows)})
+    table.rows, table.results = rows, path
+    for (suite, model, label), s in table.items():
+        line = {"suite": suite, "model": model, "label": label, "items": s.items, "tau": round(s.tpf, 3),
+                "speedup": None if s.speedup is None else round(s.speedup, 3)}
+        if not s.is_baseline and s.draft_share is not None:
+            for stat in ("draftcost", "verifycost", "accept")[0 if s.draft_forwards_per_item else 1:]:
+                line[stat] = figure(table, f"{stat}|{suite}|{model}|{label}").rstrip("×")
+        print(json.dumps(line, ensure_ascii=False))
 
 
 def dlm_text(table: dict, label: str) -> str:
@@ -390,6 +459,10 @@ def render(key: str, table: dict) -> str:
         return readme_table(table)
     if kind == "fig":
         return figure(table, label)
+    if kind == "learned":
+        return learned_text(label)
+    if kind == "learned-table":
+        return learned_table_text(label)
     if kind == "answers":
         return answers_text(table, label)
     if kind == "loops":
@@ -441,7 +514,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=ROOT / "docs" / "results")
     parser.add_argument("--check", action="store_true", help="fail if a span is out of date; write nothing")
+    parser.add_argument("--show", type=Path, metavar="FILE",
+                        help="print each configuration's τ, speed-up, c, v and acceptance per draft position in a "
+                             "bench file, and exit")
     args = parser.parse_args()
+    if args.show:
+        show(args.show)
+        return 0
     table = load(args.results)
     names = read_names()
     values = {name: render(key, table) for name, key in names.items()}  # every defined figure must compute

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from ..models.loading import zoo_names
@@ -23,6 +24,9 @@ DEMO_SUITE = "quick"
 # the methods that draft with zoo:ar-tiny join them when it is bundled
 CAUSAL_METHODS = ("ar.greedy", "hf.greedy", "hf.prompt_lookup", "spec.pld", "spec.suffix")
 DRAFT_METHODS = ("hf.assisted", "spec.draft_model")
+# methods that draft with a head trained against zoo:ar-small (fastdecode/zoo/ar-small/heads/KIND), shown when the
+# head is bundled: EAGLE-3, the trained drafter that measured best here (docs/learned-eagle3.md)
+HEAD_METHODS = {"spec.eagle3": "eagle3"}
 # diffusion methods on dlm-small: the LLaDA baseline (one token per step) and Fast-dLLM's threshold rule
 # (dlm.freedave, lossless, is left out: on a CPU its batched draft forwards cost more wall time than they save)
 DIFFUSION_METHODS = ("dlm.baseline", "dlm.threshold")
@@ -56,6 +60,12 @@ def zoo_plan(available: Sequence[str] | None = None) -> tuple[list[DemoModel], l
     notes: list[str] = []
     if "ar-small" in names:
         methods = [m for m in CAUSAL_METHODS if m in registered]
+        for method, kind in HEAD_METHODS.items():
+            if method in registered and _head_bundled("ar-small", kind):
+                methods.append(method)
+            elif method in registered:
+                notes.append(f"zoo:ar-small's {kind} head is not bundled, so {method} is skipped; train it with "
+                             f"`fastdecode train drafter --target zoo:ar-small --kind {kind}`.")
         draft = None
         if "ar-tiny" in names:
             methods += [m for m in DRAFT_METHODS if m in registered]
@@ -75,6 +85,10 @@ def zoo_plan(available: Sequence[str] | None = None) -> tuple[list[DemoModel], l
     else:
         plan.append(DemoModel("zoo:dlm-small", tuple(m for m in DIFFUSION_METHODS if m in registered)))
     return plan, notes
+
+
+def _head_bundled(model: str, kind: str) -> bool:
+    return (resources.files("fastdecode") / "zoo" / model / "heads" / kind / "model.safetensors").is_file()
 
 
 def require_models(models: Sequence[DemoModel]) -> None:

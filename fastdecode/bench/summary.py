@@ -42,6 +42,8 @@ class Summary:
     # the baseline's tokens/s over the rows the speed-up compares with (its own runs'), pooled as tokens_per_s is;
     # the baseline's own row pools all its runs, so this may differ from that row's tokens/s
     baseline_tokens_per_s: float | None = None
+    # speculative methods: the share of target forwards whose draft token at position k (0-based) was accepted
+    accept_per_position: tuple[float, ...] = ()
 
 
 def uses_default_budget(row: dict[str, Any]) -> bool:
@@ -168,10 +170,21 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[Summary]:
                 verify_share=sum(r.get("verify_s", 0.0) for r in rs) / wall if timed else None,
                 sources=tuple(sorted(str(x) for x in sources if x is not None)),
                 baseline_other_run=bool(in_file) and not same_run,
+                accept_per_position=_per_position(rs),
             ))
         group.sort(key=lambda s: (not s.is_baseline, s.label))
         out.extend(group)
     return out
+
+
+def _per_position(rows: Sequence[dict[str, Any]]) -> tuple[float, ...]:
+    """Accepted draft tokens at each draft position over the rows' target forwards (rows record the counts)."""
+    counts = [r.get("accepted_per_position") or [] for r in rows]
+    depth = max((len(c) for c in counts), default=0)
+    forwards = sum(r["forwards"] for r in rows)
+    if not depth or not forwards:
+        return ()
+    return tuple(sum(c[k] for c in counts if k < len(c)) / forwards for k in range(depth))
 
 
 def rate(rows: Sequence[dict[str, Any]]) -> float:

@@ -37,7 +37,8 @@ def test_demo_plan_skips_missing_models():
     plan, notes = zoo_plan(["ar-small", "ar-tiny", "dlm-small"])
     assert [(m.model, m.draft) for m in plan] == [("zoo:ar-small", "zoo:ar-tiny"), ("zoo:dlm-small", None)]
     assert not notes
-    expected = {"ar.greedy", "hf.greedy", "hf.prompt_lookup", "hf.assisted", "spec.pld", "spec.draft_model"}
+    expected = {"ar.greedy", "hf.greedy", "hf.prompt_lookup", "hf.assisted", "spec.pld", "spec.draft_model",
+                "spec.eagle3"}  # the shipped EAGLE-3 head is bundled with ar-small
     assert expected <= set(plan[0].methods)
     assert plan[1].methods[0] == "dlm.baseline" and "dlm.threshold" in plan[1].methods
 
