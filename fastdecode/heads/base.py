@@ -125,8 +125,9 @@ def register_head(kind: str) -> Callable[[H], H]:
         known = _KINDS.get(kind)
         if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
             raise ValueError(f"head kind {kind!r} is already registered by {known.__module__}.{known.__qualname__}")
-        if config.kind and config.kind != kind:
-            raise ValueError(f"{config.__name__} already belongs to head kind {config.kind!r}")
+        owner = vars(config).get("kind")  # its own, not a config it extends (Hydra's extends Medusa's)
+        if owner and owner != kind:
+            raise ValueError(f"{config.__name__} already belongs to head kind {owner!r}")
         cls.kind = kind
         config.kind = kind
         _KINDS[kind] = cls

@@ -10,26 +10,21 @@ Medusa's, which has to guess blind; the price is one small forward per draft dep
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
-from .base import Head, HeadConfig, Target, register_head
-from .medusa import ResBlock, randomise, target_lm_head
+from .base import Target, register_head
+from .medusa import MedusaConfig, TiedHeads
 
 
 @dataclass(frozen=True)
-class HydraConfig(HeadConfig):
-    hidden_size: int = 0  # the target's hidden size
-    vocab_size: int = 0  # the target's vocabulary
-    num_heads: int = 4  # tokens guessed past the target's own next token (the deepest draft)
-    num_layers: int = 1  # residual blocks per head, after its input map
-    tie_lm_head: bool = True  # read logits through the target's lm_head (else each head has its own)
+class HydraConfig(MedusaConfig):
+    """Medusa's fields; `num_layers` counts the residual blocks after each head's input map."""
 
 
 @register_head("hydra")
-class HydraHead(Head):
+class HydraHead(TiedHeads):
     """Head k: Linear((k + 2)·H -> H) over h_t and the path's token embeddings, residual blocks, lm_head."""
 
     config_class = HydraConfig
@@ -37,10 +32,8 @@ class HydraHead(Head):
 
     def __init__(self, config: HydraConfig, target: Target | None = None) -> None:
         super().__init__(config, target)
-        H, V = config.hidden_size, config.vocab_size
-        if H <= 0 or V <= 0 or config.num_heads < 1 or config.num_layers < 0:
-            raise ValueError(f"a Hydra head needs hidden_size, vocab_size > 0, num_heads >= 1, num_layers >= 0; "
-                             f"got {config}")
+        self._check(config)
+        H = config.hidden_size
         inputs = [nn.Linear((k + 2) * H, H) for k in range(config.num_heads)]
         with torch.no_grad():  # start from h_t alone: the identity on its slice, zero on the embeddings'
             for lin in inputs:
@@ -48,26 +41,7 @@ class HydraHead(Head):
                 lin.weight[:, :H] = torch.eye(H)
                 lin.bias.zero_()
         self.inputs = nn.ModuleList(inputs)
-        self.blocks = nn.ModuleList(
-            nn.Sequential(*(ResBlock(H) for _ in range(config.num_layers))) for _ in range(config.num_heads))
-        self.lm_heads = (None if config.tie_lm_head else
-                         nn.ModuleList(nn.Linear(H, V, bias=False) for _ in range(config.num_heads)))
-
-    @classmethod
-    def for_target(cls, model: Any, **options: Any) -> HydraHead:
-        """A fresh head shaped for `model`: each head starts as the target's next-token guess from h_t."""
-        config = HydraConfig(hidden_size=int(model.config.hidden_size), vocab_size=int(model.config.vocab_size),
-                             **options)
-        head = cls(config, Target.of(model))
-        if head.lm_heads is not None:
-            with torch.no_grad():
-                for weight in head.lm_heads.parameters():  # one weight a head, no bias
-                    weight.copy_(target_lm_head(model).float())
-        return head
-
-    @classmethod
-    def untrained(cls, model: Any, seed: int = 0) -> HydraHead:
-        return randomise(cls.for_target(model), seed)  # type: ignore[return-value]
+        self._build_blocks(config)
 
     def head_logits(self, k: int, hidden: torch.Tensor, path: torch.Tensor,
                     lm_head: torch.Tensor | None = None) -> torch.Tensor:
@@ -76,9 +50,4 @@ class HydraHead(Head):
         if path.shape[-2] != k + 1:
             raise ValueError(f"Hydra head {k} reads {k + 1} token embeddings, got {path.shape[-2]}")
         x = torch.cat([hidden, path.flatten(-2)], dim=-1)  # [..., (k + 2) H]
-        feats = self.blocks[k](self.inputs[k](x))  # [..., H]
-        if self.lm_heads is not None:
-            return self.lm_heads[k](feats)
-        if lm_head is None:
-            raise ValueError("this Hydra head reads the target's lm_head: pass it (heads.medusa.target_lm_head)")
-        return feats @ lm_head.to(feats.dtype).T
+        return self.read_logits(k, self.blocks[k](self.inputs[k](x)), lm_head)

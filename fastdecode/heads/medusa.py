@@ -60,30 +60,30 @@ def randomise(head: Head, seed: int) -> Head:
     return head.eval()
 
 
-@register_head("medusa")
-class MedusaHead(Head):
-    """K heads of residual blocks over h_t; head k's logits guess token t + k + 2."""
+class TiedHeads(Head):
+    """What Medusa's and Hydra's heads share: K heads of residual blocks whose logits are read through the target's
+    lm_head (`tie_lm_head`) or through lm_heads of their own, the shape checks, and how a fresh head is made."""
 
-    config_class = MedusaConfig
     config: MedusaConfig
 
-    def __init__(self, config: MedusaConfig, target: Target | None = None) -> None:
-        super().__init__(config, target)
+    def _check(self, config: MedusaConfig) -> None:
+        if config.hidden_size <= 0 or config.vocab_size <= 0 or config.num_heads < 1 or config.num_layers < 0:
+            raise ValueError(f"a {self.kind} head needs hidden_size, vocab_size > 0, num_heads >= 1, "
+                             f"num_layers >= 0; got {config}")
+
+    def _build_blocks(self, config: MedusaConfig) -> None:
         H, V = config.hidden_size, config.vocab_size
-        if H <= 0 or V <= 0 or config.num_heads < 1 or config.num_layers < 0:
-            raise ValueError(f"a Medusa head needs hidden_size, vocab_size > 0, num_heads >= 1, num_layers >= 0; "
-                             f"got {config}")
         self.blocks = nn.ModuleList(
             nn.Sequential(*(ResBlock(H) for _ in range(config.num_layers))) for _ in range(config.num_heads))
         self.lm_heads = (None if config.tie_lm_head else
                          nn.ModuleList(nn.Linear(H, V, bias=False) for _ in range(config.num_heads)))
 
     @classmethod
-    def for_target(cls, model: Any, **options: Any) -> MedusaHead:
-        """A fresh head shaped for `model` (a loaded `CausalLM`): identity blocks, so it starts as the target's own
-        next-token guess; own lm_heads (when `tie_lm_head=False`) start as copies of the target's."""
-        config = MedusaConfig(hidden_size=int(model.config.hidden_size), vocab_size=int(model.config.vocab_size),
-                              **options)
+    def for_target(cls, model: Any, **options: Any) -> Any:
+        """A fresh head shaped for `model` (a loaded `CausalLM`) that starts as the target's own next-token guess;
+        own lm_heads (when `tie_lm_head=False`) start as copies of the target's."""
+        config = cls.config_class(hidden_size=int(model.config.hidden_size),  # type: ignore[call-arg]
+                                  vocab_size=int(model.config.vocab_size), **options)
         head = cls(config, Target.of(model))
         if head.lm_heads is not None:
             with torch.no_grad():
@@ -92,8 +92,30 @@ class MedusaHead(Head):
         return head
 
     @classmethod
-    def untrained(cls, model: Any, seed: int = 0) -> MedusaHead:
-        return randomise(cls.for_target(model), seed)  # type: ignore[return-value]
+    def untrained(cls, model: Any, seed: int = 0) -> Any:
+        return randomise(cls.for_target(model), seed)
+
+    def read_logits(self, k: int, feats: torch.Tensor, lm_head: torch.Tensor | None) -> torch.Tensor:
+        """Head k's logits `[..., V]` from its features `[..., H]`; `lm_head` `[V, H]` is the target's
+        (`target_lm_head`), needed when tied."""
+        if self.lm_heads is not None:
+            return self.lm_heads[k](feats)
+        if lm_head is None:
+            raise ValueError(f"this {self.kind} head reads the target's lm_head: pass it (heads.medusa.target_lm_head)")
+        return feats @ lm_head.to(feats.dtype).T
+
+
+@register_head("medusa")
+class MedusaHead(TiedHeads):
+    """K heads of residual blocks over h_t; head k's logits guess token t + k + 2."""
+
+    config_class = MedusaConfig
+    config: MedusaConfig
+
+    def __init__(self, config: MedusaConfig, target: Target | None = None) -> None:
+        super().__init__(config, target)
+        self._check(config)
+        self._build_blocks(config)
 
     def features(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[..., H]` -> `[K, ..., H]`: what each head's lm_head reads."""
@@ -102,8 +124,6 @@ class MedusaHead(Head):
     def logits(self, hidden: torch.Tensor, lm_head: torch.Tensor | None = None) -> torch.Tensor:
         """`[..., H]` -> `[K, ..., V]`; `lm_head` `[V, H]` is the target's (`target_lm_head`), needed when tied."""
         feats = self.features(hidden)  # [K, ..., H]
-        if self.lm_heads is None:
-            if lm_head is None:
-                raise ValueError("this Medusa head reads the target's lm_head: pass it (heads.medusa.target_lm_head)")
-            return feats @ lm_head.to(feats.dtype).T
-        return torch.stack([lm(f) for lm, f in zip(self.lm_heads, feats, strict=True)])
+        if self.lm_heads is None:  # one product for every head
+            return self.read_logits(0, feats, lm_head)
+        return torch.stack([self.read_logits(k, f, lm_head) for k, f in enumerate(feats)])
