@@ -43,6 +43,7 @@ class FilterHead(Head):
         unknown = [f for f in config.features if f not in FEATURES]
         if unknown or not config.features:
             raise ValueError(f"filter features {list(config.features)}: choose some of {', '.join(FEATURES)}")
+        self.picked: torch.Tensor
         self.register_buffer("picked", torch.tensor([FEATURES.index(f) for f in config.features]), persistent=False)
         inputs = config.width * len(config.features)
         self.hidden = nn.Linear(inputs, config.hidden)

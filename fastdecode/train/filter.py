@@ -29,7 +29,7 @@ from ..diffusion.driver import denoise, settle
 from ..diffusion.policies.baseline import BaselineConfig, LowConfidence
 from ..diffusion.policy import Step, View, columns
 from ..engine import encode_batch
-from ..errors import ParameterError
+from ..errors import ParameterError, close_names
 from ..heads import save_head
 from ..heads.filter import FEATURES, FilterHead, History
 from .selfdata import Report
@@ -47,6 +47,7 @@ class FilterTraining:
     items: int = 20  # training-seed items per task (the last `held_out` of them kept out of training)
     held_out: int = 5
     batch: int = 20  # rows decoded at once while logging trajectories
+    tasks: str = ""  # comma-separated task names; "" = every task of parallel-lists and puzzles
     width: int = 16  # the filter's block: dlm.baseline decodes blocks of this width for the data
     hidden: int = 32
     features: str = "conf,committed"  # the filter's inputs, comma-separated, of heads/filter.py FEATURES
@@ -61,8 +62,14 @@ class FilterTraining:
             raise ParameterError(f"0 < held_out < items, steps >= 1, width >= 1 and batch >= 1, got {self}")
 
 
-def task_names() -> list[str]:
-    return [name for suite in SUITE_NAMES for name, _ in SUITES[suite].tasks]
+def task_names(cfg: FilterTraining | None = None) -> list[str]:
+    """The tasks whose trajectories the filter learns from: `cfg.tasks`, or every task of SUITE_NAMES."""
+    named = [t.strip() for t in (cfg.tasks if cfg else "").split(",") if t.strip()]
+    unknown = [t for t in named if t not in TASKS]
+    if unknown:
+        raise ParameterError(f"Unknown task(s) {unknown} for the filter's trajectories. "
+                             f"{close_names(unknown[0], TASKS)}")
+    return named or [name for suite in SUITE_NAMES for name, _ in SUITES[suite].tasks]
 
 
 class Recorder:
@@ -113,21 +120,13 @@ def trajectories(model: Any, prompts: list[str], canvas: int, width: int) -> dic
 def collect(model: Any, folder: Path, seed: int, cfg: FilterTraining, report: Report | None) -> dict[str, Any]:
     """Every task's trajectories, logged once into `folder` (one safetensors file a task) and read back after."""
     folder.mkdir(parents=True, exist_ok=True)
-    names = task_names()
+    names = task_names(cfg)
     seconds = 0.0
     for done, name in enumerate(names):
         path = folder / f"{name}.safetensors"
         if not path.is_file():
-            task = TASKS[name]
-            prompts = [format_prompt(i.prompt) for i in task.items(DATA_SEED + seed, cfg.items)]
-            canvas = task.canvas_length(model.tokenizer)
             tick = time.perf_counter()
-            parts = []
-            for start in range(0, len(prompts), cfg.batch):
-                part = trajectories(model, prompts[start : start + cfg.batch], canvas, cfg.width)
-                part["item"] += start
-                parts.append(part)
-            data = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+            data = _task_trajectories(model, name, seed, cfg)
             save_file(data, str(path), metadata={"seconds": str(round(time.perf_counter() - tick, 1))})
         if report is not None:
             report("data", done + 1, len(names), {})
@@ -139,11 +138,35 @@ def collect(model: Any, folder: Path, seed: int, cfg: FilterTraining, report: Re
             header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
         seconds += float(header.get("__metadata__", {}).get("seconds", 0))
         keep = data["item"] < cfg.items - cfg.held_out
-        for out, sel in ((train, keep), (held, ~keep)):
+        for into, sel in ((train, keep), (held, ~keep)):
             for k in ("feats", "labels", "masked"):
-                out.setdefault(k, []).append(data[k][sel])
-    return {"train": {k: torch.cat(v) for k, v in train.items()}, "held": {k: torch.cat(v) for k, v in held.items()},
-            "seconds": seconds}
+                into.setdefault(k, []).append(data[k][sel])
+    out = {k: {f: torch.cat(v) for f, v in part.items()} for k, part in (("train", train), ("held", held))}
+    if not (out["train"]["masked"].any() and out["held"]["masked"].any()):
+        raise ParameterError(f"{model.name or 'the model'} left no trajectories to train or to hold out (every "
+                             "prompt with its canvas is longer than its positions?): raise items or held_out.")
+    return {**out, "seconds": seconds}
+
+
+def _task_trajectories(model: Any, name: str, seed: int, cfg: FilterTraining) -> dict[str, torch.Tensor]:
+    """One task's trajectories, `item` its item index; the items whose prompt and canvas do not fit in the model's
+    positions are skipped (empty tensors when none fit)."""
+    task = TASKS[name]
+    canvas = task.canvas_length(model.tokenizer)
+    limit = model.max_positions or 1 << 30
+    prompts = [format_prompt(i.prompt) for i in task.items(DATA_SEED + seed, cfg.items)]
+    kept = [i for i, p in enumerate(prompts) if len(model.encode(p)) + canvas <= limit]
+    parts = []
+    for start in range(0, len(kept), cfg.batch):
+        chunk = kept[start : start + cfg.batch]
+        part = trajectories(model, [prompts[i] for i in chunk], canvas, cfg.width)
+        part["item"] = torch.tensor(chunk, dtype=torch.long)[part["item"]]
+        parts.append(part)
+    if not parts:
+        F = len(FEATURES)
+        return {"feats": torch.zeros(0, cfg.width, F), "labels": torch.zeros(0, cfg.width, dtype=torch.bool),
+                "masked": torch.zeros(0, cfg.width, dtype=torch.bool), "item": torch.zeros(0, dtype=torch.long)}
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
 def lr_at(step: int, cfg: FilterTraining) -> float:
@@ -218,7 +241,7 @@ def train_filter(model: Any, out: str | Path, *, seed: int = 0, cfg: FilterTrain
     assert isinstance(saved, FilterHead)
     card = {"seed": seed, "training": dataclasses.asdict(cfg), "params": sum(p.numel() for p in saved.parameters()),
             "features": list(saved.spec.features),
-            "data": {"tasks": task_names(), "train_samples": S, "held_samples": int(data["held"]["feats"].shape[0]),
+            "data": {"tasks": task_names(cfg), "train_samples": S, "held_samples": int(data["held"]["feats"].shape[0]),
                      "trajectory_s": round(data["seconds"], 1)},
             "train_s": round(train_s, 1),
             "held_out": filter_metrics(saved, data["held"]), "train_fit": filter_metrics(saved, train)}

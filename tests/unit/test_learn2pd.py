@@ -13,7 +13,7 @@ import torch
 import fastdecode
 from fastdecode.heads import load_head, save_head
 from fastdecode.heads.filter import FilterConfig, FilterHead, History
-from fastdecode.train.filter import trajectories
+from fastdecode.train.filter import CHECKPOINT, FilterTraining, train_filter, trajectories
 from fastdecode.train.filter_card import measure_decoding
 
 CARD = Path(str(resources.files("fastdecode") / "zoo")) / "dlm-small" / "heads" / "learn2pd" / "card.json"
@@ -112,3 +112,24 @@ def test_the_card_claim_holds_on_a_few_items():
     assert got["tpf"] == pytest.approx(claimed_tpf, rel=0.1)
     assert sum(got["item_scores"]) == pytest.approx(sum(row["item_scores"][:n]), abs=1)
     assert f"{row['tpf']:.2f}" in (CARD.parent / "README.md").read_text()
+
+
+def test_an_interrupted_training_resumes_to_the_same_filter(diffusion, tmp_path):
+    """The filter of a run stopped after its first checkpoint and rerun equals the uninterrupted run's, tensor for
+    tensor (the trajectories are kept task by task, the batches follow from the seed and the step)."""
+    cfg = FilterTraining(items=2, held_out=1, batch=2, steps=20, checkpoint_every=10, eval_per_task=0,
+                         tasks="lists.copy,letters.copy")
+    whole, _ = train_filter(diffusion, tmp_path / "whole", cfg=cfg)
+
+    def stop(phase: str, done: int, total: int, metrics: dict) -> None:
+        if phase == "train" and done == 15:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_filter(diffusion, tmp_path / "cut", cfg=cfg, report=stop)
+    assert (tmp_path / "cut" / CHECKPOINT / "state.json").is_file()
+    resumed, card = train_filter(diffusion, tmp_path / "cut", cfg=cfg)
+    for (name, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    assert card["params"] == sum(p.numel() for p in resumed.parameters())
+    assert card["data"]["tasks"] == ["lists.copy", "letters.copy"] and 0 <= card["held_out"]["0.95"]["precision"] <= 1
