@@ -603,6 +603,83 @@ def _train_image(name: str, settings: Any, trainer: Any, default: str, out_dir: 
     out.print_json(json.dumps(metrics))
     err.print(f"saved {folder} (card: {folder / 'README.md'})")
 
+@train_app.command("filter")
+def train_filter_command(
+    target: Annotated[str, typer.Option(help="The masked-diffusion model: a folder or zoo:NAME.")] = "zoo:dlm-small",
+    out_dir: Annotated[Optional[str], typer.Option(
+        "--out", help="Output folder; its checkpoint is resumed (default for a zoo model: the package's "
+                      "zoo/MODEL/heads/learn2pd, the filter dlm.learn2pd finds with no flag).")] = None,
+    seed: SeedOpt = 0,
+    threads: TrainThreadsOpt = 1,
+    set_: Annotated[list[str], typer.Option(
+        "--set", help="A setting of fastdecode/train/filter.py's FilterTraining (items, steps, lr, width, ...), "
+                      "as NAME=VALUE.")] = [],  # noqa: B006
+) -> None:
+    """Train Learn2PD's filter on a diffusion model's own dlm.baseline trajectories; write it with its card.
+
+    The model first decodes training-seed items of the list, letter and puzzle tasks with dlm.baseline, logging the
+    filter's features at every step (kept task by task), then the filter trains with AdamW; rerunning the same
+    command resumes. The card states the filter's held-out accuracy and precision and dlm.learn2pd's accuracy and
+    TPF beside dlm.baseline and dlm.threshold on test items."""
+    import typing
+    from pathlib import Path
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    import fastdecode
+    from fastdecode.config import parse_param_strings
+    from fastdecode.errors import ArgumentError
+    from fastdecode.train.filter import FilterTraining, clear_checkpoint, train_filter
+    from fastdecode.train.filter_card import METHODS, measure_decoding, write_card
+
+    _check_threads(threads)
+    hints = typing.get_type_hints(FilterTraining)
+    pairs = parse_param_strings(set_)
+    unknown = sorted(set(pairs) - set(hints))
+    if unknown:
+        raise ArgumentError(f"--set {unknown[0]}: not a filter setting; choose from {', '.join(sorted(hints))}.")
+    cfg = FilterTraining(**{k: hints[k](v) for k, v in pairs.items()})
+    if out_dir is None:
+        if not target.startswith("zoo:"):
+            raise ArgumentError(f"--out is needed for a model outside the zoo ({target!r}): name the filter's folder.")
+        from fastdecode.train.zoo import zoo_folder
+
+        out_dir = str(zoo_folder(target[4:]) / "heads" / "learn2pd")
+    import torch
+
+    torch.set_num_threads(threads)
+    model = fastdecode.load(target, device="cpu", dtype="float32")
+    command = (f"fastdecode train filter --target {target} --seed {seed} --threads {threads}"
+               + "".join(f" --set '{s}'" for s in set_))
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    titles = {"data": f"logging {target}'s dlm.baseline trajectories (tasks)", "train": "training the filter",
+              "measure": "decoding test items (methods)"}
+    with Progress(*columns, console=err) as bar:
+        tasks: dict[str, Any] = {}
+
+        def report(phase: str, done: int, total: int, metrics: dict[str, float]) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(titles.get(phase, phase), total=total, info="")
+            bar.update(tasks[phase], completed=done, info=" ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+
+        _, card = train_filter(model, Path(out_dir), seed=seed, cfg=cfg, report=report)
+        card["target"] = target
+        card["decoding"] = []
+        if cfg.eval_per_task:
+            block = {"block_length": cfg.width}
+            for i, method in enumerate(METHODS):
+                report("measure", i, len(METHODS), {})
+                params = {**block, "head": out_dir} if method == "dlm.learn2pd" else block
+                measured = measure_decoding(model, method, params, cfg.eval_per_task)
+                measured["params"] = block  # without the folder: a path of this machine
+                card["decoding"].append(measured)
+            report("measure", len(METHODS), len(METHODS), {})
+    write_card(Path(out_dir), card, command, threads)
+    clear_checkpoint(Path(out_dir))
+    out.print_json(json.dumps({k: v for k, v in card.items() if k != "decoding"}))
+    err.print(f"saved {out_dir} (card: {Path(out_dir) / 'README.md'})")
+
 
 def _train_zoo(name: str, out_dir: str | None, seed: int, threads: int, steps: int | None, set_: list[str],
                eval_items: int) -> None:

@@ -25,6 +25,7 @@ from .backend import Backend, ConstraintError, Grammar, LLGuidanceBackend
 Kind = Literal["json_schema", "regex", "grammar"]
 Sampling = Literal["mask", "gad"]
 DiffusionRule = Literal["lave", "prefix"]
+LaveSearch = Literal["sample", "beam"]
 
 
 @dataclass(eq=False)
@@ -36,6 +37,12 @@ class Constraint:
     sampling: Sampling = "mask"  # "gad": Grammar-Aligned Decoding (ASAp) for sampled methods
     diffusion: DiffusionRule = "lave"  # dlm.*: lookahead-then-verify, or the left-to-right prefix rule
     lookahead: int = 10  # LAVE: sampled completions checked per proposed token
+    retries: int = 5  # LAVE: tries a proposal gets (a rejected token is banned and the next likeliest tried),
+    #   after which the step recovers from the cached witness (the authors' max_retry_num_total)
+    lave_search: LaveSearch = "sample"  # LAVE's lookahead: `lookahead` sampled fillings, or the authors' beam
+    beam_top_k: int = 5  # lave_search="beam": candidate tokens per mask (top_k_per_mask)
+    beam_width: int = 3  # lave_search="beam": best-scoring fillings kept per mask (top_n_beam)
+    beam_random: int = 3  # lave_search="beam": other fillings kept at random per mask (random_n_beam)
     backend: Backend = field(default_factory=LLGuidanceBackend)
     # GAD's tries of expected future grammaticality, one per model (they persist across calls: ASAp learns)
     _gad: dict[Any, Any] = field(default_factory=dict, repr=False)
@@ -51,6 +58,17 @@ class Constraint:
                                   "(lookahead-then-verify) or 'prefix' (left-to-right prefix rule).")
         if not isinstance(self.lookahead, int) or self.lookahead < 1:
             raise ConstraintError(f"constraint lookahead={self.lookahead!r} is invalid: use an int >= 1.")
+        if not isinstance(self.retries, int) or self.retries < 1:
+            raise ConstraintError(f"constraint retries={self.retries!r} is invalid: use an int >= 1 (tries a LAVE "
+                                  "proposal gets before the step recovers from its witness).")
+        if self.lave_search not in ("sample", "beam"):
+            raise ConstraintError(f"constraint lave_search={self.lave_search!r} is unknown: use 'sample' (sampled "
+                                  "fillings) or 'beam' (the LAVE authors' beam lookahead).")
+        for name in ("beam_top_k", "beam_width"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConstraintError(f"constraint {name}={getattr(self, name)!r} is invalid: use an int >= 1.")
+        if not isinstance(self.beam_random, int) or self.beam_random < 0:
+            raise ConstraintError(f"constraint beam_random={self.beam_random!r} is invalid: use an int >= 0.")
         if self.kind == "json_schema":
             if isinstance(self.text, str):
                 try:

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from .beam import beam_lookahead
 from .constraint import Compiled
 
 
@@ -39,6 +40,11 @@ class CanvasGuard:
         self.starts = [self.proc.begin(p) for p in prompts]
         self.eos, self.mask_id = eos, mask_id
         self.witness: list[list[int] | None] = [None] * len(prompts)
+        c = compiled.constraint
+        self.retries, self.search = c.retries, c.lave_search
+        self.beam = (c.beam_top_k, c.beam_width, c.beam_random)
+        self.tries: list[list[tuple[int, int, bool]]] = [[] for _ in prompts]  # LAVE: the last step's (offset,
+        #   token, passed) per row, in the order tried
 
     def _state(self, row: int, prefix: list[int]) -> Any:
         key, _ = self.starts[row]
@@ -101,31 +107,71 @@ class CanvasGuard:
 
     def _lave(self, i: int, row: int, lo: int, step: Any, commit: torch.Tensor, tokens: torch.Tensor,
               gen_row: torch.Tensor, generator: torch.Generator | None) -> None:
+        """LAVE as its authors run it: each proposal, most confident first, is verified; a rejected token is banned
+        at its position and the next likeliest one there is tried, `retries` tries in all; a proposal that runs out
+        of tries (or a step with no commit) recovers from the cached witness: its tokens fill the masks from the
+        frontier to its end."""
         canvas = gen_row.tolist()
         f = self._frontier(gen_row)
         W = commit.shape[1]
         order = sorted((j for j in range(W) if bool(commit[i, j])), key=lambda j: -float(step.conf[i, j]))
         commit[i] = False
         state = self._state(row, canvas[:f])
-        masked = [j for j in range(len(canvas)) if canvas[j] == self.mask_id]
-        done = 0
+        tries: list[tuple[int, int, bool]] = []
+        exhausted = False
         for j in order:
             pos, tok = lo + j, int(tokens[i, j])
-            canvas[pos] = tok
-            found = self._lookahead(i, row, lo, step, canvas, f, state, generator)
-            if found is None:
+            banned: list[int] = []
+            while len(banned) < self.retries:
+                canvas[pos] = tok
+                witness = self.witness[row]
+                cached = witness is not None and pos < len(witness) and witness[pos] == tok  # the authors' cache hit
+                found = witness if cached else self._verify(i, row, lo, step, canvas, f, state, generator)
+                tries.append((pos, tok, found is not None))
+                if found is not None:
+                    self.witness[row] = found
+                    commit[i, j], tokens[i, j] = True, tok
+                    break
                 canvas[pos] = self.mask_id
-                continue
-            self.witness[row] = found
-            commit[i, j] = True
-            done += 1
-        if done or not lo <= f < lo + W or f not in masked:
-            return
+                banned.append(tok)
+                nxt = self._next_token(step, i, j, banned)
+                if nxt is None:
+                    break
+                tok = nxt
+            else:
+                exhausted = True
+            if exhausted:
+                break
+        self.tries[row] = tries
+        if (exhausted or not bool(commit[i].any())) and lo <= f < lo + W and bool(step.masked[i, f - lo]):
+            self._recover(i, row, lo, step, commit, tokens, canvas, f)
+
+    def _next_token(self, step: Any, i: int, j: int, banned: list[int]) -> int | None:
+        """The likeliest token at view column j once `banned` are removed (None when nothing is left)."""
+        scores = step.logits[i, j].clone()
+        scores[torch.tensor(banned, dtype=torch.long, device=scores.device)] = float("-inf")
+        best = int(scores.argmax())
+        return None if scores[best] == float("-inf") else best
+
+    def _recover(self, i: int, row: int, lo: int, step: Any, commit: torch.Tensor, tokens: torch.Tensor,
+                 canvas: list[int], f: int) -> None:
+        """Commit the cached witness's tokens at the masks from the frontier to its end (inside the view); with no
+        witness reaching past the frontier, the frontier's own x0 (its logits were masked, so it is allowed)."""
         witness = self.witness[row]
-        if witness is not None and len(witness) > f:
-            commit[i, f - lo], tokens[i, f - lo] = True, witness[f]
-        else:  # nothing committed past the frontier: its masked x0 is allowed
+        W = commit.shape[1]
+        if witness is None or len(witness) <= f:
             commit[i, f - lo], tokens[i, f - lo] = True, step.x0[i, f - lo]
+            return
+        for p in range(f, min(len(witness), lo + W)):
+            if canvas[p] == self.mask_id and bool(step.masked[i, p - lo]):
+                commit[i, p - lo], tokens[i, p - lo] = True, witness[p]
+
+    def _verify(self, i: int, row: int, lo: int, step: Any, canvas: list[int], f: int, state: Any,
+                generator: torch.Generator | None) -> list[int] | None:
+        if self.search == "beam":
+            return beam_lookahead(self.proc, state, canvas, f, lo, step.logits[i], self.mask_id, self.eos,
+                                  self.beam, generator)
+        return self._lookahead(i, row, lo, step, canvas, f, state, generator)
 
     def _lookahead(self, i: int, row: int, lo: int, step: Any, canvas: list[int], f: int, state: Any,
                    generator: torch.Generator | None) -> list[int] | None:

@@ -123,8 +123,9 @@ def test_lave_commits_ahead_of_the_frontier_and_prefix_does_not(diffusion, rule)
         assert kept[0].tolist() == [False, False, True, False] and int(toks[0, 2]) == c
         assert guard.witness[0][:3] == [a, b, c]
         step, commit, tokens = _step(diffusion, {2: a}, [a, b, c, 1], 4)
-        kept, toks = guard.filter(step, commit, tokens, gen, None)
-        assert kept[0].tolist() == [True, False, False, False] and int(toks[0, 0]) == a  # the witness's frontier
+        kept, toks = guard.filter(step, commit, tokens, gen, None)  # 'a' is banned there, 'c' (next) passes
+        assert kept[0].tolist() == [False, False, True, False] and int(toks[0, 2]) == c
+        assert guard.tries[0] == [(2, a, False), (2, c, True)]
     else:
         assert kept[0].tolist() == [True, False, False, False] and int(toks[0, 0]) == a
 

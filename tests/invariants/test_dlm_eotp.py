@@ -103,7 +103,7 @@ def test_eotp_equals_the_plain_run_until_the_first_eos_and_drops_what_follows(di
             continue
         model.config.eos_token_id = [1, stop]
         eos = {1, stop}
-        plain = fastdecode.generate(model, prompt, name, trace=True, **kw(name))
+        plain = fastdecode.generate(model, prompt, name, trace=True, **kw(name, eotp=False))  # learn2pd: on
         calls: list[int] = []
         widths(model, calls)
         fast = fastdecode.generate(model, prompt, name, trace=True, **kw(name, eotp=True))

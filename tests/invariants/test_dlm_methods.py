@@ -13,7 +13,8 @@ import fastdecode
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
 GEN = 16
 METHODS = [m.name for m in fastdecode.methods("diffusion")]
-KW = dict(max_new_tokens=GEN, block_length=8)  # every dlm method but dlm.dcd has blocks
+KW = dict(max_new_tokens=GEN, block_length=8, eotp=False)  # every dlm method but dlm.dcd has blocks; EoTP off
+# (dlm.learn2pd has it on by default; tests/invariants/test_dlm_eotp.py covers it)
 
 
 def kw(name: str, **extra) -> dict:

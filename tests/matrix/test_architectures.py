@@ -15,6 +15,7 @@ import torch
 import transformers as T
 
 import fastdecode
+import fastdecode.registry
 from fastdecode.errors import IncompatibleMethodError
 from fastdecode.models import CausalLM
 from fastdecode.models import capabilities as caps
