@@ -52,7 +52,8 @@ class DystructConfig(DiffusionConfig):
     max_block: int = 16  # the longest block
     beta: float = 1.0  # schedule: weight of a block's instability (mean entropy, nats)
     lam: float = 1.0  # schedule: weight of its anchoring (0, 1/2 or 1 sides touching decoded text)
-    delimiters: str = ",\\n"  # characters whose predicted tokens end a block (backslash escapes allowed)
+    delimiters: str = "\\n"  # characters whose predicted tokens end a block (backslash escapes allowed; AdaBlock's
+    #   default; a comma would end a block after every item of the zoo's lists, two tokens)
 
     def __post_init__(self) -> None:
         super().__post_init__()
