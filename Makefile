@@ -204,7 +204,7 @@ DYSTRUCT := --model zoo:dlm-small --methods dlm.threshold dlm.dystruct $(THRESHO
 	--param dlm.dystruct.max_new_tokens=256
 results-dlm-dystruct: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists $(DYSTRUCT) --limit 10 --out $(RESULTS)/dlm-dystruct/parallel-lists.jsonl
-	$(BENCH) --suite puzzles $(DYSTRUCT) --limit 15 --out $(RESULTS)/dlm-dystruct/puzzles.jsonl
+	$(BENCH) --suite puzzles $(DYSTRUCT) --limit 25 --out $(RESULTS)/dlm-dystruct/puzzles.jsonl
 
 # the caches on canvases between the fitted one and 384 masks, where dlm-small still solves part of the tasks:
 # 15 items per list task

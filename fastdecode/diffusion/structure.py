@@ -85,12 +85,13 @@ def partition(h: torch.Tensor, boundary: torch.Tensor, inview: torch.Tensor, alp
 
 
 def schedule(ids: torch.Tensor, h: torch.Tensor, masked: torch.Tensor, inview: torch.Tensor, end_known: torch.Tensor,
-             beta: float, lam: float) -> torch.Tensor:
+             beta: float, lam: float, right: float = 1.0) -> torch.Tensor:
     """The mode of the Gibbs schedule p(B) ∝ exp(-beta * H(B) + lam * C(B)) over the blocks holding masks.
 
-    H(B) is the mean entropy of the block's masks; C(B) its anchoring, half for each side of its masked span that
-    touches decoded text (the prompt side of the window counts; the window's right end counts when the answer's
-    end is known, `end_known` `[B]`). Ties go to the leftmost block. -> `[B, W]` the chosen block's masks.
+    H(B) is the mean entropy of the block's masks; C(B) its anchoring, (left + right * r) / (1 + r) for the sides of
+    its masked span that touch decoded text, r = `right` the weight of the right side (the prompt side of the window
+    counts; the window's right end counts when the answer's end is known, `end_known` `[B]`). Ties go to the
+    leftmost block. -> `[B, W]` the chosen block's masks.
     """
     B, W = ids.shape
     nb = int(ids.max()) + 1 if W else 0
@@ -107,8 +108,8 @@ def schedule(ids: torch.Tensor, h: torch.Tensor, masked: torch.Tensor, inview: t
     decoded = inview & ~masked  # [B, W]
     left = (first == 0) | decoded.gather(1, (first - 1).clamp(0, W - 1))
     right_in = decoded.gather(1, (last + 1).clamp(0, W - 1)) & (last + 1 < width)
-    right = right_in | ((last + 1 >= width) & end_known[:, None])
-    score = -beta * mean_h + lam * (left.double() + right.double()) / 2
+    anchored = right_in | ((last + 1 >= width) & end_known[:, None])
+    score = -beta * mean_h + lam * (left.double() + right * anchored.double()) / (1 + right)
     score = score.masked_fill(count == 0, float("-inf"))
     best = score.argmax(-1)  # [B] first maximum: the leftmost of ties
     return member[torch.arange(B, device=ids.device), best] & (count.gather(1, best[:, None]) > 0)

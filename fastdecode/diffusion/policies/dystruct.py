@@ -51,7 +51,9 @@ class DystructConfig(DiffusionConfig):
     sigma: float = 0.5  # entropy affinity scale (nats): a column far from its block's mean entropy leaves it
     max_block: int = 16  # the longest block
     beta: float = 1.0  # schedule: weight of a block's instability (mean entropy, nats)
-    lam: float = 1.0  # schedule: weight of its anchoring (0, 1/2 or 1 sides touching decoded text)
+    lam: float = 1.0  # schedule: weight of its anchoring (the sides touching decoded text, weighted as below)
+    right_anchor: float = 0.5  # weight of a block's right side against its left (prompt) side: dlm-small decodes
+    #   worse from the end of an answer back (a sudoku filled bottom-up broke its first row), so the prompt side leads
     delimiters: str = "\\n"  # characters whose predicted tokens end a block (backslash escapes allowed; AdaBlock's
     #   default; a comma would end a block after every item of the zoo's lists, two tokens)
 
@@ -66,6 +68,7 @@ class DystructConfig(DiffusionConfig):
         check(self.sigma > 0, "sigma", self.sigma, "must be > 0")
         check(self.max_block >= 1, "max_block", self.max_block, "must be at least 1")
         check(self.beta >= 0 and self.lam >= 0, "beta/lam", (self.beta, self.lam), "must be >= 0")
+        check(self.right_anchor >= 0, "right_anchor", self.right_anchor, "must be >= 0 (0: only the left side)")
 
 
 class Dystruct:
@@ -82,24 +85,30 @@ class Dystruct:
         lo = first_mask(gen, self.mask_id)
         return View(lo, torch.full_like(lo, gen.shape[1]), lo // self.cfg.max_block)
 
-    def _fit(self, step: Step) -> torch.Tensor:
-        """`[B']` P(the answer ends inside the window)."""
+    def _end(self, step: Step) -> torch.Tensor:
+        """`[B', W]` the posterior of where the answer's first EOS is."""
         p = st.eos_mass(step.logits, self.eos)
         decided = torch.isin(step.tokens, self.eos).double()
-        p = torch.where(step.masked, p, decided)
-        width = step.view.hi - step.view.lo
-        return st.fits(st.end_posterior(p, step.inview), width, self.cfg.margin)
+        return st.end_posterior(torch.where(step.masked, p, decided), step.inview)
+
+    def _fit(self, step: Step, end: torch.Tensor | None = None) -> torch.Tensor:
+        """`[B']` P(the answer ends inside the window)."""
+        end = self._end(step) if end is None else end
+        return st.fits(end, step.view.hi - step.view.lo, self.cfg.margin)
 
     def commit(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cfg
-        fit = self._fit(step) >= c.gamma
+        end = self._end(step)
+        fit = self._fit(step, end) >= c.gamma
         ended = torch.isin(step.tokens, self.eos).any(-1)  # the window holds a committed EOS
         known = fit | ended
         h = st.entropy(step.logits).masked_fill(~step.masked, 0.0)
         delim = torch.isin(step.x0, self.delims) & step.masked
         boundary = torch.where(delim, step.conf, torch.isin(step.tokens, self.delims).double())
+        # the answer's end is a boundary too: a block starts where the first EOS is likely to be
+        boundary = torch.maximum(boundary, torch.cat([end[:, 1:], torch.zeros_like(end[:, :1])], dim=-1))
         ids = st.partition(h, boundary.clamp(0, 1), step.inview, c.alpha, c.sigma, c.max_block)
-        chosen = st.schedule(ids, h, step.masked, step.inview, known, c.beta, c.lam)
+        chosen = st.schedule(ids, h, step.masked, step.inview, known, c.beta, c.lam, c.right_anchor)
         # a window still too short: its last columns may belong further on in the answer, so they wait
         width = (step.view.hi - step.view.lo)[:, None]
         cols = torch.arange(step.masked.shape[1], device=width.device)
