@@ -12,14 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_dlm_eotp import Causal, sharpened, widths
 
 import fastdecode
 from fastdecode.diffusion.cache import Forwarder
 from fastdecode.diffusion.driver import Canvas, denoise
 from fastdecode.diffusion.policies.threshold import Threshold, ThresholdConfig
 from fastdecode.engine import encode_batch
-
-from test_dlm_eotp import Causal, sharpened, widths
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this"]
 BLOCK = 4
