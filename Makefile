@@ -46,7 +46,8 @@ DLM_CACHES := $(foreach c,dual suffix delayed,dlm.threshold:cache=$(c)) dlm.base
 # a long canvas (384 masks, LLaDA's gen_length is 256-512): an uncached forward pays for the whole canvas
 LONG := --param dlm.baseline.max_new_tokens=384 --param dlm.threshold.max_new_tokens=384
 .PHONY: results results-spec results-spec-lists results-spec-code results-dlm results-dlm-lists results-dlm-other \
-	results-dlm-canvas results-dlm-learn2pd results-cost results-bound results-engine results-llamacpp
+	results-dlm-dystruct results-dlm-canvas results-dlm-learn2pd results-cost results-bound results-engine \
+	results-llamacpp
 results: results-spec results-dlm results-dlm-canvas results-cost results-engine
 	$(MAKE) results-bound
 	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out $(RESULTS)/report.md --plots $(RESULTS)
@@ -184,7 +185,7 @@ results-bound: $(VENV)/.installed
 # results-dlm results-dlm-canvas`, about an hour): `make -j2` halves the time, but side by side the runs share the
 # memory bus and the cache, which adds noise of its own;
 # 15 items per list task (210 items: one accuracy point is two items), 25 per puzzle task, 5 per task on 384 masks
-results-dlm: results-dlm-lists results-dlm-other results-dlm-learn2pd
+results-dlm: results-dlm-lists results-dlm-other results-dlm-learn2pd results-dlm-dystruct
 
 results-dlm-lists: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods $(DLM_METHODS) $(DLM_CACHES) \
@@ -207,6 +208,14 @@ results-dlm-learn2pd: $(VENV)/.installed
 		--out $(RESULTS)/dlm-learn2pd/parallel-lists.jsonl
 	$(BENCH) --suite puzzles --model zoo:dlm-small --methods $(LEARN2PD) $(THRESHOLD_BLOCKS) --limit 5 \
 		--out $(RESULTS)/dlm-learn2pd/puzzles.jsonl
+
+# dlm.dystruct decides the length under a 256-token cap, beside dlm.threshold and dlm.baseline on the fitted canvas
+# (docs/results/dlm-dystruct/README.md); a folder of its own, as docs/results/dlm-eotp
+DYSTRUCT := --model zoo:dlm-small --methods dlm.threshold dlm.dystruct $(THRESHOLD_BLOCKS) \
+	--param dlm.dystruct.max_new_tokens=256
+results-dlm-dystruct: $(VENV)/.installed
+	$(BENCH) --suite parallel-lists $(DYSTRUCT) --limit 10 --out $(RESULTS)/dlm-dystruct/parallel-lists.jsonl
+	$(BENCH) --suite puzzles $(DYSTRUCT) --limit 25 --out $(RESULTS)/dlm-dystruct/puzzles.jsonl
 
 # the caches on canvases between the fitted one and 384 masks, where dlm-small still solves part of the tasks:
 # 15 items per list task

@@ -17,7 +17,9 @@ the K/V of the other columns are read from the cache (stale where the canvas cha
 `cache_refresh=n` adds a full refresh every n steps (for `delayed` by default every 8); with n = 1 every
 forward is full, which gives exactly the uncached result. `recap=k` replaces these refreshes by ReCAP's
 schedule (recap.py): warm-up steps all full, then one full forward per k cheap ones. Canvases may shrink
-between calls (End-of-Text Prediction drops the columns after an EOS); the cache is cut with them.
+between calls (End-of-Text Prediction drops the columns after an EOS); the cache is cut with them. They may also
+grow (a `Growing` policy appends masks): the cache is widened with empty columns, which the rows that did not grow
+hide from attention, and the rows that grew are refreshed by a full forward at their next step (`grow`).
 """
 
 from __future__ import annotations
@@ -120,15 +122,21 @@ class Forwarder:
         assert out is not None  # every row is in one of the two groups
         return out
 
+    def grow(self, rows: torch.Tensor) -> None:
+        """`rows` `[R]` have grown: their appended masks have no K/V yet, so their next forward is a full one."""
+        self.has_cache[rows] = False
+
     @torch.inference_mode()
     def _fit(self, T: int) -> None:
-        """Cut the cache to canvases of T columns: End-of-Text Prediction drops the columns after an EOS from
-        later forwards (the canvas only ever gets shorter; a wider one, never seen, refreshes every row)."""
+        """Fit the cache to canvases of T columns. End-of-Text Prediction drops the columns after an EOS from later
+        forwards: the cache is cut. A growing canvas appends columns: the cache is widened with zeros, read by no
+        row (a row that did not grow hides them; one that grew was marked by `grow` and refreshes)."""
         if self.kv is None or self.kv[0][0].shape[2] == T:
             return
         if self.kv[0][0].shape[2] < T:
-            self.kv, self.cached, self.base = None, None, None
-            self.has_cache.fill_(False)
+            self.kv = [(_widen(k, T, 2), _widen(v, T, 2)) for k, v in self.kv]
+            self.cached = None if self.cached is None else _widen(self.cached, T, 1)
+            self.base = None if self.base is None else _widen(self.base, T, 1, self.mask_id)
             return
         self.kv = [(k[:, :, :T].contiguous(), v[:, :, :T].contiguous()) for k, v in self.kv]
         if self.cached is not None:
@@ -205,6 +213,13 @@ class Forwarder:
         end = torch.full_like(hi, T) if self.mode == "prefix" else hi
         Q = int((end - start).max())
         return torch.minimum(start[:, None] + torch.arange(Q, device=x.device), (end - 1)[:, None])
+
+
+def _widen(t: torch.Tensor, T: int, dim: int, fill: int = 0) -> torch.Tensor:
+    """`t` padded with `fill` along `dim` to length T."""
+    shape = list(t.shape)
+    shape[dim] = T - shape[dim]
+    return torch.cat([t, t.new_full(shape, fill)], dim=dim)
 
 
 def _all_rows(rows: torch.Tensor, B: int) -> bool:

@@ -5,6 +5,10 @@ positions of its view take their prediction x0. Every row commits at least one p
 run never stalls. Unlike LLaDA, a row stops once its text is settled through its first EOS, and the rows
 left are decoded without it. With `eotp=True` (End-of-Text Prediction, Learn2PD) a committed EOS also settles
 every mask after it at once, and those columns leave the forwards.
+
+A policy that is `Growing` (policy.py; `dlm.dystruct`) starts each row on a shorter canvas and lengthens it after a
+step: the columns past a row's `size` are not born yet, so no forward sees them and nothing is committed there;
+`max_new_tokens` is then only the cap. Growing appends masks at the end and never touches a committed token.
 """
 
 from __future__ import annotations
@@ -19,15 +23,18 @@ from ..models.diffusion import DenoisingModel
 from ..sampling.pipeline import LogitsPipeline, SuppressTokens
 from ..types import PromptBatch, StepEvent
 from .cache import Forwarder
-from .policy import DiffusionConfig, Policy, Step, View
+from .policy import DiffusionConfig, Growing, Policy, Step, View
 from .rules import top1
 from .scores import confidence, predict
 
 
 class Canvas:
-    """The batch's canvases `[B, T]` = prompt (left-padded) + `max_new_tokens` masks, and the rows still decoding."""
+    """The batch's canvases `[B, T]` = prompt (left-padded) + `max_new_tokens` masks, and the rows still decoding.
 
-    def __init__(self, model: DenoisingModel, batch: PromptBatch, n: int) -> None:
+    A row's canvas is born up to `size` (all `n` columns unless a `Growing` policy started it shorter): the masks
+    past it are room to grow into, hidden from every forward and never committed."""
+
+    def __init__(self, model: DenoisingModel, batch: PromptBatch, n: int, start: int | None = None) -> None:
         self.device, self.mask_id = model.device, model.mask_token_id
         B, self.P, self.N = batch.size, batch.width, n
         self.x = torch.cat([batch.input_ids, torch.full((B, n), self.mask_id)], dim=1).to(self.device)  # [B, T]
@@ -36,6 +43,17 @@ class Canvas:
         self.live = torch.arange(B, device=self.device)  # rows still decoding; finished rows cost no more work
         self.B = B
         self.end = torch.full((B,), n, dtype=torch.long, device=self.device)  # generated offsets >= end are settled
+        self.growing = start is not None
+        size = n if start is None else max(1, min(start, n))
+        self.size = torch.full((B,), size, dtype=torch.long, device=self.device)  # [B] born columns per row
+
+    def grow(self, rows: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
+        """Lengthen `rows`' canvases to `size` `[B']` (never shorter, at most `n`): masks appended at the end.
+        -> the rows that grew."""
+        new = torch.maximum(self.size[rows], size.clamp(max=self.N))
+        grew = new > self.size[rows]
+        self.size[rows] = new
+        return rows[grew]
 
     def settle(self, rows: torch.Tensor) -> None:
         """End-of-Text Prediction on `rows`: every mask after the first committed EOS becomes that EOS, and the
@@ -44,12 +62,15 @@ class Canvas:
         self.end[rows] = torch.minimum(self.end[rows], end)
 
     def clip(self, view: View, rows: torch.Tensor) -> View:
-        """The view cut at each row's settled end (at least one column)."""
-        return View(view.lo, torch.maximum(torch.minimum(view.hi, self.end[rows]), view.lo + 1), view.block)
+        """The view cut at each row's settled end and born size (at least one column)."""
+        hi = torch.minimum(torch.minimum(view.hi, self.end[rows]), self.size[rows])
+        return View(view.lo, torch.maximum(hi, view.lo + 1), view.block)
 
-    def visible(self, rows: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(canvases, attention) of `rows` as a forward sees them under End-of-Text Prediction (`cut`)."""
-        return cut(self.x[rows], self.attention[rows], self.P, torch.maximum(self.end[rows], hi))
+    def visible(self, rows: torch.Tensor, hi: torch.Tensor, settled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(canvases, attention) of `rows` as a forward sees them: without the unborn columns and, when `settled`
+        (End-of-Text Prediction), without those after a committed EOS (`cut`)."""
+        end = torch.minimum(self.end[rows], self.size[rows]) if settled else self.size[rows]
+        return cut(self.x[rows], self.attention[rows], self.P, torch.maximum(end, hi))
 
     def gen(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """`[B', N]` generated regions of `rows` (default: the live rows)."""
@@ -78,7 +99,8 @@ def denoise(
     """Run `policy` to the end: one forward and at least one commit per live row and step. A compiled
     `constraint` masks each row's frontier and keeps only the commits that leave the canvas completable
     (constraints/diffusion.py)."""
-    canvas = Canvas(model, batch, cfg.max_new_tokens)
+    growing = policy if isinstance(policy, Growing) else None
+    canvas = Canvas(model, batch, cfg.max_new_tokens, None if growing is None else growing.start(cfg.max_new_tokens))
     guard = None
     if constraint is not None:
         from ..constraints.diffusion import CanvasGuard
@@ -92,10 +114,11 @@ def denoise(
         view = policy.view(canvas.gen(), live)
         steps = torch.full_like(live, index)
         x, attention = canvas.x[live], canvas.attention[live]
-        if cfg.eotp:
+        if cfg.eotp or canvas.growing:
             view = canvas.clip(view, live)
-            if not cfg.eotp_keep:
-                x, attention = canvas.visible(live, view.hi)
+            drop = cfg.eotp and not cfg.eotp_keep
+            if drop or canvas.growing:
+                x, attention = canvas.visible(live, view.hi, settled=drop)
         logits = forward(x, attention, live, view.lo + P, view.hi + P, view.block, steps)
         forward.keep()
         if guard is not None:
@@ -107,9 +130,11 @@ def denoise(
         if guard is not None:
             commit, tokens = guard.filter(step, commit, tokens, canvas.gen(), generator)
         pairs = canvas.write(live, view.lo, commit, tokens)
+        if growing is not None:
+            forward.grow(canvas.grow(live, growing.grow(step, canvas.gen(), canvas.size[live])))
         if cfg.eotp:
             canvas.settle(live)
-        done = finished(canvas.gen(), canvas.mask_id, canvas.eos)
+        done = finished(canvas.gen(), canvas.mask_id, canvas.eos, canvas.size[live])
         yield event(index, canvas.B, live, pairs, step.masked.sum(-1), done)
         canvas.live = live[~done]
         if canvas.live.numel() == 0:
@@ -165,14 +190,17 @@ def propose(
     return x0, confidence(logits, x0).masked_fill(~masked, float("-inf"))
 
 
-def finished(gen: torch.Tensor, mask_id: int, eos: torch.Tensor) -> torch.Tensor:
-    """`[B, N]` generated region -> `[B]` bool: no mask remains up to the first EOS (or anywhere, if none).
+def finished(gen: torch.Tensor, mask_id: int, eos: torch.Tensor, size: torch.Tensor | None = None) -> torch.Tensor:
+    """`[B, N]` generated region -> `[B]` bool: no mask remains up to the first EOS (or anywhere, if none), counting
+    only the born columns (`size` `[B]`, default all): a row whose canvas did not grow ends at its size.
 
     Positions before the first EOS never change once committed, so the output is then final.
     """
     N = gen.shape[-1]
     is_eos = torch.isin(gen, eos)  # [B, N]
     first = torch.where(is_eos.any(-1), is_eos.long().argmax(-1), N)  # [B] offset of the first EOS, or N
+    if size is not None:
+        first = torch.minimum(first, size)
     before = torch.arange(N, device=gen.device) < first[:, None]  # [B, N]
     return ~((gen == mask_id) & before).any(-1)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -170,6 +170,21 @@ class Policy(Protocol):
 
     def commit(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (`[B', W]` bool positions to commit, `[B', W]` their tokens)."""
+        ...
+
+
+@runtime_checkable
+class Growing(Protocol):
+    """A policy that decides the canvas length itself (`dlm.dystruct`): the driver starts each row on `start`
+    columns and, after each step's commits, lengthens it to what `grow` asks (`max_new_tokens` is only the cap).
+    Its views are cut at each row's born size."""
+
+    def start(self, cap: int) -> int:
+        """The canvas length every row starts with, given the cap `max_new_tokens`."""
+        ...
+
+    def grow(self, step: Step, gen: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
+        """After the step's commits (`gen` `[B', N]`, `size` `[B']` born columns) -> `[B']` the sizes wanted."""
         ...
 
 

@@ -7,6 +7,7 @@ there (inclusive), else it has the default length. Inside a block: the Fast-dLLM
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -38,15 +39,21 @@ class AdaBlockConfig(BlockConfig):
         check(0 < self.window_fraction <= 1, "window_fraction", self.window_fraction, "must be in (0, 1]")
 
 
+_DELIMITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {chars: ids}
+
+
 def delimiter_ids(model: MaskedDiffusionLM, chars: str) -> torch.Tensor:
     """Token ids whose text contains one of `chars` (backslash escapes such as \\n allowed); none without a
-    tokenizer."""
+    tokenizer. Remembered per tokenizer: decoding the whole vocabulary costs more than a short generation."""
     if "\\" in chars:
         chars = chars.encode().decode("unicode_escape")
-    if model.tokenizer is None or not chars:
+    tok = model.tokenizer
+    if tok is None or not chars:
         return torch.zeros(0, dtype=torch.long, device=model.device)
-    ids = [i for i in range(len(model.tokenizer)) if any(ch in model.tokenizer.decode([i]) for ch in chars)]
-    return torch.tensor(ids, dtype=torch.long, device=model.device)
+    known = _DELIMITERS.setdefault(tok, {})
+    if chars not in known:
+        known[chars] = [i for i in range(len(tok)) if any(ch in tok.decode([i]) for ch in chars)]
+    return torch.tensor(known[chars], dtype=torch.long, device=model.device)
 
 
 class AdaBlock:
