@@ -520,7 +520,7 @@ def train_dparallel(
     out_dir: OutOpt = None,
     seed: SeedOpt = 0,
     threads: TrainThreadsOpt = 1,
-    steps: Annotated[Optional[int], typer.Option(help="Training steps (default: 500).")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (default: 120).")] = None,
     set_: Annotated[list[str], typer.Option(
         "--set", help="A training setting as NAME=VALUE (items, lr, batch_tokens, entropy_weight, eval_per_task ...: "
                       "fastdecode/train/dparallel.py, DParallelTraining).")] = [],  # noqa: B006
