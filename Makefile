@@ -197,9 +197,9 @@ DPARALLEL_BLOCKS := --param dlm.baseline.block_length=16 --param dlm.threshold.b
 	--param dlm.entropy_bound.block_length=16
 results-dlm-dparallel: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold dlm.entropy_bound \
-		$(DPARALLEL_BLOCKS) --limit 10 --out $(RESULTS)/dlm-dparallel.jsonl
+		$(DPARALLEL_BLOCKS) --limit 10 --out $(RESULTS)/dparallel/dlm-dparallel.jsonl
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small-dparallel --methods dlm.threshold dlm.entropy_bound \
-		$(DPARALLEL_BLOCKS) --limit 10 --out $(RESULTS)/dlm-dparallel.jsonl
+		$(DPARALLEL_BLOCKS) --limit 10 --out $(RESULTS)/dparallel/dlm-dparallel.jsonl
 
 results-dlm-other: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:dlm-small --methods spec.dlm_draft \
