@@ -146,11 +146,13 @@ def _answer(teacher: Any, items: list, chunk: list[int], task: str, done: dict[i
     canvas = default_budget(TASKS[task], teacher)
     tok = teacher.tokenizer
     prompts = [tok(format_prompt(items[i].prompt), add_special_tokens=True)["input_ids"] for i in chunk]
+    started = time.perf_counter()
     with torch.inference_mode():
         results = generate(teacher, prompts, TEACHER_METHOD, max_new_tokens=canvas, block_length=BLOCK)
+    share = (time.perf_counter() - started) / len(chunk)  # each row's share of its batch's wall time
     for i, prompt, r in zip(chunk, prompts, results, strict=True):
         done[i] = {"index": i, "task": task, "prompt": prompt, "answer": list(r.token_ids), "canvas": canvas,
-                   "score": TASKS[task].score(items[i], r.text)}
+                   "score": TASKS[task].score(items[i], r.text), "seconds": round(share, 3)}
         out.write(json.dumps(done[i]) + "\n")
     out.flush()
 
@@ -337,9 +339,8 @@ def build(out: Path, seed: int, threads: int, cfg: DParallelTraining, command: s
     loaded masked-diffusion model) replaces zoo:dlm-small, for tests."""
     torch.set_num_threads(threads)
     teacher = teacher if teacher is not None else load(TEACHER, device="cpu", dtype="float32")
-    started = time.perf_counter()
     rows = teacher_answers(teacher, seed, cfg.items, report, cfg.tasks)
-    teacher_s = time.perf_counter() - started
+    teacher_s = sum(float(r.get("seconds", 0.0)) for r in rows)  # when they were decoded, cached or not
     examples = training_examples(rows, teacher.tokenizer.eos_token_id)
     if not examples:
         raise ParameterError(f"None of the teacher's {cfg.items} answers was correct: nothing to train on.")
