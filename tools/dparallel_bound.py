@@ -44,7 +44,8 @@ def bound(rows: list[dict], random_tasks: set[str]) -> dict:
         rnd_tokens = sum(r["new_tokens"] for r in rs if r["task"] in random_tasks)
         floor = tokens / sum(math.ceil(r["new_tokens"] / BLOCK) for r in rs)
         out[f"{model} {method}"] = {
-            "items": len(rs), "acc": round(sum(r["score"] for r in rs) / len(rs), 4), "tpf": round(tokens / forwards, 2),
+            "items": len(rs), "acc": round(sum(r["score"] for r in rs) / len(rs), 4),
+            "tpf": round(tokens / forwards, 2),
             "tpf_deterministic": round(det_tpf, 2),
             "tpf_random": round(rnd_tokens / max(1, forwards - sum(r["forwards"] for r in det)), 2),
             "random_forward_share": round(1 - sum(r["forwards"] for r in det) / forwards, 3),
