@@ -46,8 +46,8 @@ DLM_CACHES := $(foreach c,dual suffix delayed,dlm.threshold:cache=$(c)) dlm.base
 # a long canvas (384 masks, LLaDA's gen_length is 256-512): an uncached forward pays for the whole canvas
 LONG := --param dlm.baseline.max_new_tokens=384 --param dlm.threshold.max_new_tokens=384
 .PHONY: results results-spec results-spec-lists results-spec-code results-dlm results-dlm-lists results-dlm-other \
-	results-dlm-dystruct results-dlm-canvas results-dlm-learn2pd results-cost results-bound results-engine \
-	results-llamacpp
+	results-dlm-dystruct results-dlm-canvas results-dlm-learn2pd results-dlm-dparallel results-cost results-bound \
+	results-engine results-llamacpp
 results: results-spec results-dlm results-dlm-canvas results-cost results-engine
 	$(MAKE) results-bound
 	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out $(RESULTS)/report.md --plots $(RESULTS)
@@ -185,11 +185,21 @@ results-bound: $(VENV)/.installed
 # results-dlm results-dlm-canvas`, about an hour): `make -j2` halves the time, but side by side the runs share the
 # memory bus and the cache, which adds noise of its own;
 # 15 items per list task (210 items: one accuracy point is two items), 25 per puzzle task, 5 per task on 384 masks
-results-dlm: results-dlm-lists results-dlm-other results-dlm-learn2pd results-dlm-dystruct
+results-dlm: results-dlm-lists results-dlm-other results-dlm-learn2pd results-dlm-dystruct results-dlm-dparallel
 
 results-dlm-lists: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods $(DLM_METHODS) $(DLM_CACHES) \
 		$(DLM_BLOCKS) --limit 15 --out $(RESULTS)/dlm-parallel-lists.jsonl
+
+# the dParallel student (zoo:dlm-small-dparallel, `fastdecode train dparallel`) beside its teacher, the two commit
+# rules it is decoded with, blocks of 16, one invocation per model into one file (each measures its own baseline)
+DPARALLEL_BLOCKS := --param dlm.baseline.block_length=16 --param dlm.threshold.block_length=16 \
+	--param dlm.entropy_bound.block_length=16
+results-dlm-dparallel: $(VENV)/.installed
+	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods dlm.threshold dlm.entropy_bound \
+		$(DPARALLEL_BLOCKS) --limit 10 --out $(RESULTS)/dparallel/dlm-dparallel.jsonl
+	$(BENCH) --suite parallel-lists --model zoo:dlm-small-dparallel --methods dlm.threshold dlm.entropy_bound \
+		$(DPARALLEL_BLOCKS) --limit 10 --out $(RESULTS)/dparallel/dlm-dparallel.jsonl
 
 results-dlm-other: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:dlm-small --methods spec.dlm_draft \

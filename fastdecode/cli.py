@@ -438,8 +438,9 @@ def demo(
 
 train_app = typer.Typer(
     no_args_is_help=True,
-    help="Train a zoo model from its recipe (fastdecode train NAME), or a drafter head against a target model "
-         "(fastdecode train drafter --target MODEL --kind KIND).",
+    help="Train a zoo model from its recipe (fastdecode train NAME), a drafter head against a target model "
+         "(fastdecode train drafter --target MODEL --kind KIND), or zoo:dlm-small-dparallel (fastdecode train "
+         "dparallel).",
 )
 app.add_typer(train_app, name="train")
 
@@ -679,6 +680,61 @@ def train_filter_command(
     clear_checkpoint(Path(out_dir))
     out.print_json(json.dumps({k: v for k, v in card.items() if k != "decoding"}))
     err.print(f"saved {out_dir} (card: {Path(out_dir) / 'README.md'})")
+
+
+@train_app.command("dparallel")
+def train_dparallel(
+    out_dir: OutOpt = None,
+    seed: SeedOpt = 0,
+    threads: TrainThreadsOpt = 1,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (default: 120).")] = None,
+    set_: Annotated[list[str], typer.Option(
+        "--set", help="A training setting as NAME=VALUE (items, lr, batch_tokens, entropy_weight, eval_per_task ...: "
+                      "fastdecode/train/dparallel.py, DParallelTraining).")] = [],  # noqa: B006
+) -> None:
+    """Reproduce zoo:dlm-small-dparallel: dParallel's certainty-forcing distillation of zoo:dlm-small on its own
+    correct answers, then its card (teacher and student with dlm.threshold and dlm.entropy_bound).
+
+    The teacher first answers training items of the parallel-lists tasks (one token per step; cached, resumed
+    where it stopped); the correct answers are kept; the student, initialised from the teacher, trains on them with
+    the masked-diffusion cross-entropy plus the entropy of its correct predictions. Rerun the same command to resume
+    an interrupted run; it is deterministic for a seed and thread count."""
+    from pathlib import Path
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from fastdecode.config import parse_param_strings
+    from fastdecode.train import dparallel
+    from fastdecode.train.zoo import zoo_folder
+
+    _check_threads(threads)
+    cfg = dparallel.parse_settings(parse_param_strings(set_))
+    if steps is not None:
+        cfg = dataclasses.replace(cfg, steps=steps)
+    folder = Path(out_dir) if out_dir else zoo_folder(dparallel.NAME)
+    command = (f"fastdecode train dparallel --seed {seed} --threads {threads}" + (f" --steps {steps}" if steps else "")
+               + "".join(f" --set '{s}'" for s in set_))
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    titles = {"data": f"{dparallel.TEACHER} answers training items", "train": "training the student",
+              "measure": "measuring teacher and student on parallel-lists"}
+    started = time.perf_counter()
+    with Progress(*columns, console=err) as bar:
+        tasks: dict[str, Any] = {}
+
+        def report(phase: str, done: int, total: int, metrics: dict[str, float]) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(titles.get(phase, phase), total=total, info="")
+            info = " ".join(f"{k} {v:.3f}" if k != "kept" else f"kept {v:.0f}" for k, v in metrics.items())
+            bar.update(tasks[phase], completed=done, info=info)
+            if not err.is_terminal and (phase != "train" or done % 25 == 0 or done == total):
+                bar.console.print(f"{phase} {done}/{total} {info} elapsed {time.perf_counter() - started:.0f}s",
+                                  highlight=False)
+
+        card = dparallel.build(folder, seed, threads, cfg, command, report)
+    summary = {k: {f: v for f, v in m.items() if f != "per_item"} for k, m in card.get("measured", {}).items()}
+    out.print_json(json.dumps({**{k: v for k, v in card.items() if k != "measured"}, "measured": summary}))
+    err.print(f"saved {folder} (card: {folder / 'README.md'})")
 
 
 def _train_zoo(name: str, out_dir: str | None, seed: int, threads: int, steps: int | None, set_: list[str],
