@@ -582,6 +582,44 @@ def _train_ar_long(folder, seed: int, threads: int, steps: int | None, set_: lis
     err.print(f"saved {folder} (card: {folder / 'README.md'})")
 
 
+@train_app.command("img-eval")
+def train_img_eval(
+    out_dir: Annotated[Optional[str], typer.Option(
+        "--out", help="Output folder; its checkpoint is resumed (default: the package's zoo/img-eval).")] = None,
+    seed: SeedOpt = 0,
+    threads: TrainThreadsOpt = 1,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (default 1500).")] = None,
+) -> None:
+    """Train the image benchmark's evaluator (a ~62 k-parameter CNN) on the MNIST-5k train split; write its card.
+
+    Resumable (rerun the same command) and deterministic for a seed and thread count; needs the image extra."""
+    from pathlib import Path
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from fastdecode.image.evaluator import default_folder
+    from fastdecode.train.img_eval import EvalTraining, train_evaluator
+
+    _check_threads(threads)
+    cfg = EvalTraining() if steps is None else EvalTraining(steps=steps)
+    folder = Path(out_dir) if out_dir else default_folder()
+    command = (f"fastdecode train img-eval --seed {seed} --threads {threads}" + (f" --steps {steps}" if steps else "")
+               + (f" --out {out_dir}" if out_dir else ""))
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err) as bar:
+        task = bar.add_task("training img-eval", total=cfg.steps, loss=float("nan"))
+
+        def report(step: int, total: int, loss: float) -> None:
+            bar.update(task, completed=step, loss=loss)
+            if not err.is_terminal and (step % 100 == 0 or step == total):
+                bar.console.print(f"step {step}/{total} loss {loss:.3f}", highlight=False)
+
+        card = train_evaluator(folder, seed=seed, cfg=cfg, threads=threads, report=report, command=command)
+    out.print_json(json.dumps(card))
+    err.print(f"saved {folder} (card: {folder / 'README.md'})")
+
+
 @app.command()
 def serve(
     model: ModelOpt,
