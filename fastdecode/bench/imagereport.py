@@ -1,0 +1,117 @@
+"""The image benchmark's pictures and tables: sample grids as PNG files (written here, no imaging library needed)
+and report.md, one table per model with every run's metrics rows beside their grids."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CELL = 28  # a grid cell is at least this many pixels a side: small images are enlarged by a whole factor
+PAD = 2
+
+
+def png_bytes(pixels: np.ndarray) -> bytes:
+    """A grey 8-bit PNG of uint8 pixels [H, W]."""
+    h, w = pixels.shape
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    raw = b"".join(b"\x00" + pixels[y].astype(np.uint8).tobytes() for y in range(h))  # filter 0 per scan line
+    header = struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)  # 8-bit greyscale
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+
+
+def grid(images: Sequence[np.ndarray], labels: Sequence[int], classes: int, per_class: int) -> np.ndarray:
+    """One row per class, its first `per_class` images left to right, on a mid-grey background [H', W']."""
+    h, w = np.asarray(images[0]).shape
+    scale = max(1, -(-CELL // max(h, w)))  # ceil
+    ch, cw = h * scale + PAD, w * scale + PAD
+    canvas = np.full((classes * ch + PAD, per_class * cw + PAD), 128, dtype=np.uint8)
+    filled = [0] * classes
+    for image, c in zip(images, labels, strict=True):
+        if filled[c] >= per_class:
+            continue
+        big = np.kron(np.asarray(image, dtype=np.uint8), np.ones((scale, scale), dtype=np.uint8))
+        y, x = PAD + c * ch, PAD + filled[c] * cw
+        canvas[y:y + h * scale, x:x + w * scale] = big
+        filled[c] += 1
+    return canvas
+
+
+def write_grid(path: Path, images: Sequence[np.ndarray], labels: Sequence[int], classes: int,
+               per_class: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(png_bytes(grid(images, labels, classes, per_class)))
+    return path
+
+
+def _f(x: Any, digits: int = 2, scale: float = 1.0, suffix: str = "") -> str:
+    return "—" if x is None else f"{x * scale:.{digits}f}{suffix}"
+
+
+def metrics_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per metrics row of a run: the method rows, then the floors (reference, independent)."""
+    lines = ["| method | forwards/image | FD ↓ | gap g ↓ | KID ×1e3 ↓ | class acc. | precision | recall "
+             "| NLL/token | ms/image b1 | speed-up b1 | ms/image b64 | speed-up b64 | N | samples |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    base = next((r for r in rows if r.get("is_baseline")), None)
+    indep = next((r for r in rows if r.get("method") == "independent"), None)
+    for r in rows:
+        if r.get("method") == "reference":
+            continue
+        name = f"**{r['entry']}** (baseline)" if r.get("is_baseline") else r["entry"]
+        gap = None
+        if base and indep and indep["fd"] > base["fd"]:
+            gap = (r["fd"] - base["fd"]) / (indep["fd"] - base["fd"])
+        lines.append(
+            f"| {name} | {r['forwards_per_image']:.1f} | {r['fd']:.2f} | {_f(gap)} "
+            f"| {_f(r['kid'], 2, 1e3)} ± {_f(r.get('kid_std'), 2, 1e3)} | {_f(r['class_accuracy'], 1, 100, '%')} "
+            f"| {r['precision']:.2f} | {r['recall']:.2f} | {r['nll_per_token']:.3f} "
+            f"| {_f(r.get('wall_s_b1'), 1, 1e3)} | {_f(r.get('speedup_b1'), 2, 1, '×')} "
+            f"| {_f(r.get('wall_s_batch'), 2, 1e3)} | {_f(r.get('speedup_batch'), 2, 1, '×')} | {r['n']} "
+            f"| ![{r['entry']}]({r['grid']}) |")
+    ref = next((r for r in rows if r.get("method") == "reference"), None)
+    if ref:
+        lines += ["", f"Floors: the tokenizer's (real test images against the reference set): FD {ref['fd']:.2f}, "
+                  f"KID ×1e3 {ref['kid'] * 1e3:.2f}, precision {ref['precision']:.2f}, recall {ref['recall']:.2f}; "
+                  f"evaluator accuracy {100 * ref['class_accuracy']:.1f}% on the real test images and "
+                  f"{100 * ref['reference_class_accuracy']:.1f}% on the reference set. Sampling noise (two halves "
+                  f"of the reference set, {ref['n'] // 2} images each): FD {ref['halves_fd']:.2f}, KID ×1e3 "
+                  f"{ref['halves_kid'] * 1e3:.2f}."]
+    return lines
+
+
+def write_report(folder: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """report.md from every metrics row of the folder: per model, per run (newest last)."""
+    by_model: dict[str, dict[str, list[Mapping[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        by_model[r["model"]][r["run"]].append(r)
+    lines = ["# Image benchmark: class-conditional generation", "",
+             "Made by `fastdecode bench-image` (docs/image.md, \"Measuring\"). Per method: forwards per image; the "
+             "Fréchet distance (FD) and KID (unbiased MMD², cubic kernel, mean ± spread over subsets) of the "
+             "evaluator's 64-d features against the reference set (the test images through the model's "
+             "tokenizer); gap g = (FD − FD of ar.sample) / (FD of independent − FD of ar.sample); the share of "
+             "samples the evaluator reads as the asked class; k-NN precision and recall (k = 3); the guided "
+             "teacher's NLL per token of the samples (nats; lower than ar.sample's = mode collapse); wall time per "
+             "image at batch 1 and batch 64 and the speed-up over ar.sample of the same run. `independent` draws "
+             "every token from its class-conditional per-position marginal of the train codes.", ""]
+    for model, runs in by_model.items():
+        lines += [f"## {model}", ""]
+        for run, mine in runs.items():
+            head = mine[0]
+            m = head.get("machine") or {}
+            cfg = head.get("config") or {}
+            lines += [f"Run `{run}` ({head.get('time', mine[-1].get('time', ''))}): {cfg.get('per_class')} images "
+                      f"per class, seed {cfg.get('seed')}, {m.get('device_name')} ({m.get('torch_threads')} torch "
+                      f"thread(s)); made by `{head.get('command') or '—'}`", ""]
+            lines += metrics_table(mine) + [""]
+    path = folder / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
