@@ -83,7 +83,7 @@ def mnist5k(split: Split = "train") -> tuple[np.ndarray, np.ndarray]:
 def digits(split: Split = "train") -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's 8x8 digits scaled to uint8 0..255: images `[N, 8, 8]` and labels `[N]`; 80 % / 20 % per class."""
     try:
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # type: ignore[import-untyped]
     except ImportError:
         raise _missing("scikit-learn") from None
     bunch = load_digits()
