@@ -288,7 +288,8 @@ def run_image_bench(model: str | ModelAdapter, methods: Sequence[str], out_dir: 
     report = on_progress or (lambda phase, done, total: None)
     target, model_id = load_model(model, {})
     assert target is not None and model_id is not None
-    if getattr(target, "image", None) is None:
+    spec = target.image
+    if spec is None:
         raise ImageBenchError(f"{model_id} is not an image model (no image.json): the image benchmark needs a "
                               "class-conditional image model such as zoo:img-ar.")
     entries = [Entry.parse(BASELINE), *(e for e in map(Entry.parse, dict.fromkeys(methods)) if e.text != BASELINE)]
@@ -323,7 +324,7 @@ def run_image_bench(model: str | ModelAdapter, methods: Sequence[str], out_dir: 
         scores, correct = quality(drawn, data, cfg)
         nll = teacher_nll(target, drawn.codes, drawn.labels, _cfg_scale(target, given))
         grid = write_grid(folder / "grids" / f"{_slug(model_id)}--{_slug(label)}.png", drawn.images, drawn.labels,
-                          target.image.C, cfg.grid_per_class)
+                          spec.C, cfg.grid_per_class)
         grids.append(grid)
         row = {**meta, "method": entry.method if entry else INDEPENDENT, "entry": label, "params": given,
                "is_baseline": entry is not None and entry.text == BASELINE, **scores, "nll_per_token": nll,
