@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from fastdecode.bench.harness import read_rows
 from fastdecode.bench.imagegen import ImageBenchConfig, ImageBenchError, run_image_bench, teacher_nll
 from fastdecode.bench.summary import summarize
-from fastdecode.image.evaluator import DigitCNN, Evaluator
+from fastdecode.cli import app
+from fastdecode.image.evaluator import DigitCNN, Evaluator, save_evaluator
 
 CFG = ImageBenchConfig(per_class=4, batch=4, latency_images=1, throughput_batch=4, grid_per_class=2, kid_subset=20)
 
@@ -85,3 +88,25 @@ def test_text_models_and_bad_counts_are_refused(causal_dir, tmp_path):
         run_image_bench(str(causal_dir), [], tmp_path, cfg=CFG, evaluator=_evaluator())
     with pytest.raises(ImageBenchError, match="per_class"):
         ImageBenchConfig(per_class=2).check()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="needs the image extra (scikit-learn)")
+def test_the_cli_runs_a_tiny_benchmark(tiny_image_dir, tmp_path):
+    """`fastdecode bench-image` on the fixture (its 8x8 digits data set) with a random evaluator saved beside it."""
+    torch.manual_seed(0)
+    save_evaluator(DigitCNN(), tmp_path / "judge")
+    threads = torch.get_num_threads()
+    try:
+        done = CliRunner().invoke(app, [
+            "bench-image", "--model", str(tiny_image_dir), "--methods", "ar.sample:temperature=0.5",
+            "--per-class", "4", "--batch", "4", "--latency-images", "1", "--throughput-batch", "4",
+            "--no-independent", "--evaluator", str(tmp_path / "judge"), "--out", str(tmp_path / "out"),
+            "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    assert done.exit_code == 0, done.output
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["entry"] for m in metrics] == ["reference", "ar.sample", "ar.sample:temperature=0.5"]
+    assert metrics[2]["params"] == {"temperature": "0.5"}
+    assert "fastdecode bench-image" in metrics[1]["command"]
+    assert "ar.sample:temperature=0.5:" in done.output
