@@ -129,8 +129,8 @@ def _generate(model: ModelAdapter, labels: Sequence[str], method: str, params: M
 
 
 def draw(model: ModelAdapter, method: str, params: Mapping[str, Any], cfg: ImageBenchConfig) -> Drawn:
-    """per_class images of every class, in batches of cfg.batch (one batch at a time when the method refuses
-    batches, its rows then saying batch 1)."""
+    """per_class images of every class, in batches of cfg.batch; where the method refuses a batch, one image at a
+    time (its rows then say batch 1)."""
     spec = model.image
     assert spec is not None
     out = Drawn()
@@ -138,15 +138,24 @@ def draw(model: ModelAdapter, method: str, params: Mapping[str, Any], cfg: Image
         for chunk, start in enumerate(range(0, cfg.per_class, cfg.batch)):
             n = min(cfg.batch, cfg.per_class - start)
             seed = sample_seed(cfg.seed, c, chunk)
-            results, wall = _generate(model, [label] * n, method, params, seed)
-            for r in results:
+            try:
+                results, wall = _generate(model, [label] * n, method, params, seed)
+                done = [(r, wall / n, seed, n) for r in results]
+            except FastDecodeError:
+                if n == 1:
+                    raise
+                done = []  # a method that generates one image at a time: each image its own seed
+                for i in range(n):
+                    one, wall = _generate(model, [label], method, params, seed + i)
+                    done.append((one[0], wall, seed + i, 1))
+            for r, wall_each, used, size in done:
                 out.images.append(np.asarray(r.image))
                 out.codes.append(list(r.token_ids))
                 out.labels.append(c)
                 out.forwards.append(r.stats.forwards)
-                out.wall_s.append(wall / n)
-                out.seeds.append(seed)
-                out.batch.append(n)
+                out.wall_s.append(wall_each)
+                out.seeds.append(used)
+                out.batch.append(size)
     return out
 
 
