@@ -29,17 +29,18 @@ def png_bytes(pixels: np.ndarray) -> bytes:
 
 
 def grid(images: Sequence[np.ndarray], labels: Sequence[int], classes: int, per_class: int) -> np.ndarray:
-    """One row per class, its first `per_class` images left to right, on a mid-grey background [H', W']."""
+    """One column per class (0 on the left), its first `per_class` images top to bottom, on a mid-grey background
+    [H', W']: wide and short, so that it sits in a table row."""
     h, w = np.asarray(images[0]).shape
     scale = max(1, -(-CELL // max(h, w)))  # ceil
     ch, cw = h * scale + PAD, w * scale + PAD
-    canvas = np.full((classes * ch + PAD, per_class * cw + PAD), 128, dtype=np.uint8)
+    canvas = np.full((per_class * ch + PAD, classes * cw + PAD), 128, dtype=np.uint8)
     filled = [0] * classes
     for image, c in zip(images, labels, strict=True):
         if filled[c] >= per_class:
             continue
         big = np.kron(np.asarray(image, dtype=np.uint8), np.ones((scale, scale), dtype=np.uint8))
-        y, x = PAD + c * ch, PAD + filled[c] * cw
+        y, x = PAD + filled[c] * ch, PAD + c * cw
         canvas[y:y + h * scale, x:x + w * scale] = big
         filled[c] += 1
     return canvas
