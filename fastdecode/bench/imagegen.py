@@ -331,12 +331,14 @@ def run_image_bench(model: str | ModelAdapter, methods: Sequence[str], out_dir: 
         if entry is not None and entry.text == BASELINE:
             baseline_timing = timing
         scores, correct = quality(drawn, data, cfg)
-        nll = teacher_nll(target, drawn.codes, drawn.labels, _cfg_scale(target, given))
+        scale = _cfg_scale(target, given)
+        nll = teacher_nll(target, drawn.codes, drawn.labels, scale)
         grid = write_grid(folder / "grids" / f"{_slug(model_id)}--{_slug(label)}.png", drawn.images, drawn.labels,
                           spec.C, cfg.grid_per_class)
         grids.append(grid)
         row = {**meta, "method": entry.method if entry else INDEPENDENT, "entry": label, "params": given,
-               "is_baseline": entry is not None and entry.text == BASELINE, **scores, "nll_per_token": nll,
+               "is_baseline": entry is not None and entry.text == BASELINE, "cfg_scale": scale, **scores,
+               "nll_per_token": nll,
                "forwards_per_image": float(np.mean(drawn.forwards)), **timing,
                **_speedups(timing, baseline_timing), "grid": str(grid.relative_to(folder)),
                "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
