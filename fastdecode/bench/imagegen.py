@@ -333,8 +333,8 @@ def run_image_bench(model: str | ModelAdapter, methods: Sequence[str], out_dir: 
         scores, correct = quality(drawn, data, cfg)
         scale = _cfg_scale(target, given)
         nll = teacher_nll(target, drawn.codes, drawn.labels, scale)
-        grid = write_grid(folder / "grids" / f"{_slug(model_id)}--{_slug(label)}.png", drawn.images, drawn.labels,
-                          spec.C, cfg.grid_per_class)
+        name = f"{_slug(model_id)}--{_slug(label)}--n{cfg.per_class}-s{cfg.seed}.png"
+        grid = write_grid(folder / "grids" / name, drawn.images, drawn.labels, spec.C, cfg.grid_per_class)
         grids.append(grid)
         row = {**meta, "method": entry.method if entry else INDEPENDENT, "entry": label, "params": given,
                "is_baseline": entry is not None and entry.text == BASELINE, "cfg_scale": scale, **scores,

@@ -89,6 +89,31 @@ def metrics_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def pooled_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Mean ± standard deviation over the runs (seeds) of each entry at one N, where an entry has several runs."""
+    groups: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r.get("method") != "reference":
+            groups[(r["entry"], r["n"])].append(r)
+    if not any(len(g) > 1 for g in groups.values()):
+        return []
+
+    def ms(group: Sequence[Mapping[str, Any]], key: str, digits: int, scale: float = 1.0) -> str:
+        values = [g[key] * scale for g in group if g.get(key) is not None]
+        if not values:
+            return "—"
+        return f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
+
+    lines = ["| method | N | runs | forwards/image | FD | KID ×1e3 | class acc. % | precision | recall | NLL/token "
+             "| speed-up b1 | speed-up b64 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (entry, n), group in groups.items():
+        lines.append(f"| {entry} | {n} | {len(group)} | {ms(group, 'forwards_per_image', 1)} | {ms(group, 'fd', 2)} "
+                     f"| {ms(group, 'kid', 2, 1e3)} | {ms(group, 'class_accuracy', 1, 100)} "
+                     f"| {ms(group, 'precision', 2)} | {ms(group, 'recall', 2)} | {ms(group, 'nll_per_token', 3)} "
+                     f"| {ms(group, 'speedup_b1', 2)} | {ms(group, 'speedup_batch', 2)} |")
+    return lines
+
+
 def write_report(folder: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
     """report.md from every metrics row of the folder: per model, per run (newest last)."""
     by_model: dict[str, dict[str, list[Mapping[str, Any]]]] = defaultdict(lambda: defaultdict(list))
@@ -105,6 +130,10 @@ def write_report(folder: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
              "every token from its class-conditional per-position marginal of the train codes.", ""]
     for model, runs in by_model.items():
         lines += [f"## {model}", ""]
+        pooled = pooled_table([r for run in runs.values() for r in run])
+        if pooled:
+            lines += ["Over the runs (mean ± standard deviation across seeds; each run's own table follows):", "",
+                      *pooled, ""]
         for run, mine in runs.items():
             head = mine[0]
             m = head.get("machine") or {}
