@@ -57,9 +57,14 @@ def _f(x: Any, digits: int = 2, scale: float = 1.0, suffix: str = "") -> str:
     return "—" if x is None else f"{x * scale:.{digits}f}{suffix}"
 
 
+def _g(x: Any) -> str:
+    """Three significant digits (KID's scale follows the features' and the cubic kernel's)."""
+    return "—" if x is None else f"{x:.3g}"
+
+
 def metrics_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """One line per metrics row of a run: the method rows, then the floors (reference, independent)."""
-    lines = ["| method | forwards/image | FD ↓ | gap g ↓ | KID ×1e3 ↓ | class acc. | precision | recall "
+    lines = ["| method | forwards/image | FD ↓ | gap g ↓ | KID ↓ | class acc. | precision | recall "
              "| NLL/token | ms/image b1 | speed-up b1 | ms/image b64 | speed-up b64 | N | samples |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     base = next((r for r in rows if r.get("is_baseline")), None)
@@ -73,7 +78,7 @@ def metrics_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             gap = (r["fd"] - base["fd"]) / (indep["fd"] - base["fd"])
         lines.append(
             f"| {name} | {r['forwards_per_image']:.1f} | {r['fd']:.2f} | {_f(gap)} "
-            f"| {_f(r['kid'], 2, 1e3)} ± {_f(r.get('kid_std'), 2, 1e3)} | {_f(r['class_accuracy'], 1, 100, '%')} "
+            f"| {_g(r['kid'])} ± {_g(r.get('kid_std'))} | {_f(r['class_accuracy'], 1, 100, '%')} "
             f"| {r['precision']:.2f} | {r['recall']:.2f} | {r['nll_per_token']:.3f} "
             f"| {_f(r.get('wall_s_b1'), 1, 1e3)} | {_f(r.get('speedup_b1'), 2, 1, '×')} "
             f"| {_f(r.get('wall_s_batch'), 2, 1e3)} | {_f(r.get('speedup_batch'), 2, 1, '×')} | {r['n']} "
@@ -81,11 +86,11 @@ def metrics_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     ref = next((r for r in rows if r.get("method") == "reference"), None)
     if ref:
         lines += ["", f"Floors: the tokenizer's (real test images against the reference set): FD {ref['fd']:.2f}, "
-                  f"KID ×1e3 {ref['kid'] * 1e3:.2f}, precision {ref['precision']:.2f}, recall {ref['recall']:.2f}; "
+                  f"KID {_g(ref['kid'])}, precision {ref['precision']:.2f}, recall {ref['recall']:.2f}; "
                   f"evaluator accuracy {100 * ref['class_accuracy']:.1f}% on the real test images and "
                   f"{100 * ref['reference_class_accuracy']:.1f}% on the reference set. Sampling noise (two halves "
-                  f"of the reference set, {ref['n'] // 2} images each): FD {ref['halves_fd']:.2f}, KID ×1e3 "
-                  f"{ref['halves_kid'] * 1e3:.2f}."]
+                  f"of the reference set, {ref['n'] // 2} images each): FD {ref['halves_fd']:.2f}, KID "
+                  f"{_g(ref['halves_kid'])}."]
     return lines
 
 
@@ -104,11 +109,11 @@ def pooled_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             return "—"
         return f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
 
-    lines = ["| method | N | runs | forwards/image | FD | KID ×1e3 | class acc. % | precision | recall | NLL/token "
+    lines = ["| method | N | runs | forwards/image | FD | KID | class acc. % | precision | recall | NLL/token "
              "| speed-up b1 | speed-up b64 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (entry, n), group in groups.items():
         lines.append(f"| {entry} | {n} | {len(group)} | {ms(group, 'forwards_per_image', 1)} | {ms(group, 'fd', 2)} "
-                     f"| {ms(group, 'kid', 2, 1e3)} | {ms(group, 'class_accuracy', 1, 100)} "
+                     f"| {ms(group, 'kid', 1)} | {ms(group, 'class_accuracy', 1, 100)} "
                      f"| {ms(group, 'precision', 2)} | {ms(group, 'recall', 2)} | {ms(group, 'nll_per_token', 3)} "
                      f"| {ms(group, 'speedup_b1', 2)} | {ms(group, 'speedup_batch', 2)} |")
     return lines
