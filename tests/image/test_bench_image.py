@@ -110,3 +110,27 @@ def test_the_cli_runs_a_tiny_benchmark(tiny_image_dir, tmp_path):
     assert metrics[2]["params"] == {"temperature": "0.5"}
     assert "fastdecode bench-image" in metrics[1]["command"]
     assert "ar.sample:temperature=0.5:" in done.output
+
+
+def test_a_method_that_refuses_batches_draws_one_image_at_a_time(tiny_image_model, tmp_path, monkeypatch):
+    """A method whose generate refuses a list of several prompts: its images come one by one, each seeded, and its
+    batch-64 time is left empty with the refusal recorded."""
+    import fastdecode.bench.imagegen as imagegen
+    from fastdecode.errors import ParameterError
+
+    real = imagegen.generate
+
+    def one_at_a_time(model, prompts, method, **params):
+        if method == "ar.sample" and params.get("temperature") == "0.9" and len(prompts) > 1:
+            raise ParameterError("this method decodes one prompt at a time")
+        return real(model, prompts, method, **params)
+
+    monkeypatch.setattr(imagegen, "generate", one_at_a_time)
+    run = run_image_bench(tiny_image_model, ["ar.sample:temperature=0.9"], tmp_path, cfg=CFG, evaluator=_evaluator(),
+                          train=_digits(60, 1), test=_digits(40, 2), independent=False)
+    rows = [r for r in read_rows(tmp_path / "samples.jsonl") if r["entry"] == "ar.sample:temperature=0.9"]
+    assert len(rows) == 40 and {r["batch"] for r in rows} == {1}
+    assert len({(r["task"], r["seed"]) for r in rows}) == 40
+    single = run.metrics[2]
+    assert single["wall_s_batch"] is None and "one prompt at a time" in single["batch_error"]
+    assert single["speedup_batch"] is None and single["wall_s_b1"] > 0
