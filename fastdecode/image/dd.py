@@ -25,14 +25,16 @@ def noise(batch: int, tokens: int, dim: int, generator: torch.Generator | None =
 
 @torch.inference_mode()
 def teacher_map(model, labels: Tensor, eps: Tensor, steps: int = DEFAULT_STEPS) -> Tensor:
-    """Codes [B, n] the teacher's flow maps noise `eps` [B, n, d] to, for class tokens `labels` [B].
+    """Codes [B, m] the teacher's flow maps noise `eps` [B, m, d] to, for class tokens `labels` [B]: the first m
+    positions of the image (m = h*w for whole images; fewer for tests of the first tokens).
 
     `model` is the image adapter at the guidance the samples should follow (`model.with_scale(s)`); its logits are
     already restricted to codes. One forward per position, the cache holding the prefix."""
     image = model.image
     B, n, _ = eps.shape
-    if n != image.tokens or eps.shape[2] != image.d:
-        raise ValueError(f"noise must be [B, {image.tokens}, {image.d}] for this model, got {tuple(eps.shape)}")
+    if not 1 <= n <= image.tokens or eps.shape[2] != image.d:
+        raise ValueError(f"noise must be [B, m, {image.d}] with m <= {image.tokens} for this model, got "
+                         f"{tuple(eps.shape)}")
     device = model.device
     codebook = image.codebook.float()  # [K, d]
     cache = model.new_cache(B, n + 1)
@@ -70,7 +72,4 @@ def dd_steps(net: DDNet, labels: Tensor, eps: Tensor, steps: int = 1) -> Iterato
 
 def dd_sample(net: DDNet, labels: Tensor, eps: Tensor, steps: int = 1) -> Tensor:
     """Codes [B, n] from the DD network in `steps` (1 or 2) forwards; labels [B], eps [B, n, d]."""
-    codes = torch.empty(0)
-    for _, codes in dd_steps(net, labels, eps, steps):
-        pass
-    return codes
+    return list(dd_steps(net, labels, eps, steps))[-1][1]

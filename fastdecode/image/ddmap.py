@@ -63,7 +63,7 @@ def flow_map(eps: Tensor, logp: Tensor, codebook: Tensor, steps: int = DEFAULT_S
     lp = torch.log_softmax(logp.to(torch.float64), dim=-1)  # normalised: the map depends on p only
     e = codebook.to(device=u.device, dtype=torch.float64)
     grid = snr_grid(steps, s_min, s_max).tolist()
-    for s0, s1 in zip(grid[:-1], grid[1:]):
+    for s0, s1 in zip(grid[:-1], grid[1:], strict=True):
         h, mid = s1 - s0, 0.5 * (s0 + s1)
         k1 = velocity(u, s0, lp, e)
         k2 = velocity(u + 0.5 * h * k1, mid, lp, e)

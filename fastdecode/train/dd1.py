@@ -75,7 +75,7 @@ def dd1_loss(net: DDNet, labels: torch.Tensor, eps: torch.Tensor, codes: torch.T
     ce = F.cross_entropy(logits[early], codes[early]) if early.any() else logits.sum() * 0
     mse = ((vectors - target) ** 2).sum(-1)[late].mean() if late.any() else vectors.sum() * 0
     loss = ce + mse_weight * mse
-    return loss, {"ce": float(ce), "mse": float(mse)}
+    return loss, {"ce": float(ce.detach()), "mse": float(mse.detach())}
 
 
 def agreement(net: DDNet, labels: torch.Tensor, eps: torch.Tensor, codes: torch.Tensor, steps: int) -> float:

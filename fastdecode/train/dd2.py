@@ -208,4 +208,5 @@ def _step(teacher: Any, net: DDNet, psi: ScoreNet, codebook: Tensor, opt_g: torc
     g_loss.backward()
     torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
     opt_g.step()
-    return {"loss": float(g_loss), "psi": float(psi_loss), "gap": float((fake - real).norm(dim=-1).mean())}
+    gap = float((fake - real).norm(dim=-1).mean())
+    return {"loss": float(g_loss.detach()), "psi": float(psi_loss.detach()), "gap": gap}
