@@ -124,6 +124,15 @@ def nll_per_token(teacher: Any, labels: Tensor, codes: Tensor) -> float:
     return float(-logp.gather(-1, codes[..., None]).mean())
 
 
+def sample_nll(teacher: Any, net: DDNet, seed: int, rows: int) -> float:
+    """The teacher's NLL per code of `rows` one-step samples drawn from their own seed: the card's claim."""
+    image = teacher.image
+    gen = torch.Generator().manual_seed(seed + 10_000)
+    labels = image.K + torch.randint(image.C, (rows,), generator=gen)
+    codes = dd_sample(net, labels, noise(rows, image.tokens, image.d, gen), 1)
+    return nll_per_token(teacher, labels, codes)
+
+
 def train_dd2(teacher: Any, out: Path, init: str | None = None, seed: int = 0, cfg: DD2Training | None = None,
               report: Report | None = None) -> dict[str, Any]:
     """Train DD2's generator against the guided image teacher into `out`; `init` a DD1 network folder (None: the
@@ -163,14 +172,12 @@ def train_dd2(teacher: Any, out: Path, init: str | None = None, seed: int = 0, c
             save_state(out, modules, opts, {"identity": identity, "step": step + 1, "log": log,
                                             "elapsed_s": time.perf_counter() - began})
     train_s = time.perf_counter() - began
-    net.eval()
-    gen = torch.Generator().manual_seed(seed + 10_000)
-    labels = image.K + torch.randint(image.C, (cfg.eval_rows,), generator=gen)
-    codes = dd_sample(net, labels, noise(cfg.eval_rows, image.tokens, image.d, gen), 1)
+    save_head(net.eval(), out, dtype="bfloat16")
+    shipped = load_head(out, device="cpu", dtype=torch.float32)  # the card measures what ships (bfloat16 weights)
+    assert isinstance(shipped, DDNet)
     card = {"kind": "dd2", "seed": seed, "init": init or "teacher", "training": dataclasses.asdict(cfg),
             "train_s": round(train_s, 1), "final": log[-1] if log else None,
-            "teacher_nll_per_token": round(nll_per_token(teacher, labels, codes), 4)}
-    save_head(net, out, dtype="bfloat16")
+            "teacher_nll_per_token": round(sample_nll(teacher, shipped, seed, cfg.eval_rows), 4)}
     (out / LOG).write_text("".join(f"{row}\n".replace("'", '"') for row in log))
     clear_state(out)
     return card

@@ -23,8 +23,8 @@ def write_dd_card(folder: Path, card: dict[str, Any], command: str, threads: int
         agree = card["held_out_agreement"]
         text += [f"Teacher pairs made in {card['data_s']:.0f} s; training {card['train_s'] / 60:.1f} min; last loss "
                  f"`{json.dumps(card['final_loss'])}`.", "",
-                 f"Held-out pairs (the last {card['training']['held_out']}): share of codes equal to the teacher's "
-                 f"mapped codes for the same noise: 1 step **{agree['1-step']:.3f}**, 2 steps "
+                 f"{card['training']['eval_rows']} fresh pairs (their own seed, never trained on): share of codes "
+                 f"equal to the teacher's mapped codes for the same noise: 1 step **{agree['1-step']:.3f}**, 2 steps "
                  f"**{agree['2-step']:.3f}**.", ""]
     else:
         text += [f"Generator initialised from `{card['init']}`; training {card['train_s'] / 60:.1f} min; last step "

@@ -76,7 +76,7 @@ def test_dd1_loss_sees_data_before_t_only(guided) -> None:
 
 def test_dd1_training_resumes_to_the_same_network(guided, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("FASTDECODE_CACHE", str(tmp_path / "cache"))
-    cfg = DD1Training(pairs=48, held_out=16, steps=4, batch=8, checkpoint_every=2, warmup=1)
+    cfg = DD1Training(pairs=32, eval_rows=8, steps=4, batch=8, checkpoint_every=2, warmup=1)
     whole = train_dd1(guided, tmp_path / "whole", seed=3, cfg=cfg)
     part = train_dd1(guided, tmp_path / "part", seed=3, cfg=dataclasses.replace(cfg, steps=2))
     assert part["final_loss"]["step"] == 1
