@@ -170,6 +170,18 @@ results-gpu: $(VENV)/.installed
 	$(BIN)/python tools/results_gpu.py --out $(RESULTS)/gpu
 	$(BIN)/fastdecode report $(RESULTS)/gpu/*.jsonl --out $(RESULTS)/gpu/report.md
 
+# the image benchmark of issue #33 (docs/image-bench.md): ar.sample (the baseline, always run) and IMAGE_METHODS
+# beside it on zoo:img-ar, IMAGE_PER_CLASS images of each class each, scored by the evaluator fastdecode/zoo/img-eval;
+# writes docs/results/image/{samples,metrics}.jsonl, grids/*.png and report.md (one run per seed in IMAGE_SEEDS)
+IMAGE_METHODS ?=
+IMAGE_PER_CLASS ?= 100
+IMAGE_SEEDS ?= 0 1 2
+.PHONY: results-image
+results-image: $(VENV)/.installed
+	$(foreach s,$(IMAGE_SEEDS),$(BIN)/fastdecode bench-image --model zoo:img-ar --threads 1 \
+		--per-class $(IMAGE_PER_CLASS) --seed $(s) $(foreach m,$(IMAGE_METHODS),--methods $(m)) \
+		--out $(RESULTS)/image &&) true
+
 .PHONY: results-zoo-bf16
 results-zoo-bf16: $(VENV)/.installed
 	$(BIN)/python tools/zoo_bf16.py ar-small ar-tiny dlm-small --items 50 --threads 1 --out $(RESULTS)/zoo/bf16.jsonl

@@ -379,6 +379,66 @@ def bench(
               f"Full report: fastdecode report {out_path} --plots DIR")
 
 
+@app.command("bench-image")
+def bench_image(
+    model: ModelOpt,
+    out_dir: Annotated[str, typer.Option("--out", help="Folder of samples.jsonl, metrics.jsonl, grids/ and report.md "
+                                                       "(appended to: each invocation is one run).")],
+    methods: Annotated[list[str], typer.Option(
+        "--methods", help="Methods beside the baseline ar.sample: --methods m1 m2 ...; m:name=value,... is a "
+        "configuration of its own.")] = [],  # noqa: B006
+    param: Annotated[
+        list[str], typer.Option("--param", help="method.name=value, e.g. ar.sample.cfg_scale=2; repeatable.")
+    ] = [],  # noqa: B006
+    per_class: Annotated[int, typer.Option(help="Images of each class per method (the quality metrics' N / 10).")]
+    = 20,
+    seed: Annotated[int, typer.Option(help="The run's seed (each class's batches draw from it).")] = 0,
+    batch: Annotated[int, typer.Option(help="Images generated together for the quality metrics.")] = 64,
+    latency_images: Annotated[int, typer.Option(help="Images timed one by one (batch 1).")] = 10,
+    throughput_batch: Annotated[int, typer.Option(help="The batch timed for wall time per image.")] = 64,
+    independent: Annotated[bool, typer.Option(
+        help="Also the independent baseline (per-position class marginals of the train codes).")] = True,
+    evaluator: Annotated[Optional[str], typer.Option(
+        help="Evaluator folder (default: the shipped fastdecode/zoo/img-eval).")] = None,
+    threads: ThreadsOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+) -> None:
+    """Class-conditional image generation, scored: FD, KID, class accuracy, precision/recall, teacher NLL, forwards
+    and wall time per image at batch 1 and batch 64, per method beside ar.sample in the same run (docs/image.md)."""
+    import fastdecode
+    from fastdecode.bench.harness import split_params
+    from fastdecode.bench.imagegen import ImageBenchConfig, run_image_bench
+    from fastdecode.image.evaluator import load_evaluator
+
+    _check_threads(threads)
+    cfg = ImageBenchConfig(per_class=per_class, seed=seed, batch=batch, latency_images=latency_images,
+                           throughput_batch=throughput_batch)
+    cfg.check()
+    judge = load_evaluator(evaluator)  # a missing evaluator is refused before the model loads
+    threads = _use_threads(model, threads, device)
+    command = _command("bench-image", model=model, methods=methods, param=param, per_class=per_class, seed=seed,
+                       batch=batch, latency_images=latency_images, throughput_batch=throughput_batch,
+                       no_independent=not independent, evaluator=evaluator, out=out_dir, threads=threads,
+                       device=device, dtype=dtype)
+    with _progress_bar() as bar:
+        task = bar.add_task(f"loading {model}", total=None)
+        target = fastdecode.load(model, device=device, dtype=dtype)
+
+        def on_progress(phase: str, done: int, total: int) -> None:
+            bar.update(task, total=total, completed=done, description=phase)
+
+        summary = run_image_bench(target, methods, out_dir, params=split_params(param), cfg=cfg, evaluator=judge,
+                                  independent=independent, command=command, on_progress=on_progress)
+    for row in summary.metrics:
+        if row["method"] == "reference":
+            continue
+        err.print(f"{row['entry']}: {row['forwards_per_image']:.1f} forwards/image, FD {row['fd']:.2f}, "
+                  f"KID {row['kid']:.4f}, class acc {100 * row['class_accuracy']:.1f}%, P {row['precision']:.2f} "
+                  f"R {row['recall']:.2f}, NLL/token {row['nll_per_token']:.3f}", highlight=False)
+    err.print(f"report: {summary.report} · grids: {summary.out_dir / 'grids'}", highlight=False)
+
+
 @app.command()
 def report(
     files: Annotated[list[str], typer.Argument(help="Results JSONL files from `fastdecode bench`.")],
@@ -674,6 +734,44 @@ def _train_ar_long(folder, seed: int, threads: int, steps: int | None, set_: lis
     err.print(f"saved {folder} (card: {folder / 'README.md'})")
 
 
+@train_app.command("img-eval")
+def train_img_eval(
+    out_dir: Annotated[Optional[str], typer.Option(
+        "--out", help="Output folder; its checkpoint is resumed (default: the package's zoo/img-eval).")] = None,
+    seed: SeedOpt = 0,
+    threads: TrainThreadsOpt = 1,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (default 1500).")] = None,
+) -> None:
+    """Train the image benchmark's evaluator (a ~62 k-parameter CNN) on the MNIST-5k train split; write its card.
+
+    Resumable (rerun the same command) and deterministic for a seed and thread count; needs the image extra."""
+    from pathlib import Path
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from fastdecode.image.evaluator import default_folder
+    from fastdecode.train.img_eval import EvalTraining, train_evaluator
+
+    _check_threads(threads)
+    cfg = EvalTraining() if steps is None else EvalTraining(steps=steps)
+    folder = Path(out_dir) if out_dir else default_folder()
+    command = (f"fastdecode train img-eval --seed {seed} --threads {threads}" + (f" --steps {steps}" if steps else "")
+               + (f" --out {out_dir}" if out_dir else ""))
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err) as bar:
+        task = bar.add_task("training img-eval", total=cfg.steps, loss=float("nan"))
+
+        def report(step: int, total: int, loss: float) -> None:
+            bar.update(task, completed=step, loss=loss)
+            if not err.is_terminal and (step % 100 == 0 or step == total):
+                bar.console.print(f"step {step}/{total} loss {loss:.3f}", highlight=False)
+
+        card = train_evaluator(folder, seed=seed, cfg=cfg, threads=threads, report=report, command=command)
+    out.print_json(json.dumps(card))
+    err.print(f"saved {folder} (card: {folder / 'README.md'})")
+
+
 @app.command()
 def serve(
     model: ModelOpt,
@@ -734,7 +832,7 @@ RAY_DEFAULT = "default"  # `bench --ray` without an address: Ray's own choice (R
 def expand_list_options(argv: list[str]) -> list[str]:
     """Click takes one value per option: `bench --methods a b --seeds 1 2` -> `--methods a --methods b --seeds 1
     --seeds 2`; a bare `--ray` gets the value `default`."""
-    if "bench" not in argv[1:2]:
+    if argv[1:2] not in (["bench"], ["bench-image"]):
         return argv
     out: list[str] = []
     current = None
