@@ -41,7 +41,7 @@ def _settings(cls: type, pairs: list[str], steps: int | None) -> Any:
     values: dict[str, Any] = dict(parse_param_strings(pairs))
     if steps is not None:
         values["steps"] = steps
-    kinds = {f.name: type(f.default) for f in dataclasses.fields(cls)}
+    kinds: dict[str, Any] = {f.name: type(f.default) for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(kinds))
     if unknown:
         from fastdecode.errors import ArgumentError
@@ -56,7 +56,7 @@ def _teacher(teacher: str, threads: int) -> Any:
     import fastdecode
 
     torch.set_num_threads(threads)
-    model = fastdecode.load(teacher, dtype="float32", device="cpu")
+    model: Any = fastdecode.load(teacher, dtype="float32", device="cpu")
     if getattr(model, "image", None) is None:
         from fastdecode.errors import ArgumentError
 

@@ -49,12 +49,13 @@ class DDConfig(HeadConfig):
 
 
 def _llama(config: DDConfig) -> LlamaConfig:
-    return LlamaConfig(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-                       intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
-                       num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
-                       max_position_embeddings=config.tokens + 1, rope_theta=config.rope_theta,
-                       rms_norm_eps=config.rms_norm_eps, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                       tie_word_embeddings=False, attn_implementation="sdpa")
+    fields: dict[str, Any] = dict(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads, max_position_embeddings=config.tokens + 1,
+        rope_theta=config.rope_theta, rms_norm_eps=config.rms_norm_eps, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None, tie_word_embeddings=False, attn_implementation="sdpa")
+    return LlamaConfig(**fields)
 
 
 class AdaLNHead(nn.Module):
@@ -86,6 +87,8 @@ class Denoiser(nn.Module):
 @register_head("dd")
 class DDNet(Head):
     config_class = DDConfig
+    config: DDConfig
+    codebook: Tensor
 
     def __init__(self, config: DDConfig, target: Target | None = None) -> None:
         super().__init__(config, target)

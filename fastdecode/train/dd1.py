@@ -104,7 +104,8 @@ def train_dd1(model: Any, out: Path, seed: int = 0, cfg: DD1Training | None = No
     net.train()
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     identity = {"kind": "dd1", "seed": seed, "training": dataclasses.asdict(cfg)}
-    record = load_state(out, {"net": net}, {"net": opt}, identity) or {"step": 0, "log": [], "elapsed_s": 0.0}
+    opts: dict[str, torch.optim.Optimizer] = {"net": opt}
+    record = load_state(out, {"net": net}, opts, identity) or {"step": 0, "log": [], "elapsed_s": 0.0}
     train_n = cfg.pairs
     gen = torch.Generator().manual_seed(seed + 1)
     order = torch.cat([torch.randperm(train_n, generator=gen) for _ in range(cfg.steps * cfg.batch // train_n + 1)])
@@ -125,7 +126,7 @@ def train_dd1(model: Any, out: Path, seed: int = 0, cfg: DD1Training | None = No
         if report is not None:
             report("train", step + 1, cfg.steps, {"loss": float(loss.detach()), **parts})
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
-            save_state(out, {"net": net}, {"net": opt}, {"identity": identity, "step": step + 1, "log": log,
+            save_state(out, {"net": net}, opts, {"identity": identity, "step": step + 1, "log": log,
                                                           "elapsed_s": time.perf_counter() - began})
     train_s = time.perf_counter() - began
     save_head(net.eval(), out, dtype="bfloat16")

@@ -79,9 +79,10 @@ class ScoreNet(nn.Module):
         self.codes = codes
         d = teacher.image.d
         hidden = teacher.config.hidden_size
-        self.correct = nn.Sequential(nn.Linear(hidden + d + 1, width), nn.SiLU(), nn.Linear(width, d))
-        nn.init.zeros_(self.correct[-1].weight)
-        nn.init.zeros_(self.correct[-1].bias)
+        last = nn.Linear(width, d)
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
+        self.correct = nn.Sequential(nn.Linear(hidden + d + 1, width), nn.SiLU(), last)
 
     def prefix(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """ids [B, n + 1] (class + codes) -> (log p over codes [B, n, K], hidden [B, n, H]) for tokens 1..n."""
@@ -156,7 +157,7 @@ def train_dd2(teacher: Any, out: Path, init: str | None = None, seed: int = 0, c
     opt_p = torch.optim.AdamW(psi.parameters(), lr=cfg.psi_lr, betas=(0.0, 0.99), weight_decay=0.0)
     identity = {"kind": "dd2", "seed": seed, "init": init or "teacher", "training": dataclasses.asdict(cfg)}
     modules: dict[str, nn.Module] = {"net": net, "psi": psi}
-    opts = {"net": opt_g, "psi": opt_p}
+    opts: dict[str, torch.optim.Optimizer] = {"net": opt_g, "psi": opt_p}
     record = load_state(out, modules, opts, identity) or {"step": 0, "log": [], "elapsed_s": 0.0}
     log: list[dict] = record["log"]
     began = time.perf_counter() - record["elapsed_s"]
