@@ -93,7 +93,10 @@ def add_dd_commands(train_app: typer.Typer, err: Console, out: Console) -> None:
     @train_app.command("dd1")
     def train_dd1_command(teacher: TeacherOpt = "zoo:img-ar", out_dir: OutOpt = None, seed: int = 0,
                           threads: int = 1, steps: Optional[int] = None,
-                          set_: SetOpt = []) -> None:  # noqa: B006
+                          set_: SetOpt = [],  # noqa: B006
+                          init: Annotated[Optional[str], typer.Option(
+                              help="Start from this DD network folder instead of the teacher's copy.")] = None
+                          ) -> None:
         """Distilled Decoding 1: the teacher's noise -> codes pairs, then a 1/2-step network trained on them."""
         from fastdecode.train.dd1 import DD1Training, train_dd1
         from fastdecode.train.dd_card import write_dd_card
@@ -102,10 +105,11 @@ def add_dd_commands(train_app: typer.Typer, err: Console, out: Console) -> None:
         folder = _out(teacher, out_dir, "dd1")
         model = _teacher(teacher, threads)
         command = (f"fastdecode train dd1 --teacher {teacher} --seed {seed} --threads {threads}"
+                   + (f" --out {out_dir}" if out_dir else "") + (f" --init {init}" if init else "")
                    + (f" --steps {steps}" if steps else "") + "".join(f" --set '{s}'" for s in set_))
         bar, report = _progress(err, "the DD1 network")
         with bar:
-            card = train_dd1(model, folder, seed=seed, cfg=cfg, report=report)
+            card = train_dd1(model, folder, seed=seed, cfg=cfg, report=report, init=init)
         write_dd_card(folder, {**card, "teacher": teacher}, command, threads)
         out.print_json(json.dumps(card))
         err.print(f"saved {folder} (card: {folder / 'README.md'})")
@@ -124,6 +128,7 @@ def add_dd_commands(train_app: typer.Typer, err: Console, out: Console) -> None:
         folder = _out(teacher, out_dir, "dd2")
         model = _teacher(teacher, threads)
         command = (f"fastdecode train dd2 --teacher {teacher} --init {init} --seed {seed} --threads {threads}"
+                   + (f" --out {out_dir}" if out_dir else "")
                    + (f" --steps {steps}" if steps else "") + "".join(f" --set '{s}'" for s in set_))
         bar, report = _progress(err, "the DD2 generator")
         with bar:

@@ -91,19 +91,27 @@ def agreement(model: Any, net: DDNet, seed: int, rows: int, map_steps: int) -> d
 
 
 def train_dd1(model: Any, out: Path, seed: int = 0, cfg: DD1Training | None = None,
-              report: Report | None = None) -> dict[str, Any]:
-    """Train DD1 against the guided image teacher `model` into `out`; returns the card's numbers."""
+              report: Report | None = None, init: str | None = None) -> dict[str, Any]:
+    """Train DD1 against the guided image teacher `model` into `out`; returns the card's numbers. `init`: a DD
+    network folder to start from instead of the teacher's copy (e.g. one distilled from an earlier snapshot of the
+    same teacher: a warm start)."""
     cfg = cfg or DD1Training()
     torch.manual_seed(seed)
     start = time.perf_counter()
     labels, eps, codes = teacher_pairs(model, cfg.pairs, seed, cfg.map_steps, report=report)
     data_s = time.perf_counter() - start
     n = model.image.tokens
-    net = DDNet.for_target(model, split=round(cfg.split * n), second=round(cfg.second * n), init="teacher",
-                          cfg_scale=float(model.scale))
+    net = DDNet.for_target(model, split=round(cfg.split * n), second=round(cfg.second * n),
+                           init=f"dd1 network {init}" if init else "teacher", cfg_scale=float(model.scale))
+    if init:
+        start = load_head(init, device="cpu", dtype=torch.float32)
+        if not isinstance(start, DDNet) or start.config.tokens != n or start.config.hidden_size != \
+                net.config.hidden_size:
+            raise ParameterError(f"--init {init} is not a DD network of this teacher's shape")
+        net.load_state_dict(start.state_dict())
     net.train()
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    identity = {"kind": "dd1", "seed": seed, "training": dataclasses.asdict(cfg)}
+    identity = {"kind": "dd1", "seed": seed, "init": init or "teacher", "training": dataclasses.asdict(cfg)}
     opts: dict[str, torch.optim.Optimizer] = {"net": opt}
     record = load_state(out, {"net": net}, opts, identity) or {"step": 0, "log": [], "elapsed_s": 0.0}
     train_n = cfg.pairs
@@ -132,8 +140,8 @@ def train_dd1(model: Any, out: Path, seed: int = 0, cfg: DD1Training | None = No
     save_head(net.eval(), out, dtype="bfloat16")
     shipped = load_head(out, device="cpu", dtype=torch.float32)  # the card measures what ships (bfloat16 weights)
     assert isinstance(shipped, DDNet)
-    card = {"kind": "dd1", "seed": seed, "training": dataclasses.asdict(cfg), "data_s": round(data_s, 1),
-            "train_s": round(train_s, 1), "final_loss": log[-1] if log else None,
+    card = {"kind": "dd1", "seed": seed, "init": init or "teacher", "training": dataclasses.asdict(cfg),
+            "data_s": round(data_s, 1), "train_s": round(train_s, 1), "final_loss": log[-1] if log else None,
             "held_out_agreement": agreement(model, shipped, seed, cfg.eval_rows, cfg.map_steps)}
     (out / LOG).write_text("".join(f"{row}\n".replace("'", '"') for row in log))
     clear_state(out)

@@ -21,7 +21,8 @@ def write_dd_card(folder: Path, card: dict[str, Any], command: str, threads: int
             f"Settings: `{json.dumps(card['training'])}`. Weights in bfloat16 (safetensors).", "", "## Measured", ""]
     if kind == "dd1":
         agree = card["held_out_agreement"]
-        text += [f"Teacher pairs made in {card['data_s']:.0f} s; training {card['train_s'] / 60:.1f} min; last loss "
+        text += [f"Started from: {card.get('init', 'teacher')}. Teacher pairs made in {card['data_s']:.0f} s; "
+                 f"training {card['train_s'] / 60:.1f} min; last loss "
                  f"`{json.dumps(card['final_loss'])}`.", "",
                  f"{card['training']['eval_rows']} fresh pairs (their own seed, never trained on): share of codes "
                  f"equal to the teacher's mapped codes for the same noise: 1 step **{agree['1-step']:.3f}**, 2 steps "
