@@ -18,7 +18,7 @@ from ..config import MethodConfig, check
 from ..errors import IncompatibleMethodError, ModelLoadError
 from ..heads import head_class
 from ..heads.dd import DDNet
-from ..heads.io import head_names, load_head, untrained_heads_allowed
+from ..heads.io import WEIGHTS, head_names, load_head, resolve_head, untrained_heads_allowed
 from ..registry import ConstraintSupport, RunContext, register
 from ..types import PromptBatch, StepEvent
 from .dd import dd_steps, noise
@@ -61,7 +61,7 @@ def dd_network(model: Any, name: str, head: str) -> DDNet:
         net = head_class("dd").untrained(model)
         assert isinstance(net, DDNet)
         return net.to(model.device).eval()
-    found = load_head(source, device=model.device, dtype=torch.float32)
+    found = _load(str(source), str(model.device))
     if not isinstance(found, DDNet):
         raise ModelLoadError(f"{source} holds a {found.kind!r} head, not a Distilled Decoding network.")
     if found.target is not None:
@@ -72,6 +72,24 @@ def dd_network(model: Any, name: str, head: str) -> DDNet:
                                       f"network samples only that guidance: pass cfg_scale={trained:g} (or leave it "
                                       "out when it is the model's default), or distil one at the scale you want.")
     return found
+
+
+_LOADED: dict[tuple[str, str, float], DDNet] = {}
+
+
+def _load(source: str, device: str) -> DDNet:
+    """The network in `source`, loaded once per folder, device and file time: a generation of one image costs about
+    one forward, which reading the weights from disk every time would dwarf."""
+    folder = resolve_head(source)
+    key = (str(folder.resolve()), device, (folder / WEIGHTS).stat().st_mtime if (folder / WEIGHTS).is_file() else 0.0)
+    if key not in _LOADED:
+        found = load_head(folder, device=device, dtype=torch.float32)
+        if not isinstance(found, DDNet):
+            raise ModelLoadError(f"{source} holds a {found.kind!r} head, not a Distilled Decoding network.")
+        if len(_LOADED) >= 4:  # a few networks at a time are enough for a process that samples
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = found
+    return _LOADED[key]
 
 
 def _run(model: Any, batch: PromptBatch, cfg: DDConfig, name: str, steps: int, ctx: RunContext) -> Iterator[StepEvent]:
