@@ -38,7 +38,7 @@ SHIFTS = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1)]
 
 @dataclass(frozen=True)
 class ARTraining:
-    steps: int = 2000
+    steps: int = 1100
     batch: int = 64
     lr: float = 2e-3
     warmup: int = 100
@@ -123,9 +123,9 @@ def train_img_ar(out: Path, seed: int = 0, cfg: ARTraining | None = None, progre
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if (step + 1) % 50 == 0:
-            log.append({"step": step + 1, "loss": round(float(loss), 4)})
+            log.append({"step": step + 1, "loss": round(float(loss.detach()), 4)})
         if progress is not None:
-            progress(step + 1, cfg.steps, {"loss": float(loss)})
+            progress(step + 1, cfg.steps, {"loss": float(loss.detach())})
         spent = elapsed + time.perf_counter() - began
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             save_state(out, model, opt, {"identity": identity, "step": step + 1, "log": log, "elapsed_s": spent})
