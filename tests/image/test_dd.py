@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-from test_ddmap import chi_square_p
 
 import fastdecode
 from fastdecode.heads import load_head
@@ -16,6 +15,8 @@ from fastdecode.image.dd import dd_sample, noise, teacher_map
 from fastdecode.train.dd1 import DD1Training, dd1_loss, train_dd1
 from fastdecode.train.dd2 import DD2Training, mixture_denoiser, train_dd2
 from fastdecode.train.dd_card import write_dd_card
+
+from .test_ddmap import chi_square_p
 
 
 @pytest.fixture(scope="module")
