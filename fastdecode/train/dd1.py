@@ -104,11 +104,11 @@ def train_dd1(model: Any, out: Path, seed: int = 0, cfg: DD1Training | None = No
     net = DDNet.for_target(model, split=round(cfg.split * n), second=round(cfg.second * n),
                            init=f"dd1 network {init}" if init else "teacher", cfg_scale=float(model.scale))
     if init:
-        start = load_head(init, device="cpu", dtype=torch.float32)
-        if not isinstance(start, DDNet) or start.config.tokens != n or start.config.hidden_size != \
+        begin = load_head(init, device="cpu", dtype=torch.float32)
+        if not isinstance(begin, DDNet) or begin.config.tokens != n or begin.config.hidden_size != \
                 net.config.hidden_size:
             raise ParameterError(f"--init {init} is not a DD network of this teacher's shape")
-        net.load_state_dict(start.state_dict())
+        net.load_state_dict(begin.state_dict())
     net.train()
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     identity = {"kind": "dd1", "seed": seed, "init": init or "teacher", "training": dataclasses.asdict(cfg)}
