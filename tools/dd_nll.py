@@ -1,6 +1,6 @@
 """The guided teacher's NLL per code of one-step DD samples and of ar.sample's, for docs/image-dd.md.
 
-Usage: PYTHONPATH=. python tools/dd_nll.py [DD network folders ...] (default: the pilot and the shipped dd2).
+Usage: PYTHONPATH=. python tools/dd_nll.py [DD network folders ...] (default: the shipped dd1 and dd2).
 Each network draws 128 rows from the cards' seed (`train/dd2.py: sample_nll`); ar.sample draws 64 images.
 """
 
@@ -30,4 +30,4 @@ def main(folders: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["/tmp/dd1-pilot", "fastdecode/zoo/img-ar/heads/dd2"])
+    main(sys.argv[1:] or ["fastdecode/zoo/img-ar/heads/dd1", "fastdecode/zoo/img-ar/heads/dd2"])
