@@ -175,6 +175,7 @@ results-gpu: $(VENV)/.installed
 # beside it on zoo:img-ar, IMAGE_PER_CLASS images of each class each, scored by the evaluator fastdecode/zoo/img-eval;
 # writes docs/results/image/{samples,metrics}.jsonl, grids/*.png and report.md (one run per seed in IMAGE_SEEDS)
 IMAGE_METHODS ?=
+IMAGE_METHODS += img.dd1:steps=1 img.dd1:steps=2 img.dd2
 IMAGE_PER_CLASS ?= 100
 IMAGE_SEEDS ?= 0 1 2
 .PHONY: results-image

@@ -16,6 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .cli_dd import add_dd_commands
+
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Fast decoding for language models, measured one way."
 )
@@ -503,6 +505,7 @@ train_app = typer.Typer(
          "dparallel).",
 )
 app.add_typer(train_app, name="train")
+add_dd_commands(train_app, err, out)  # train dd1, train dd2 (cli_dd.py)
 
 OutOpt = Annotated[Optional[str], typer.Option("--out", help="Output folder (default: the package's zoo/NAME).")]
 SeedOpt = Annotated[int, typer.Option(help="Training seed.")]

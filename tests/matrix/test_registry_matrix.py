@@ -8,8 +8,9 @@ import fastdecode
 
 # methods whose optional package (Method.requires) is missing here are skipped, not failed: CI installs no extras
 # such as llama-cpp-python; tests/unit/test_llamacpp.py checks the refusal they give instead
+# image-only methods (Method.image_only) run on the tiny image model in tests/image/ (test_dd_methods.py)
 METHODS = [pytest.param(m.name, marks=pytest.mark.skipif(bool(m.missing()), reason=f"needs {', '.join(m.missing())}"))
-           for m in fastdecode.methods()]
+           for m in fastdecode.methods() if not m.image_only]
 
 
 @pytest.mark.parametrize("name", METHODS)

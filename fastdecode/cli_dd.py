@@ -1,0 +1,139 @@
+"""`fastdecode train dd1` and `fastdecode train dd2`: the Distilled Decoding networks of an image teacher.
+
+Added to the CLI's `train` group by `cli.py` (`add_dd_commands`); kept apart so the image family's commands do not
+grow cli.py. Each run is resumable (rerun the same command), seeded, and writes the network in bfloat16 with its
+card (README.md + card.json) into --out (default: beside a zoo teacher, zoo/MODEL/heads/dd1 or dd2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+TeacherOpt = Annotated[str, typer.Option(help="The image teacher: a folder or zoo:NAME.")]
+OutOpt = Annotated[Optional[str], typer.Option(
+    "--out", help="Output folder; its checkpoint is resumed (default for a zoo teacher: zoo/MODEL/heads/NAME).")]
+SetOpt = Annotated[list[str], typer.Option("--set", help="A training setting as NAME=VALUE (DD1Training / "
+                                                         "DD2Training in fastdecode/train/dd1.py, dd2.py).")]
+
+
+def _out(teacher: str, out_dir: str | None, name: str) -> Path:
+    from fastdecode.errors import ArgumentError
+
+    if out_dir:
+        return Path(out_dir)
+    if not teacher.startswith("zoo:"):
+        raise ArgumentError(f"--out is needed for a teacher outside the zoo ({teacher!r}): name the network's folder.")
+    from fastdecode.train.zoo import zoo_folder
+
+    return zoo_folder(teacher[4:]) / "heads" / name
+
+
+def _settings(cls: type, pairs: list[str], steps: int | None) -> Any:
+    from fastdecode.config import parse_param_strings
+
+    values: dict[str, Any] = dict(parse_param_strings(pairs))
+    if steps is not None:
+        values["steps"] = steps
+    kinds: dict[str, Any] = {f.name: type(f.default) for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(kinds))
+    if unknown:
+        from fastdecode.errors import ArgumentError
+
+        raise ArgumentError(f"unknown setting(s) {unknown}; {cls.__name__} has {', '.join(sorted(kinds))}.")
+    return cls(**{k: kinds[k](v) for k, v in values.items()})
+
+
+def _teacher(teacher: str, threads: int) -> Any:
+    import torch
+
+    import fastdecode
+
+    torch.set_num_threads(threads)
+    model: Any = fastdecode.load(teacher, dtype="float32", device="cpu")
+    if getattr(model, "image", None) is None:
+        from fastdecode.errors import ArgumentError
+
+        raise ArgumentError(f"{teacher!r} is not an image model: Distilled Decoding distils an image teacher "
+                            "(e.g. zoo:img-ar).")
+    return model.with_scale(model.image.cfg_scale)
+
+
+def _progress(err: Console, what: str) -> Any:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    bar = Progress(*columns, console=err)
+    tasks: dict[str, Any] = {}
+    started = time.perf_counter()
+    titles = {"data": "teacher (noise, codes) pairs", "train": f"training {what}"}
+
+    def report(phase: str, done: int, total: int, metrics: dict[str, float]) -> None:
+        if phase not in tasks:
+            tasks[phase] = bar.add_task(titles.get(phase, phase), total=total, info="")
+        info = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        bar.update(tasks[phase], completed=done, info=info)
+        if not err.is_terminal and (done % 25 == 0 or done == total):
+            bar.console.print(f"{phase} {done}/{total} {info} elapsed {time.perf_counter() - started:.0f}s",
+                              highlight=False)
+
+    return bar, report
+
+
+def add_dd_commands(train_app: typer.Typer, err: Console, out: Console) -> None:
+    """Register `train dd1` and `train dd2` on the CLI's train group."""
+
+    @train_app.command("dd1")
+    def train_dd1_command(teacher: TeacherOpt = "zoo:img-ar", out_dir: OutOpt = None, seed: int = 0,
+                          threads: int = 1, steps: Optional[int] = None,
+                          set_: SetOpt = [],  # noqa: B006
+                          init: Annotated[Optional[str], typer.Option(
+                              help="Start from this DD network folder instead of the teacher's copy.")] = None
+                          ) -> None:
+        """Distilled Decoding 1: the teacher's noise -> codes pairs, then a 1/2-step network trained on them."""
+        from fastdecode.train.dd1 import DD1Training, train_dd1
+        from fastdecode.train.dd_card import write_dd_card
+
+        cfg = _settings(DD1Training, set_, steps)
+        folder = _out(teacher, out_dir, "dd1")
+        model = _teacher(teacher, threads)
+        command = (f"fastdecode train dd1 --teacher {teacher} --seed {seed} --threads {threads}"
+                   + (f" --out {out_dir}" if out_dir else "") + (f" --init {init}" if init else "")
+                   + (f" --steps {steps}" if steps else "") + "".join(f" --set '{s}'" for s in set_))
+        bar, report = _progress(err, "the DD1 network")
+        with bar:
+            card = train_dd1(model, folder, seed=seed, cfg=cfg, report=report, init=init)
+        write_dd_card(folder, {**card, "teacher": teacher}, command, threads)
+        out.print_json(json.dumps(card))
+        err.print(f"saved {folder} (card: {folder / 'README.md'})")
+
+    @train_app.command("dd2")
+    def train_dd2_command(teacher: TeacherOpt = "zoo:img-ar", out_dir: OutOpt = None,
+                          init: Annotated[str, typer.Option(
+                              help="The generator's start: a DD1 network folder or zoo:MODEL/dd1, or 'teacher'.")]
+                          = "zoo:img-ar/dd1", seed: int = 0, threads: int = 1, steps: Optional[int] = None,
+                          set_: SetOpt = []) -> None:  # noqa: B006
+        """Distilled Decoding 2: a one-step generator trained by conditional score distillation against the teacher."""
+        from fastdecode.train.dd2 import DD2Training, train_dd2
+        from fastdecode.train.dd_card import write_dd_card
+
+        cfg = _settings(DD2Training, set_, steps)
+        folder = _out(teacher, out_dir, "dd2")
+        model = _teacher(teacher, threads)
+        command = (f"fastdecode train dd2 --teacher {teacher} --init {init} --seed {seed} --threads {threads}"
+                   + (f" --out {out_dir}" if out_dir else "")
+                   + (f" --steps {steps}" if steps else "") + "".join(f" --set '{s}'" for s in set_))
+        bar, report = _progress(err, "the DD2 generator")
+        with bar:
+            card = train_dd2(model, folder, init=None if init == "teacher" else init, seed=seed, cfg=cfg,
+                             report=report)
+        write_dd_card(folder, {**card, "teacher": teacher}, command, threads)
+        out.print_json(json.dumps(card))
+        err.print(f"saved {folder} (card: {folder / 'README.md'})")
