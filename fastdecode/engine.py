@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import fields
 from os import PathLike
 from typing import Any, Union, overload
 
@@ -52,8 +53,10 @@ completion (`llamacpp.*`) asks it before each forward and ends its rows there wh
                             f"not {type(method).__name__}.")
     spec = resolve(model, method, constraint)
     check_draft(spec, model, draft)
-    # classifier-free guidance lives in the image model's forward, below every driver (models/guided.py)
-    model = guide(model, params.pop("cfg_scale", None))
+    # classifier-free guidance lives in the image model's forward, below every driver (models/guided.py); on a text
+    # model `cfg_scale` is the method's own where it has one (dlm.baseline: LLaDA's guidance of a masked canvas)
+    if getattr(model, "image", None) is not None or "cfg_scale" not in {f.name for f in fields(spec.config)}:
+        model = guide(model, params.pop("cfg_scale", None))
     params = image_params(model, params)
     cfg = build_config(spec.config, params, method)
     if constraint is not None:
