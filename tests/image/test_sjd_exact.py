@@ -11,8 +11,8 @@ import torch
 
 from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
-from fastdecode.speculative.driver import speculative
 from fastdecode.speculative.drafters.sjd import SJDConfig
+from fastdecode.speculative.driver import speculative
 from fastdecode.speculative.jacobi_window import JacobiWindow
 from fastdecode.speculative.verify import target_distribution
 
