@@ -16,7 +16,7 @@ from fastdecode.speculative.driver import speculative
 from fastdecode.speculative.jacobi_window import JacobiWindow
 from fastdecode.speculative.verify import target_distribution
 
-N = 2500  # images per case, one batch
+N = 2000  # images per case, one batch
 CELLS = list(itertools.product(range(4), repeat=3))
 
 
@@ -40,16 +40,16 @@ def chi_square_p(samples: list[tuple[int, ...]], p: torch.Tensor) -> float:
     return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
 
 
-CASES = [  # window, init, grid width for "vertical" (2: the copy happens within the first three codes), coupling
-    (2, "random", None, False),
-    (4, "vertical", 2, False),
-    (2, "random", None, True),
-    (4, "vertical", 2, True),
+CASES = [  # window, init, grid width for "vertical" (2: the copy happens within the first three codes), coupling, cfg
+    (2, "random", None, False, False),
+    (4, "vertical", 2, False, False),
+    (2, "random", None, True, False),
+    (4, "vertical", 2, True, False),
+    (4, "vertical", 2, True, True),
 ]
 
 
-@pytest.mark.parametrize("guided", [False, True])
-@pytest.mark.parametrize(("window", "init", "width", "coupling"), CASES)
+@pytest.mark.parametrize(("window", "init", "width", "coupling", "guided"), CASES)
 def test_sjd_first_three_codes_follow_the_teacher(tiny_image_model, window, init, width, coupling, guided):
     model = tiny_image_model.with_scale(3.0) if guided else tiny_image_model
     prompt = model.image.label_token("7")

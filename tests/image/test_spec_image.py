@@ -40,11 +40,11 @@ def test_seeded_runs_repeat_and_write_codes_only(tiny_image_model):
 
 
 def test_accepted_length_rises_with_relaxation(tiny_image_model):
-    labels = [str(i % 10) for i in range(12)]
+    labels = [str(i % 10) for i in range(40)]
     kw = dict(temperature=1.0, seed=2, window=8)
     sjd = mean_accepted(fastdecode.generate(tiny_image_model, labels, "spec.sjd", **kw))
-    lantern = [mean_accepted(fastdecode.generate(tiny_image_model, labels, "spec.lantern", delta=d, k=2, **kw))
-               for d in (0.0, 0.1, 0.3)]
+    lantern = [mean_accepted(fastdecode.generate(tiny_image_model, labels, "spec.lantern", delta=d, k=3, **kw))
+               for d in (0.0, 0.2, 0.5)]
     gsd = mean_accepted(fastdecode.generate(tiny_image_model, labels, "spec.gsd", ranks=2, prob_gap=0.3,
                                             max_dist=0.5, **kw))
     assert lantern[0] == sjd
