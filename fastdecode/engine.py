@@ -13,6 +13,7 @@ import torch
 from .config import build_config
 from .errors import ArgumentError, IncompatibleMethodError, MissingDependencyError, PromptError
 from .models.base import ModelAdapter
+from .models.guided import check_image_prompts, guide, image_params
 from .registry import Method, RunContext, get_method, list_methods
 from .speculative.memory import DrafterMemory
 from .stats import Stats, peak_rss_mb
@@ -51,12 +52,17 @@ completion (`llamacpp.*`) asks it before each forward and ends its rows there wh
                             f"not {type(method).__name__}.")
     spec = resolve(model, method, constraint)
     check_draft(spec, model, draft)
+    # classifier-free guidance lives in the image model's forward, below every driver (models/guided.py)
+    model = guide(model, params.pop("cfg_scale", None))
+    params = image_params(model, params)
     cfg = build_config(spec.config, params, method)
     if constraint is not None:
         from .constraints import check_sampling
 
         check_sampling(constraint, spec.name, cfg)
-    batch = encode_batch(model, prompts, cfg.max_new_tokens)
+    image = getattr(model, "image", None)  # an image model's prompt is one class token, checked before the length
+    batch = encode_batch(model, prompts, None if image is not None else cfg.max_new_tokens)
+    check_image_prompts(model, batch)
     compiled = compile_constraint(model, constraint)
     ctx = RunContext(generator=generator, draft=draft, memory=memory, constraint=compiled,
                      should_stop=should_stop)
@@ -80,7 +86,9 @@ def generate(
     """Run `method` on one prompt (returns a Result) or a list of prompts (returns a list of Results).
 
     Prompts are text or token-id lists; keyword arguments are the method's parameters (see
-    `fastdecode methods`) plus `generator=`, `draft=`, `memory=`, `trace=` and `constraint=`.
+    `fastdecode methods`) plus `generator=`, `draft=`, `memory=`, `trace=` and `constraint=`. For an image model
+    (docs/image.md) the prompt is a class label ("7"), `cfg_scale=` sets classifier-free guidance (default: the
+    model's image.json) and each Result's `image` holds the picture.
     """
     results: list[Result] = []
     for event in stream(model, prompts, method, **kwargs):
@@ -314,8 +322,16 @@ def _run(
         text = model.decode([t for t in ids if t not in eos]) if model.tokenizer is not None else ""
         complete = ctx.constraint.complete(ids) if ctx.constraint is not None else None
         results.append(Result(ids, text, st, spec.name, batch.row(b), collector.trace[b] if trace else None,
-                              complete))
+                              complete, _picture(model, ids)))
     yield Finished(results)
+
+
+def _picture(model: ModelAdapter, ids: list[int]) -> Any:
+    """An image model's output decoded to pixels, uint8 [H, W] (None for a text model or an incomplete image)."""
+    image = getattr(model, "image", None)
+    if image is None or len(ids) != image.tokens:
+        return None
+    return image.decode(torch.tensor([ids]))[0]
 
 
 def _until_eos(ids: list[int], eos: frozenset[int]) -> list[int]:

@@ -12,8 +12,8 @@ import importlib
 import pkgutil
 
 FAMILIES = (
-    "fastdecode.ar", "fastdecode.diffusion", "fastdecode.hf", "fastdecode.llamacpp", "fastdecode.sparse",
-    "fastdecode.speculative",
+    "fastdecode.ar", "fastdecode.diffusion", "fastdecode.hf", "fastdecode.image", "fastdecode.llamacpp",
+    "fastdecode.sparse", "fastdecode.speculative",
 )
 _loaded = False
 

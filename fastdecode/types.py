@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Union
 
+import numpy as np
 import torch
 
 from .stats import Stats
@@ -70,6 +71,8 @@ class Result:
     # with constraint=: False when max_new_tokens cut the output before it was a whole sentence of the grammar
     # (a valid prefix, not a valid output); None without a constraint
     constraint_complete: bool | None = None
+    # an image model's picture, uint8 [H, W] decoded from token_ids (models/image.py); None for text models
+    image: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from transformers import PreTrainedConfig
 
 from ..errors import PromptError
 from ..types import ModelKind
+
+if TYPE_CHECKING:
+    from .image import ImageSpec
 
 
 def _as_id_set(value: Any) -> frozenset[int]:
@@ -23,6 +26,7 @@ class ModelAdapter:
     """Base of the causal and masked-diffusion adapters. Only drivers call `forward`."""
 
     kind: ModelKind  # "causal" or "diffusion": each subclass sets it
+    image: ImageSpec | None = None  # an image model's layout and codec (models/image.py); None for text models
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, name: str = "") -> None:
         self.model = model.eval()

@@ -132,6 +132,11 @@ class CausalLM(ModelAdapter):
         The new tokens see every real token stored before them, and each other as `visible` says (default: causal).
         A 4-D `attention_mask` `[B|1, 1, T, C + T]` (additive or bool) is read for its last T columns as `visible`.
         """
+        return self._forward(input_ids, positions, cache, attention_mask, num_logits, visible, hidden, sparse)
+
+    def _forward(self, input_ids, positions, cache, attention_mask, num_logits, visible, hidden,
+                 sparse) -> torch.Tensor | CausalOutput:
+        """`forward`'s work, which an adapter that changes the logits (`models/guided.ImageLM`) wraps."""
         kwargs = {}
         if num_logits is not None and self._has_logits_to_keep:
             kwargs["logits_to_keep"] = num_logits

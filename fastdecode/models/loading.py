@@ -25,6 +25,8 @@ from . import mdlm  # noqa: F401  (registers the zoo's diffusion architecture wi
 from .causal import CausalLM
 from .diffusion import MaskedDiffusionLM
 from .exact import exact_mode
+from .guided import ImageLM
+from .image import read_image_spec
 
 # model_type -> whether logits are shifted by one (Dream) or at the same position (LLaDA)
 DIFFUSION_MODEL_TYPES = {"llada": False, "dream": True, mdlm.MDLMConfig.model_type: None}
@@ -305,6 +307,9 @@ def load(
     tokenizer = _load_tokenizer(folder, trust_remote_code)
     name = str(source)
     if kind == "causal":
+        image = read_image_spec(folder)  # image.json: a class-conditional image model (models/image.py)
+        if image is not None:
+            return ImageLM(model, tokenizer, name, exact=exact_mode(exact, dev, dt), image=image)
         return CausalLM(model, tokenizer, name, exact=exact_mode(exact, dev, dt))
     return MaskedDiffusionLM(model, tokenizer, name, mask_token_id=_mask_token_id(cfg, tokenizer, folder),
                              shifted=_shifted(cfg, model_type))
