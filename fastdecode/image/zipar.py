@@ -89,7 +89,7 @@ def _mask(cached_pos: list[int], new_pos: list[int], n_real: int) -> torch.Tenso
 
 def _check(model: CausalLM, batch: PromptBatch, cfg: ZipARConfig) -> LogitsPipeline:
     """Refuse what the schedule cannot serve, before the first step; returns the request's pipeline."""
-    if getattr(model, "image", None) is None:
+    if model.image is None:
         raise IncompatibleMethodError(f"img.zipar decodes an image's rows; {model.name!r} is a text model.")
     pipeline = LogitsPipeline.from_config(cfg)
     if pipeline.uses_history or pipeline.stateful:
@@ -103,7 +103,8 @@ def _check(model: CausalLM, batch: PromptBatch, cfg: ZipARConfig) -> LogitsPipel
 def _steps(model: CausalLM, batch: PromptBatch, cfg: ZipARConfig, ctx: RunContext,
            pipeline: LogitsPipeline) -> Iterator[StepEvent]:
     """The rows' step events; every row of the batch follows the same schedule (it depends only on the grid)."""
-    image = model.image  # type: ignore[attr-defined]
+    image = model.image
+    assert image is not None  # _check refused a text model
     prompts = [batch.row(b) for b in range(batch.size)]
     P = len(prompts[0])
     h, w, B = image.h, image.w, batch.size
