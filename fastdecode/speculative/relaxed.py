@@ -71,10 +71,30 @@ def verify_lantern(draft: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     """LANTERN's relaxed speculative sampling of a chain: `[k]` draft, `[k, V]` q (None: one-hot), `[k + 1, V]` p."""
     k = draft.numel()
     x = draft.to(p.device)
-    targets = [lantern_target(p[i], int(x[i]), neighbours, delta) for i in range(k)]
-    ratio_num = torch.stack([t[int(x[i])] for i, t in enumerate(targets)]) if k else p.new_zeros(0)  # [k]
-    q_x = q.to(p.device)[torch.arange(k, device=p.device), x] if q is not None else torch.ones_like(ratio_num)
-    return _settle(x, ratio_num, q_x, p, q, targets, generator)
+    targets = lantern_targets(p[:k], x, neighbours, delta)  # [k, V]
+    rows = torch.arange(k, device=p.device)
+    num = targets[rows, x]  # [k]
+    q_x = q.to(p.device)[rows, x] if q is not None else torch.ones_like(num)
+    return _settle(x, num, q_x, p, q, list(targets), generator)
+
+
+def lantern_targets(p: torch.Tensor, x: torch.Tensor, neighbours: torch.Tensor, delta: float) -> torch.Tensor:
+    """`[k, V]` targets and `[k]` drafts -> `[k, V]`: `lantern_target` of every row at once."""
+    k, V = p.shape
+    K, n = neighbours.shape
+    if k == 0 or n == 0:
+        return p
+    rows = torch.arange(k, device=p.device)
+    code = x < K  # [k] only codes have neighbours
+    near = neighbours.to(p.device)[x.clamp(max=K - 1)]  # [k, n]
+    cum = p.gather(1, near).cumsum(-1)  # [k, n] non-decreasing
+    take = (cum <= delta).sum(-1) * code  # [k] neighbours moved onto x
+    moved = torch.where(take > 0, cum[rows, (take - 1).clamp(min=0)], torch.zeros_like(cum[:, 0]))  # [k]
+    out = p.clone()
+    drop = torch.arange(n, device=p.device)[None, :] < take[:, None]  # [k, n]
+    out.scatter_(1, near, p.gather(1, near) * ~drop)
+    out[rows, x] = p[rows, x] + moved
+    return out
 
 
 def verify_gsd(draft: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor, generator: torch.Generator | None,
@@ -82,15 +102,35 @@ def verify_gsd(draft: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor, gen
     """GSD's grouped speculative sampling of a chain: accept x_i w.p. min(1, p_i(G_i) / q_i(G_i))."""
     k = draft.numel()
     x = draft.to(p.device)
-    num, den = [], []
-    for i in range(k):
-        xi = int(x[i])
-        group = gsd_group(p[i], xi, ranks, prob_gap, max_dist, distances)
-        num.append(p[i, group].sum())
-        den.append(q[i].to(p.device)[group].sum() if q is not None else (group == xi).any().to(p.dtype))
-    ratio_num = torch.stack(num) if k else p.new_zeros(0)
-    q_g = torch.stack(den) if k else p.new_zeros(0)
-    return _settle(x, ratio_num, q_g, p, q, [p[i] for i in range(k)], generator)
+    member = group_mask(p[:k], x, ranks, prob_gap, max_dist, distances)  # [k, V]
+    num = (p[:k] * member).sum(-1)  # [k]
+    den = (q.to(p.device) * member).sum(-1) if q is not None else torch.ones_like(num)  # one-hot q: x is in G
+    return _settle(x, num, den, p, q, [p[i] for i in range(k)], generator)
+
+
+def group_mask(p: torch.Tensor, x: torch.Tensor, ranks: int, prob_gap: float, max_dist: float,
+               distances: torch.Tensor) -> torch.Tensor:
+    """`[k, V]` target rows and `[k]` drafts -> `[k, V]` bool: each row's group (`gsd_group`, all rows at once)."""
+    k, V = p.shape
+    rows = torch.arange(k, device=p.device)
+    member = torch.zeros(k, V, dtype=torch.bool, device=p.device)
+    member[rows, x] = True
+    if ranks == 0 or k == 0:
+        return member
+    order = torch.sort(p, dim=-1, descending=True, stable=True).indices  # [k, V]
+    rank_x = torch.argsort(order, dim=-1)[rows, x]  # [k]
+    offsets = torch.arange(-ranks, ranks + 1, device=p.device)  # [2R + 1]
+    at = rank_x[:, None] + offsets[None, :]  # [k, 2R + 1]
+    inside = (at >= 0) & (at < V)
+    ids = order.gather(1, at.clamp(0, V - 1))  # [k, 2R + 1]
+    K = distances.shape[0]
+    code = (ids < K) & (x[:, None] < K)
+    near = distances.to(p.device)[x.clamp(max=K - 1)[:, None], ids.clamp(max=K - 1)] < max_dist  # [k, 2R + 1]
+    similar = (p.gather(1, ids) - p[rows, x][:, None]).abs() < prob_gap
+    keep = inside & code & near & similar
+    # scatter_add: clamped ids outside the window repeat real ones, and must not overwrite their verdict
+    hits = torch.zeros(k, V, dtype=torch.long, device=p.device).scatter_add_(1, ids, keep.long())
+    return member | (hits > 0)
 
 
 def _settle(x: torch.Tensor, num: torch.Tensor, den: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None,

@@ -82,3 +82,29 @@ def test_gsd_group_keeps_the_draft_and_filters_by_probability_and_distance():
     assert sorted(group.tolist()) == [0, 1, 2]
     assert gsd_group(p, 1, 2, 0.1, 0.1, dist).tolist() == [1]  # neighbours 1/7 apart are too far
     assert gsd_group(p, 9, 2, 1.0, 9.0, dist).tolist() == [9]  # a non-code id stands alone
+
+
+def test_the_batched_group_is_each_row_s_group():
+    from fastdecode.speculative.relaxed import group_mask
+
+    dist = code_distances(CODEBOOK)
+    for seed in range(20):
+        draft, _, p = _case(seed, k=5)
+        for ranks, gap, far in [(1, 0.2, 0.3), (3, 0.5, 0.6), (9, 1.0, 9.0), (2, 0.0, 0.0)]:
+            mask = group_mask(p[:5], draft, ranks, gap, far, dist)
+            for i in range(5):
+                want = sorted(gsd_group(p[i], int(draft[i]), ranks, gap, far, dist).tolist())
+                assert mask[i].nonzero().squeeze(-1).tolist() == want
+
+
+def test_the_batched_lantern_target_is_each_row_s():
+    from fastdecode.speculative.relaxed import lantern_targets
+
+    near = neighbour_order(CODEBOOK)
+    for seed in range(20):
+        draft, _, p = _case(seed, k=5)
+        draft[0] = 9  # a non-code id keeps p
+        for n, delta in [(0, 0.3), (2, 0.1), (4, 0.3), (7, 1.0)]:
+            got = lantern_targets(p[:5], draft, near[:, :n], delta)
+            for i in range(5):
+                assert torch.equal(got[i], lantern_target(p[i], int(draft[i]), near[:, :n], delta))
