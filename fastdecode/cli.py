@@ -97,8 +97,14 @@ def generate(
         help="mask, or gad (Grammar-Aligned Decoding) for sampled methods.")] = "mask",
     constraint_diffusion: Annotated[str, typer.Option(help="dlm.* rule: lave or prefix.")] = "lave",
     threads: ThreadsOpt = None,
+    image_out: Annotated[Optional[str], typer.Option(
+        "--out", help="Image models: write each picture to this PNG (NAME-1.png, NAME-2.png ... for a batch), "
+                      "every pixel as 4x4.")] = None,
+    cfg_scale: Annotated[Optional[float], typer.Option(
+        help="Image models: classifier-free guidance (1 = none; default: the model's image.json).")] = None,
 ) -> None:
-    """Generate text with a method and print it with a one-line stats summary."""
+    """Generate text (or, with an image model, a picture per class label) with a method and print it with a
+    one-line stats summary."""
     import fastdecode
     from fastdecode import constraints
     from fastdecode.config import parse_param_strings
@@ -106,6 +112,8 @@ def generate(
     params: dict[str, object] = dict(parse_param_strings(param))
     if max_new_tokens is not None:
         params["max_new_tokens"] = max_new_tokens
+    if cfg_scale is not None:
+        params["cfg_scale"] = cfg_scale
     fastdecode.get_method(method)  # fail on a bad method name before loading the model
     given = [x for x in (constraint_json_schema, constraint_regex, constraint_grammar) if x is not None]
     if len(given) > 1:
@@ -124,7 +132,13 @@ def generate(
                             **_exact_kwargs(exact))
         d = (fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code)
              if draft else None)
+    if image_out is not None and getattr(m, "image", None) is None:
+        from fastdecode.errors import ArgumentError
+
+        raise ArgumentError(f"--out writes an image model's pictures, and {model} is a text model: leave --out out.")
     results = fastdecode.generate(m, list(prompt), method, draft=d, **params)
+    if image_out is not None:
+        _write_pictures(image_out, results)
     for r in results:
         if as_json:
             row: dict[str, object] = {"text": r.text, "token_ids": r.token_ids, "method": r.method,
@@ -139,6 +153,19 @@ def generate(
             err.print(f"warning: max_new_tokens ({r.stats.new_tokens}) cut the output before the constraint was "
                       "complete: it is a valid prefix, not a valid output; raise --max-new-tokens.",
                       markup=False, highlight=False, soft_wrap=True)
+
+
+def _write_pictures(path: str, results: list[Any]) -> None:
+    """Each result's picture as a PNG: `path` itself for one, NAME-1.png, NAME-2.png ... for several."""
+    from pathlib import Path
+
+    from fastdecode.image.png import write_png
+
+    target = Path(path)
+    for i, r in enumerate(results, 1):
+        where = target if len(results) == 1 else target.with_name(f"{target.stem}-{i}{target.suffix or '.png'}")
+        write_png(where, r.image, scale=4)
+        err.print(f"wrote {where}", highlight=False)
 
 
 @app.command()
@@ -512,6 +539,68 @@ def train_drafter(
                           command=command, threads=threads)
     out.print_json(json.dumps(card))
     err.print(f"saved {out_dir} (card: {Path(out_dir) / 'README.md'})")
+
+
+@train_app.command("img-vq")
+def train_img_vq(out_dir: Annotated[Optional[str], typer.Option(
+                     "--out", help="Output folder; its checkpoint is resumed (default: the package's zoo/img-ar/vq).")]
+                 = None, seed: SeedOpt = 0, threads: TrainThreadsOpt = 1, steps: StepsOpt = None,
+                 set_: SetOpt = []) -> None:  # noqa: B006
+    """Train the VQ image tokenizer of zoo:img-ar (MNIST-5k, 7x7 codes of 64); resumable; writes its card."""
+    from fastdecode.train.img_vq import VQTraining, train_vq
+
+    _train_image("img-vq", VQTraining, train_vq, "vq", out_dir, seed, threads, steps, set_)
+
+
+@train_app.command("img-ar")
+def train_img_ar(out_dir: Annotated[Optional[str], typer.Option(
+                     "--out", help="Output folder, holding the VQ in vq/; its checkpoint is resumed (default: the "
+                                   "package's zoo/img-ar).")] = None,
+                 seed: SeedOpt = 0, threads: TrainThreadsOpt = 1, steps: StepsOpt = None,
+                 set_: SetOpt = []) -> None:  # noqa: B006
+    """Train the class-conditional image teacher zoo:img-ar over the VQ's codes; resumable; writes its card."""
+    from fastdecode.train.img_ar import ARTraining
+    from fastdecode.train.img_ar import train_img_ar as trainer
+
+    _train_image("img-ar", ARTraining, trainer, "", out_dir, seed, threads, steps, set_)
+
+
+def _train_image(name: str, settings: Any, trainer: Any, default: str, out_dir: str | None, seed: int, threads: int,
+                 steps: int | None, set_: list[str]) -> None:
+    """Run an image trainer (fastdecode/train/img_*.py) with a progress bar; print its card's metrics."""
+    from pathlib import Path
+
+    import torch
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from fastdecode.config import build_config, parse_param_strings
+    from fastdecode.train.zoo import zoo_folder
+
+    _check_threads(threads)
+    torch.set_num_threads(threads)
+    overrides: dict[str, Any] = dict(parse_param_strings(set_))
+    if steps is not None:
+        overrides["steps"] = steps
+    cfg = build_config(settings, overrides, name)
+    folder = Path(out_dir) if out_dir else zoo_folder("img-ar") / default if default else zoo_folder("img-ar")
+    command = (f"fastdecode train {name} --seed {seed} --threads {threads}" + (f" --steps {steps}" if steps else "")
+               + "".join(f" --set '{s}'" for s in set_))
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    started = time.perf_counter()
+    with Progress(*columns, console=err) as bar:
+        task = bar.add_task(f"training {name}", total=cfg.steps, info="")
+
+        def progress(step: int, total: int, metrics: dict[str, float]) -> None:
+            info = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+            bar.update(task, completed=step, info=info)
+            if not err.is_terminal and (step % 50 == 0 or step == total):
+                bar.console.print(f"step {step}/{total} {info} elapsed {time.perf_counter() - started:.0f}s",
+                                  highlight=False)
+
+        metrics = trainer(folder, seed=seed, cfg=cfg, progress=progress, command=command, threads=threads)
+    out.print_json(json.dumps(metrics))
+    err.print(f"saved {folder} (card: {folder / 'README.md'})")
 
 
 def _train_zoo(name: str, out_dir: str | None, seed: int, threads: int, steps: int | None, set_: list[str],

@@ -1,0 +1,40 @@
+"""`fastdecode generate --out PNG` on an image model, and the PNG writer it uses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fastdecode
+from fastdecode.image.png import png_bytes, read_png, write_png
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FASTDECODE_DEBUG": "0"}
+    return subprocess.run([sys.executable, "-m", "fastdecode", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_png_round_trip(tmp_path) -> None:
+    image = np.random.default_rng(0).integers(0, 256, (5, 7), dtype=np.uint8)
+    back = read_png(write_png(tmp_path / "x.png", image, scale=3))
+    assert back.shape == (15, 21) and np.array_equal(back[::3, ::3], image)
+    with pytest.raises(ValueError, match="uint8"):
+        png_bytes(image.astype(np.float32))
+
+
+def test_generate_writes_the_picture_as_png(tiny_image_dir, tiny_image_model, tmp_path) -> None:
+    out = tmp_path / "seven.png"
+    p = run("generate", "--model", str(tiny_image_dir), "--prompt", "7", "--cfg-scale", "2", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    expected = fastdecode.generate(tiny_image_model, "7", cfg_scale=2).image
+    assert np.array_equal(read_png(out)[::4, ::4], expected)
+
+
+def test_out_on_a_text_model_says_how_to_fix(causal_dir, tmp_path) -> None:
+    p = run("generate", "--model", str(causal_dir), "--prompt", "hi", "--out", str(tmp_path / "x.png"))
+    assert p.returncode != 0 and "text model" in p.stderr
