@@ -25,9 +25,9 @@ from ..relaxed import code_distances, verify_gsd
 @dataclass(frozen=True)
 class GSDConfig(SpecConfig):
     temperature: float = 1.0  # the grouping acts on sampling; 0 is plain (exact) greedy verification
-    ranks: int = 3  # the group looks +-ranks around the draft in the target's ranking (the authors' 7 of 16384)
-    prob_gap: float = 0.15  # ... keeping codes whose target probability is within this of the draft's
-    max_dist: float = 0.5  # ... and whose codebook vector lies closer than this (L2) to the draft's
+    ranks: int = 7  # the group looks +-ranks around the draft in the target's ranking (the authors' 7)
+    prob_gap: float = 0.3  # ... keeping codes whose target probability is within this of the draft's (authors' 0.15)
+    max_dist: float = 1.0  # ... and whose codebook vector lies closer than this (L2) to the draft's (authors' 0.5)
     window: int = 16  # SJD's window L
     init: str = "auto"  # SJD's initialisation of new positions ("auto" = vertical on image models)
     coupling: bool = False  # MC-SJD's coupled redraft of the drafts
