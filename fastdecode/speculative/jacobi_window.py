@@ -46,7 +46,7 @@ class JacobiWindow(BaseDrafter):
                 "init='vertical' repeats the token one image row above, but this model has no image grid (a text "
                 "model). Use init='random' (or 'auto') with text models."
             )
-        self.generator = generator
+        self.generator = _on_cpu(generator)
         self.sampling = cfg.temperature > 0
         self.start: int | None = None  # the prompt length: where generated tokens begin
         self.guess: list[int] = []  # guesses carried over from the last verification
@@ -104,7 +104,7 @@ class JacobiWindow(BaseDrafter):
             return
         cfg = self.cfg
         p = target_distribution(rows, cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p).cpu()  # [k - n, V]
-        new = torch.multinomial(p, 1, generator=self._cpu_generator()).squeeze(1) if not self.coupling else None
+        new = torch.multinomial(p, 1, generator=self.generator).squeeze(1) if not self.coupling else None
         if self.coupling:
             old_tokens = self.last.tokens[n + 1 :]  # drafts that stood at these positions (all but the last row)
             old_q = self.last.probs[n + 1 :].cpu() if self.last.probs is not None else None
@@ -114,7 +114,7 @@ class JacobiWindow(BaseDrafter):
 
     def _couple(self, p: torch.Tensor, old_tokens: torch.Tensor, old_q: torch.Tensor | None, j: int) -> int:
         """A draw from p maximally coupled with the old draft at this position (a plain draw where there was none)."""
-        gen = self._cpu_generator()
+        gen = self.generator
         if old_q is None or j >= old_tokens.numel():
             return int(torch.multinomial(p, 1, generator=gen))
         x, q = int(old_tokens[j]), old_q[j]
@@ -124,10 +124,15 @@ class JacobiWindow(BaseDrafter):
         residual = (p - q).clamp(min=0.0)
         return int(torch.multinomial(residual if float(residual.sum()) > 0 else p, 1, generator=gen))
 
-    def _cpu_generator(self) -> torch.Generator | None:
-        """Draws happen on the CPU copies of the distributions; a CUDA generator cannot serve them."""
-        g = self.generator
-        return g if g is None or g.device.type == "cpu" else None
+
+
+def _on_cpu(generator: torch.Generator | None) -> torch.Generator | None:
+    """The window draws on CPU copies of its distributions (a few rows of V); a run's generator on another device
+    seeds a CPU one of the row's own, so seeded runs still repeat."""
+    if generator is None or generator.device.type == "cpu":
+        return generator
+    seed = int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
+    return torch.Generator().manual_seed(seed)
 
 
 def image_of(model: CausalLM) -> Any:

@@ -50,3 +50,12 @@ def test_accepted_length_rises_with_relaxation(tiny_image_model):
     assert lantern[0] == sjd
     assert lantern[0] < lantern[1] < lantern[2]
     assert gsd > sjd
+
+
+def test_sjd_on_the_zoo_teacher_needs_at_most_six_tenths_of_the_forwards(img_ar):
+    """Issue #33's bar on a few seeded images of zoo:img-ar (docs/image-methods.md has the full measurement)."""
+    labels = ["0", "3", "7", "9"]
+    ar = sum(fastdecode.generate(img_ar, x, "ar.sample", seed=i).stats.forwards for i, x in enumerate(labels))
+    sjd = sum(fastdecode.generate(img_ar, x, "spec.sjd", temperature=1.0, seed=i).stats.forwards
+              for i, x in enumerate(labels))
+    assert ar == 49 * len(labels) and sjd <= 0.6 * ar
