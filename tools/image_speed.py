@@ -31,6 +31,7 @@ CONFIGS: list[tuple[str, str, dict]] = [
     ("ar.sample", "ar.sample", {}),
     ("spec.sjd (window=16)", "spec.sjd", {"window": 16}),
     ("spec.sjd (window=16, coupling)", "spec.sjd", {"window": 16, "coupling": True}),
+    ("spec.lantern (delta=0.1, k=4)", "spec.lantern", {"window": 16, "delta": 0.1, "k": 4}),
     ("spec.lantern (delta=0.1, k=8)", "spec.lantern", {"window": 16, "delta": 0.1, "k": 8}),
     ("spec.lantern (delta=0.2, k=8)", "spec.lantern", {"window": 16, "delta": 0.2, "k": 8}),
     ("spec.gsd (ranks=7, prob_gap=0.3, max_dist=1)", "spec.gsd", {"window": 16, "ranks": 7, "prob_gap": 0.3,
