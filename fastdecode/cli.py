@@ -147,7 +147,8 @@ def generate(
                 row["constraint_complete"] = r.constraint_complete
             _write_line(json.dumps(row))  # one line per result, whatever the width
         else:
-            out.print(r.text, markup=False, highlight=False)
+            if r.image is None:  # an image model's output is its picture (--out), not text
+                out.print(r.text, markup=False, highlight=False)
             err.print(f"[dim]{r.method}: {r.stats.summary()} · {_threads_in_use()}[/dim]")
         if r.constraint_complete is False:
             err.print(f"warning: max_new_tokens ({r.stats.new_tokens}) cut the output before the constraint was "

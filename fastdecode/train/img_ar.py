@@ -38,7 +38,7 @@ SHIFTS = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1)]
 
 @dataclass(frozen=True)
 class ARTraining:
-    steps: int = 1500
+    steps: int = 1100
     batch: int = 64
     lr: float = 2e-3
     warmup: int = 100

@@ -172,8 +172,9 @@ def measure_vq(folder: Path, limit: int | None = None) -> dict[str, Any]:
     codec = load_vq(Path(folder))
     test, labels = mnist5k("test")
     train, train_labels = mnist5k("train")
-    if limit is not None:
-        test, labels = test[:limit], labels[:limit]
+    if limit is not None:  # every k-th digit: the split is ordered by class
+        k = max(1, len(test) // limit)
+        test, labels = test[::k][:limit], labels[::k][:limit]
     codes = codec.encode(test)  # [N, 49]
     recon = codec.decode_vectors(codec.codebook[codes])  # [N, 28, 28] in [0, 1]
     original = torch.from_numpy(test).float() / 255.0

@@ -34,8 +34,7 @@ def test_vq_card_claims_hold_on_test_items(vq_card) -> None:
     assert "fastdecode train img-vq" in (FOLDER / "vq" / "README.md").read_text()
     assert vq_card["codes_used"] >= 50 and vq_card["codes"] == 64  # the bar of the research note
     few = measure_vq(FOLDER / "vq", limit=200)
-    # 200 digits vary by about a third around the 1,000-digit mean (measured: 0.0029 against 0.0041)
-    assert abs(few["recon_mse"] - vq_card["recon_mse"]) <= 0.5 * vq_card["recon_mse"] and few["recon_mse"] < 0.01
+    assert abs(few["recon_mse"] - vq_card["recon_mse"]) <= 0.2 * vq_card["recon_mse"]
     assert few["codes_used"] >= 0.75 * vq_card["codes_used"]
 
 
@@ -57,10 +56,10 @@ def test_img_ar_card_claims_hold_on_test_items(img_ar) -> None:
     metrics = card_metrics(FOLDER)
     assert "fastdecode train img-ar" in text and "minutes" in text
     assert metrics["default_cfg_scale"] == img_ar.image.cfg_scale
-    # held-out NLL on the first 200 test digits, against the card's 1,000
+    # held-out NLL on every 5th test digit (the split is ordered by class), against the card's 1,000
     image = img_ar.image
     test, labels = mnist5k("test")
-    rows = torch.cat([(image.K + torch.from_numpy(labels[:200]))[:, None], image.encode(test[:200])], dim=1)
+    rows = torch.cat([(image.K + torch.from_numpy(labels[::5]))[:, None], image.encode(test[::5])], dim=1)
     with torch.no_grad():
         logits = img_ar.model(input_ids=rows[:, :-1]).logits[..., :image.K].float()
     nll = float(torch.nn.functional.cross_entropy(logits.reshape(-1, image.K), rows[:, 1:].reshape(-1)))
