@@ -133,6 +133,11 @@ results-threads: $(VENV)/.installed
 	$(BIN)/python tools/thread_speed.py --models zoo:ar-tiny zoo:ar-small zoo:dlm-small --methods spec.pld \
 		--synthetic 25 100 --threads 1 2 --reps 5 --out $(RESULTS)/engine/threads.jsonl
 
+# forwards per image, accepted length and batch-1 wall time of the image methods beside ar.sample (docs/image-methods.md)
+.PHONY: results-image-speed
+results-image-speed: $(VENV)/.installed
+	$(BIN)/python tools/image_speed.py --model zoo:img-ar --per-class 2 --threads 1 --out $(RESULTS)/image/speed.jsonl
+
 # llama.cpp beside fastdecode on the same weights and items (needs the optional extra: pip install '.[llamacpp]',
 # a ~40-minute source build of llama-cpp-python); every method against the same ar.greedy rows of one run
 .PHONY: results-llamacpp

@@ -133,6 +133,12 @@ def resolve(model: ModelAdapter, name: str, constraint: Any = None) -> Method:
             f"Method {name!r} needs a {spec.kind} model, but {model.name!r} is a {model.kind} model. "
             f"Methods that fit it: {fitting}."
         )
+    if spec.images_only and getattr(model, "image", None) is None:
+        fitting = ", ".join(m.name for m in list_methods(model.kind) if not m.images_only)
+        raise IncompatibleMethodError(
+            f"Method {name!r} works on image models only (it reads the image's code grid or codebook), but "
+            f"{model.name!r} is a text model. Methods that fit it: {fitting}."
+        )
     if constraint is not None:
         from .constraints import Compiled, as_constraint, support
 

@@ -70,7 +70,8 @@ class Method:
     session: SessionFactory | None = None
     drafts: bool = False  # its events' proposed / accepted count drafted tokens (serve's usage and spec_decode metrics)
     constraints: ConstraintSupport = EVERY_CONSTRAINT
-    image_only: bool = False  # runs on image models only (models/image.py: `model.image` set), refusing text models
+    # it reads an image model's grid or codebook (`model.image`), so text models are refused before the first step
+    images_only: bool = False
 
     def missing(self) -> list[str]:
         """The pip requirements of `requires` whose module is not installed."""
@@ -90,7 +91,7 @@ def register(
     name: str, *, kind: ModelKind, config: type[C], lossless: bool = False, needs_draft: bool = False,
     draft_kind: ModelKind = "causal", requires: tuple[tuple[str, str], ...] = (),
     session: SessionFactory | Literal["driver"] | None = None, drafts: bool = False,
-    constraints: ConstraintSupport = EVERY_CONSTRAINT, image_only: bool = False,
+    constraints: ConstraintSupport = EVERY_CONSTRAINT, images_only: bool = False,
 ) -> Callable[[DriverOf[C]], DriverOf[C]]:
     """Register `driver` under `name`; the first line of its docstring is the description. What others look up about
     the method is declared here, never inferred from its name: `session` (how its requests join a running batch;
@@ -102,7 +103,7 @@ def register(
         doc = (driver.__doc__ or "").strip().splitlines()
         factory = driver_session(driver) if isinstance(session, str) else session
         _METHODS[name] = Method(name, kind, config, driver, doc[0] if doc else "", lossless, needs_draft, draft_kind,
-                                requires, factory, drafts, constraints, image_only)
+                                requires, factory, drafts, constraints, images_only)
         return driver
 
     return wrap

@@ -109,13 +109,13 @@ def _run(model: Any, batch: PromptBatch, cfg: DDConfig, name: str, steps: int, c
                         tuple(done))
 
 
-@register("img.dd1", kind="causal", config=DD1Config, constraints=NO_CONSTRAINTS, image_only=True)
+@register("img.dd1", kind="causal", config=DD1Config, constraints=NO_CONSTRAINTS, images_only=True)
 def run_dd1(model: Any, batch: PromptBatch, cfg: DD1Config, ctx: RunContext) -> Iterator[StepEvent]:
     """Distilled Decoding 1: noise to image codes in 1 or 2 forwards of a network distilled from the teacher's map."""
     return _run(model, batch, cfg, "dd1", cfg.steps, ctx)
 
 
-@register("img.dd2", kind="causal", config=DDConfig, constraints=NO_CONSTRAINTS, image_only=True)
+@register("img.dd2", kind="causal", config=DDConfig, constraints=NO_CONSTRAINTS, images_only=True)
 def run_dd2(model: Any, batch: PromptBatch, cfg: DDConfig, ctx: RunContext) -> Iterator[StepEvent]:
     """Distilled Decoding 2: noise to image codes in one forward of a generator trained by score distillation."""
     return _run(model, batch, cfg, "dd2", 1, ctx)

@@ -208,9 +208,11 @@ DrafterFactory = Callable[[torch.Generator | None], Drafter]
 
 def register_spec(
     name: str, *, config: type[C], needs_draft: bool = False, draft_kind: ModelKind = "causal", joins: bool = True,
+    lossless: bool = True, images_only: bool = False,
 ) -> Callable[[DriverOf[C]], DriverOf[C]]:
-    """`registry.register` for the spec.* family: a lossless method on a causal target whose steps draft (counted in
+    """`registry.register` for the spec.* family: a method on a causal target whose steps draft (counted in
     `/metrics`) and whose requests join a running batch through the `SpecSession` its driver returns (`joins=False`
-    for a drafter that cannot, e.g. one running on the target's own cache)."""
-    return register(name, kind="causal", config=config, lossless=True, needs_draft=needs_draft,
-                    draft_kind=draft_kind, session="driver" if joins else None, drafts=True)
+    for a drafter that cannot, e.g. one running on the target's own cache). Lossless unless it verifies by a relaxed
+    rule of its own (`lossless=False`: spec.lantern, spec.gsd, which also read an image codebook: `images_only`)."""
+    return register(name, kind="causal", config=config, lossless=lossless, needs_draft=needs_draft,
+                    draft_kind=draft_kind, session="driver" if joins else None, drafts=True, images_only=images_only)

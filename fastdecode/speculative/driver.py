@@ -26,7 +26,7 @@ from ..sampling.samplers import make_generator
 from ..types import PromptBatch, StepEvent
 from .drafter import Draft, Drafter, DrafterFactory, Side, SpecConfig, Verification
 from .tree import ancestor_mask, depths, verify_tree_greedy, verify_tree_rsd, verify_tree_sampling
-from .verify import Verdict, verify_greedy, verify_sampling
+from .verify import Acceptance, Verdict, verify_greedy, verify_sampling
 
 
 def check_rollback(model: CausalLM) -> None:
@@ -65,17 +65,19 @@ def check_tree_attention(model: CausalLM, role: str = "target") -> None:
 
 
 def speculative(
-    model: CausalLM, batch: PromptBatch, cfg: SpecConfig, ctx: RunContext, new_drafter: DrafterFactory
+    model: CausalLM, batch: PromptBatch, cfg: SpecConfig, ctx: RunContext, new_drafter: DrafterFactory,
+    accept: Acceptance | None = None,
 ) -> SpecSession:
     """Check the model, then return the session whose iteration yields the batch's step events (errors surface
-    before the first step).
+    before the first step). `accept` replaces speculative sampling's rule for chain drafts at temperature > 0 (a
+    lossy, relaxed acceptance such as LANTERN's; greedy verification is never replaced).
 
     On the preallocated cache every row of the batch is verified in one target forward per step (rows with their
     own lengths, drafts and acceptance; shorter rows padded); a model on transformers' own cache verifies row by row.
     """
     check_rollback(model)
     generator = make_generator(cfg.seed, ctx.generator, model.device)
-    rows = [_Row(model, batch.row(b), cfg, new_drafter(generator), generator, ctx.constraint)
+    rows = [_Row(model, batch.row(b), cfg, new_drafter(generator), generator, ctx.constraint, accept)
             for b in range(batch.size)]
     if any(r.drafter.tree_drafts for r in rows):
         check_tree_attention(model)
@@ -94,7 +96,7 @@ def speculative(
         for r in group.rows:
             if shared:
                 r.drafter.bind(group.cache)
-    return SpecSession(model, cfg, rows, groups, new_drafter, generator, ctx.constraint)
+    return SpecSession(model, cfg, rows, groups, new_drafter, generator, ctx.constraint, accept)
 
 
 class SpecSession:
@@ -112,9 +114,11 @@ class SpecSession:
     """
 
     def __init__(self, model: CausalLM, cfg: SpecConfig, rows: list[_Row], groups: list[_Group],
-                 new_drafter: DrafterFactory, generator: torch.Generator | None, constraint: Any = None) -> None:
+                 new_drafter: DrafterFactory, generator: torch.Generator | None, constraint: Any = None,
+                 accept: Acceptance | None = None) -> None:
         self.model, self.cfg, self.rows, self.groups = model, cfg, rows, groups
         self.new_drafter, self.generator, self.constraint = new_drafter, generator, constraint
+        self.accept = accept
         self.counts: dict[int, tuple[int, int]] = {}
         self.max_slots = len(rows)
         self._events: Iterator[StepEvent] | None = None
@@ -156,7 +160,7 @@ class SpecSession:
         slots = []
         for prompt_ids, real in zip(ids, mask, strict=True):
             row = _Row(self.model, prompt_ids[real.bool()].tolist(), cfg, self.new_drafter(self.generator),
-                       self.generator, self.constraint)
+                       self.generator, self.constraint, self.accept)
             free = next((i for i, r in enumerate(group.rows) if r.done), None)
             if free is None:
                 cache.resize(len(group.rows) + 1)
@@ -333,9 +337,10 @@ class _Row:
 
     def __init__(
         self, model: CausalLM, prompt: list[int], cfg: SpecConfig, drafter: Drafter, generator: torch.Generator | None,
-        constraint: Any = None,
+        constraint: Any = None, accept: Acceptance | None = None,
     ) -> None:
         self.model, self.cfg, self.drafter, self.generator = model, cfg, drafter, generator
+        self.accept = accept if accept is not None else verify_sampling  # a chain's rule at temperature > 0
         self.eos = model.eos_token_ids
         self.prompt = prompt
         self.prompt_len = len(prompt)
@@ -463,7 +468,7 @@ class _Row:
             return verify_tree_greedy(draft.tokens.tolist(), tree, logits)
         p = self.pipeline.distributions(logits, at)  # [k + 1, V]
         if tree is None:
-            return verify_sampling(draft.tokens, draft.probs, p, self.generator)
+            return self.accept(draft.tokens, draft.probs, p, self.generator)
         if draft.probs is not None:  # siblings sampled without replacement
             return verify_tree_rsd(draft.tokens.tolist(), tree, p, draft.probs.to(p.device), self.generator)
         return verify_tree_sampling(draft.tokens.tolist(), tree, p, self.generator)

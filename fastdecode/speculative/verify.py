@@ -7,6 +7,7 @@ The target scores all k + 1 positions in one forward; position k + 1 gives the b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -26,6 +27,11 @@ class Verdict:
 
     accepted: int
     tokens: list[int]
+
+
+# a chain's acceptance rule at temperature > 0: (draft [k], q [k, V] or None, p [k + 1, V], generator) -> Verdict;
+# `verify_sampling` unless a method passes its own (a relaxed, lossy rule: speculative/relaxed.py)
+Acceptance = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, "torch.Generator | None"], Verdict]
 
 
 def target_distribution(

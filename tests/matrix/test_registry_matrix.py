@@ -8,9 +8,10 @@ import fastdecode
 
 # methods whose optional package (Method.requires) is missing here are skipped, not failed: CI installs no extras
 # such as llama-cpp-python; tests/unit/test_llamacpp.py checks the refusal they give instead
-# image-only methods (Method.image_only) run on the tiny image model in tests/image/ (test_dd_methods.py)
+# methods declared `images_only` run on the tiny image model instead (tests/image/), and refuse a text model here
 METHODS = [pytest.param(m.name, marks=pytest.mark.skipif(bool(m.missing()), reason=f"needs {', '.join(m.missing())}"))
-           for m in fastdecode.methods() if not m.image_only]
+           for m in fastdecode.methods() if not m.images_only]
+IMAGES_ONLY = [m.name for m in fastdecode.methods() if m.images_only]
 
 
 @pytest.mark.parametrize("name", METHODS)
@@ -29,6 +30,12 @@ def test_method_runs_and_stats_are_consistent(name, causal, diffusion):
         assert s.prompt_tokens == len(r.prompt_ids)
         assert all(t not in model.eos_token_ids for t in r.token_ids[:-1])
         assert method.description
+
+
+@pytest.mark.parametrize("name", IMAGES_ONLY)
+def test_image_only_methods_refuse_a_text_model_and_name_the_fitting_ones(name, causal):
+    with pytest.raises(fastdecode.IncompatibleMethodError, match="image models only.*Methods that fit it: .*ar.greedy"):
+        fastdecode.generate(causal, "the", name, max_new_tokens=4)
 
 
 def test_every_method_documents_its_parameters():
