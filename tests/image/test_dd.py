@@ -159,7 +159,7 @@ def test_methods_refuse_what_they_cannot_do(tiny_image_guided, causal, tmp_path)
     save_head(DDNet.for_target(guided, split=20, cfg_scale=3.0), tmp_path / "net")
     with pytest.raises(fastdecode.IncompatibleMethodError, match="distilled at cfg_scale=3"):
         fastdecode.generate(tiny_image_guided, "3", "img.dd1", head=str(tmp_path / "net"), cfg_scale=1.5)
-    with pytest.raises(fastdecode.IncompatibleMethodError, match="generates images"):
+    with pytest.raises(fastdecode.IncompatibleMethodError, match="image models only"):
         fastdecode.generate(causal, "the", "img.dd2", max_new_tokens=4)
     with pytest.raises(fastdecode.ParameterError, match="steps"):
         fastdecode.generate(tiny_image_guided, "3", "img.dd1", head=str(tmp_path / "net"), steps=3)
