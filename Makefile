@@ -189,6 +189,14 @@ results-image: $(VENV)/.installed
 		--per-class $(IMAGE_PER_CLASS) --seed $(s) $(foreach m,$(IMAGE_METHODS),--methods $(m)) \
 		--out $(RESULTS)/image &&) true
 
+# every image method beside ar.sample in one run, 10 images a class (the README's image table and grids)
+IMAGE_ALL := spec.sjd:temperature=1 spec.sjd:temperature=1,coupling=true spec.lantern:temperature=1 \
+	spec.gsd:temperature=1 img.zipar img.dd1 img.dd2
+.PHONY: results-image-methods
+results-image-methods: $(VENV)/.installed
+	$(BIN)/fastdecode bench-image --model zoo:img-ar --threads 1 --per-class 10 --seed 0 --methods $(IMAGE_ALL) \
+		--out $(RESULTS)/image/methods
+
 .PHONY: results-zoo-bf16
 results-zoo-bf16: $(VENV)/.installed
 	$(BIN)/python tools/zoo_bf16.py ar-small ar-tiny dlm-small --items 50 --threads 1 --out $(RESULTS)/zoo/bf16.jsonl

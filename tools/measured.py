@@ -30,6 +30,8 @@ Keys:
                   target forwards accepting the draft token at each draft position); tpf@TASK is one task's TPF
   learned:FILE|STAT|SUITE|MODEL|LABEL[|REF]   as fig:, from the trained drafters' docs/results/learned/FILE.jsonl
                   (each of those files measures its own baseline; `--show FILE` lists every configuration's terms)
+  image-table:DIR  the last `fastdecode bench-image` run in docs/results/image/DIR/metrics.jsonl: each method's
+                  forwards per image, FD, class accuracy, batch-1 speed-up and grid of samples
   learned-table:FILE   that file's table: every configuration's τ, speed-up, acceptance per draft position, draft
                   forwards a step, c and v
   cost:STEM|WIDTH|FIELD  a causal model's cached forward over WIDTH new tokens, from docs/results/cost/STEM.jsonl
@@ -260,6 +262,24 @@ def learned_table_text(stem: str) -> str:
     return "\n" + "\n".join(lines) + "\n"
 
 
+def image_table_text(spec: str) -> str:
+    """One `fastdecode bench-image` run (docs/results/image/DIR/metrics.jsonl, its last run): each method's forwards
+    per image, Fréchet distance, class accuracy and batch-1 speed-up beside its grid of samples."""
+    folder = ROOT / "docs" / "results" / "image" / spec
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    run = rows[-1]["run"]
+    lines = ["| method | forwards / image | FD ↓ | class acc. | speed-up (batch 1) | samples |",
+             "|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        if r["run"] != run or r["method"] == "reference":
+            continue
+        speed = f"{r['speedup_b1']:.2f}×" if r.get("speedup_b1") else "–"
+        grid = f"![{r['entry']}](docs/results/image/{spec}/{r['grid']})" if r.get("grid") else ""
+        lines.append(f"| `{r['entry']}` | {r['forwards_per_image']:.1f} | {r['fd']:.1f} | {pct(r['class_accuracy'])} "
+                     f"| {speed} | {grid} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
 def show(path: Path) -> None:
     """Every configuration of a bench file with the speed model's terms (τ, speed-up, acceptance per draft position,
     c and v in the same run's baseline steps): what a doc about a drafter quotes, through the keys above."""
@@ -463,6 +483,8 @@ def render(key: str, table: dict) -> str:
         return learned_text(label)
     if kind == "learned-table":
         return learned_table_text(label)
+    if kind == "image-table":
+        return image_table_text(label)
     if kind == "answers":
         return answers_text(table, label)
     if kind == "loops":
