@@ -476,7 +476,7 @@ def demo(
     ] = False,
 ) -> None:
     """Run the quick suite on the bundled zoo models with the baselines and reference methods; print the table."""
-    from fastdecode.bench.demo import require_models, run_demo, zoo_plan
+    from fastdecode.bench.demo import require_models, run_demo, run_demo_images, zoo_plan
 
     plan, notes = zoo_plan()
     for note in notes:
@@ -496,6 +496,21 @@ def demo(
     _print_summaries(result.report.summaries, "fastdecode demo: held-out test items, batch size 1, this machine")
     err.print(f"results: {result.results} · report: {result.report_path} · plots: "
               + ", ".join(str(p) for p in result.report.plots), highlight=False)
+    with _progress_bar() as bar:
+        task = bar.add_task("zoo:img-ar · image methods", total=None)
+        images, image_notes = run_demo_images(out_dir, fresh=not resume)
+        bar.update(task, total=1, completed=1)
+    for note in image_notes:
+        err.print(f"[yellow]skipped:[/yellow] {note}", highlight=False)
+    if images is not None:
+        table = Table(title="fastdecode demo: zoo:img-ar, 4 images a class per method, this machine")
+        for column in ("method", "forwards / image", "class acc.", "speed-up (batch 1)", "samples"):
+            table.add_column(column)
+        for r in images.metrics[1:]:
+            table.add_row(r["entry"], f"{r['forwards_per_image']:.1f}", f"{100 * r['class_accuracy']:.0f} %",
+                          f"{r['speedup_b1']:.2f}×" if r.get("speedup_b1") else "–", str(images.out_dir / r["grid"]))
+        out.print(table)
+        err.print(f"image report: {images.report}", highlight=False)
 
 
 train_app = typer.Typer(

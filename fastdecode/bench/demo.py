@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from ..models.loading import zoo_names
 from ..registry import list_methods
@@ -85,6 +86,33 @@ def zoo_plan(available: Sequence[str] | None = None) -> tuple[list[DemoModel], l
     else:
         plan.append(DemoModel("zoo:dlm-small", tuple(m for m in DIFFUSION_METHODS if m in registered)))
     return plan, notes
+
+
+# the image model's methods beside ar.sample: 4 images a class each, scored by the shipped evaluator; about half a
+# minute on one thread (`make results-image-methods` is the measured run the README quotes)
+IMAGE_MODEL = "img-ar"
+IMAGE_METHODS = ("spec.sjd:temperature=1", "spec.gsd:temperature=1", "img.zipar", "img.dd1", "img.dd2")
+
+
+def run_demo_images(out_dir: str | Path = DEMO_DIR, available: Sequence[str] | None = None,
+                    fresh: bool = True) -> tuple[Any, list[str]]:
+    """The image part of the demo: a grid of samples per method and its forwards per image, in out_dir/image/.
+    Returns the benchmark's summary (None when zoo:img-ar or its evaluator is not bundled) and notes."""
+    names = set(zoo_names() if available is None else available)
+    if IMAGE_MODEL not in names:
+        return None, [f"zoo:{IMAGE_MODEL} is not bundled, so the image methods are skipped; make it with "
+                      f"`fastdecode train img-vq` and `fastdecode train img-ar`."]
+    from .imagegen import ImageBenchConfig, run_image_bench  # numpy-heavy: only when the image model is there
+
+    folder = Path(out_dir) / "image"
+    if fresh:
+        for name in ("samples.jsonl", "metrics.jsonl"):
+            (folder / name).unlink(missing_ok=True)
+    cfg = ImageBenchConfig(per_class=4, latency_images=2, throughput_batch=8, batch=40, kid_subset=40)
+    registered = {m.name for m in list_methods()}
+    methods = [m for m in IMAGE_METHODS if m.partition(":")[0] in registered]
+    return run_image_bench(f"zoo:{IMAGE_MODEL}", methods, folder, cfg=cfg, independent=False,
+                           command="fastdecode demo"), []
 
 
 def _head_bundled(model: str, kind: str) -> bool:

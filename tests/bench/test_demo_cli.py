@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 from typer.testing import CliRunner
 
-from fastdecode.bench.demo import DemoModel, run_demo, zoo_plan
+from fastdecode.bench.demo import DemoModel, run_demo, run_demo_images, zoo_plan
 from fastdecode.bench.harness import read_rows
 from fastdecode.bench.suites import Suite
 from fastdecode.cli import app, expand_list_options
@@ -86,8 +87,20 @@ def test_demo_command_prints_the_table(target_dir, tmp_path, monkeypatch):
 
     plan = [DemoModel(str(target_dir), ("hf.greedy",))]
     monkeypatch.setattr(demo, "zoo_plan", lambda: (plan, ["zoo:dlm-small is not bundled (test)"]))
+    grid = tmp_path / "image" / "grids" / "g.png"
+    rows = [{"entry": "reference"}, {"entry": "img.dd1", "forwards_per_image": 1.0, "class_accuracy": 0.5,
+                                     "speedup_b1": 18.8, "grid": "grids/g.png"}]
+    images = SimpleNamespace(metrics=rows, out_dir=tmp_path / "image", report=tmp_path / "image" / "report.md")
+    monkeypatch.setattr(demo, "run_demo_images", lambda out_dir, fresh: (images, []))
     result = CliRunner().invoke(app, ["demo", "--limit", "1", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "hf.greedy" in result.output and "speed-up" in result.output and "not bundled" in result.output
     assert (tmp_path / "results.jsonl").is_file() and (tmp_path / "report.md").is_file()
     assert len(list(tmp_path.glob("*.png"))) == 2
+    # the image part: one line per method with its forwards per image and its grid
+    assert "img.dd1" in result.output and "18.80×" in result.output and str(grid.name) in result.output
+
+
+def test_demo_skips_the_images_without_the_image_model(tmp_path):
+    images, notes = run_demo_images(tmp_path, available=["ar-small"])
+    assert images is None and "fastdecode train img-ar" in notes[0] and not (tmp_path / "image").exists()
