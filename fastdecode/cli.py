@@ -708,7 +708,8 @@ def train_filter_command(
     import fastdecode
     from fastdecode.config import parse_param_strings
     from fastdecode.errors import ArgumentError
-    from fastdecode.train.filter import FilterTraining, clear_checkpoint, train_filter
+    from fastdecode.train.checkpoint import clear_checkpoint
+    from fastdecode.train.filter import FilterTraining, train_filter
     from fastdecode.train.filter_card import METHODS, measure_decoding, write_card
 
     _check_threads(threads)

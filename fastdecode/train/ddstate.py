@@ -9,7 +9,6 @@ the settings and the log in JSON, written then renamed, so an interrupted run re
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -21,56 +20,23 @@ from torch import nn
 
 from ..errors import ParameterError
 from ..image.dd import noise, teacher_map
+from .checkpoint import clear_checkpoint, load_checkpoint, save_checkpoint
 
-CHECKPOINT = "checkpoint"
 Report = Callable[[str, int, int, dict[str, float]], None]  # (phase, done, total, metrics)
 
 
 def save_state(folder: Path, modules: dict[str, nn.Module], opts: dict[str, torch.optim.Optimizer],
                record: dict[str, Any]) -> None:
-    where = folder / CHECKPOINT
-    where.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    for name, module in modules.items():
-        tensors.update({f"{name}.{k}": v.detach().cpu().contiguous() for k, v in module.state_dict().items()})
-    for name, opt in opts.items():
-        for i, p in enumerate(g for group in opt.param_groups for g in group["params"]):
-            for key, value in opt.state.get(p, {}).items():
-                tensors[f"opt-{name}.{i}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
-    save_file(tensors, str(where / "state.safetensors.tmp"))
-    (where / "state.safetensors.tmp").replace(where / "state.safetensors")
-    (where / "state.json.tmp").write_text(json.dumps(record))
-    (where / "state.json.tmp").replace(where / "state.json")
+    save_checkpoint(folder, modules, {f"opt-{name}": opt for name, opt in opts.items()}, record)
 
 
 def load_state(folder: Path, modules: dict[str, nn.Module], opts: dict[str, torch.optim.Optimizer],
                identity: dict[str, Any]) -> dict[str, Any] | None:
     """The checkpoint's record (modules and optimisers loaded), None when there is none; another run's is refused."""
-    where = folder / CHECKPOINT
-    if not (where / "state.json").is_file():
-        return None
-    record = json.loads((where / "state.json").read_text())
-    if record.get("identity") != json.loads(json.dumps(identity)):
-        raise ParameterError(f"{folder} holds a checkpoint of another run ({record.get('identity')}): pass the same "
-                             f"settings to resume it, or another --out (or delete {where}).")
-    tensors = load_file(str(where / "state.safetensors"))
-    for name, module in modules.items():
-        module.load_state_dict({k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(name + ".")})
-    for name, opt in opts.items():
-        for i, p in enumerate(g for group in opt.param_groups for g in group["params"]):
-            prefix = f"opt-{name}.{i}."
-            moments = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-            if moments:
-                opt.state[p] = {k: (v if k != "step" else v.float()) for k, v in moments.items()}
-    return record
+    return load_checkpoint(folder, modules, {f"opt-{name}": opt for name, opt in opts.items()}, {"identity": identity})
 
 
-def clear_state(folder: Path) -> None:
-    where = folder / CHECKPOINT
-    for f in where.glob("*"):
-        f.unlink()
-    if where.is_dir():
-        where.rmdir()
+clear_state = clear_checkpoint
 
 
 def cache_root() -> Path:

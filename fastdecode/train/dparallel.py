@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from ..bench.evaluate import default_budget
 from ..bench.suites import SUITES
@@ -39,6 +38,7 @@ from ..bench.tasks import DEFAULT_TEST_SEED, TASKS, format_prompt
 from ..engine import generate
 from ..errors import ParameterError
 from ..models.loading import load
+from .checkpoint import clear_checkpoint, load_checkpoint, save_checkpoint
 from .data import DEFAULT_MIXTURE, Example, collate, item_stream
 from .export import save_folder
 from .heads import batch_at, length_batches
@@ -52,7 +52,6 @@ NAME = "dlm-small-dparallel"
 SUITE = "parallel-lists"
 TEACHER_METHOD = "dlm.baseline"  # the teacher's card decoding: one token per step
 CARD_METHODS = ("dlm.threshold", "dlm.entropy_bound")  # the rules the student is decoded with, defaults + blocks of 16
-CHECKPOINT = "checkpoint"  # sub-folder of the out folder, removed once the model is saved
 GEN_BATCH = 32  # rows per teacher batch (one task each: one canvas)
 GEN_CHUNK = 400  # items decoded before the next ones are started
 
@@ -222,47 +221,16 @@ def _identity(seed: int, cfg: DParallelTraining) -> dict[str, Any]:
 
 
 def _checkpoint(folder: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, seed: int, cfg: DParallelTraining,
-                step: int, log: list[dict], elapsed: float) -> None:
-    """The float32 weights and AdamW's moments in safetensors, the rest in JSON; each written then renamed."""
-    where = folder / CHECKPOINT
-    where.mkdir(parents=True, exist_ok=True)
-    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
-    for i, p in enumerate(q for group in opt.param_groups for q in group["params"]):
-        for name, value in opt.state.get(p, {}).items():
-            tensors[f"opt.{i}.{name}"] = torch.as_tensor(value).detach().contiguous()
-    save_file(tensors, str(where / "state.safetensors.tmp"))
-    (where / "state.safetensors.tmp").replace(where / "state.safetensors")
-    record = {**_identity(seed, cfg), "step": step, "elapsed_s": elapsed, "log": log}
-    (where / "state.json.tmp").write_text(json.dumps(record))
-    (where / "state.json.tmp").replace(where / "state.json")
+                step: int, log: list[dict[str, Any]], elapsed: float) -> None:
+    save_checkpoint(folder, {"model": model}, {"opt": opt},
+                    {**_identity(seed, cfg), "step": step, "elapsed_s": elapsed, "log": log})
 
 
 def _resume(folder: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, seed: int,
             cfg: DParallelTraining) -> dict[str, Any]:
     """The checkpoint's step, log and time, loaded into `model` and `opt`; a fresh start when there is none."""
-    where = folder / CHECKPOINT
-    if not (where / "state.json").is_file():
-        return {"step": 0, "log": [], "elapsed_s": 0.0}
-    record = json.loads((where / "state.json").read_text())
-    if {k: record.get(k) for k in ("seed", "training")} != _identity(seed, cfg):
-        raise ParameterError(f"{folder} holds a checkpoint of another run (seed {record.get('seed')}, "
-                             f"{record.get('training')}): pass the same settings to resume it, or another --out "
-                             f"(or delete {where}).")
-    tensors = load_file(str(where / "state.safetensors"))
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    for i, p in enumerate(q for group in opt.param_groups for q in group["params"]):
-        moments = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"opt.{i}.")}
-        if moments:
-            opt.state[p] = {k: (v.float() if k == "step" else v) for k, v in moments.items()}
-    return record
-
-
-def _clear_checkpoint(folder: Path) -> None:
-    where = folder / CHECKPOINT
-    for f in where.glob("*"):
-        f.unlink()
-    if where.is_dir():
-        where.rmdir()
+    return (load_checkpoint(folder, {"model": model}, {"opt": opt}, _identity(seed, cfg))
+            or {"step": 0, "log": [], "elapsed_s": 0.0})
 
 
 # -- 3. the card -----------------------------------------------------------------------------------------------------
@@ -361,5 +329,5 @@ def build(out: Path, seed: int, threads: int, cfg: DParallelTraining, command: s
         shipped = load(out, device="cpu", dtype="float32")  # what ships: the bfloat16 weights
         card["measured"] = card_numbers(shipped, teacher, cfg.eval_per_task, report)
     write_card(out, card, command)
-    _clear_checkpoint(out)
+    clear_checkpoint(out)
     return card

@@ -32,9 +32,9 @@ from ..engine import encode_batch
 from ..errors import ParameterError, close_names
 from ..heads import save_head
 from ..heads.filter import FEATURES, FilterHead, History
+from .checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from .selfdata import Report
 
-CHECKPOINT = "checkpoint"
 LOG = "train_log.jsonl"
 SUITE_NAMES = ("parallel-lists", "puzzles")
 DATA_SEED = 500_000  # training seeds of the tasks: items(DATA_SEED + seed, n)
@@ -213,7 +213,7 @@ def train_filter(model: Any, out: str | Path, *, seed: int = 0, cfg: FilterTrain
     features = tuple(f.strip() for f in cfg.features.split(",") if f.strip())
     head = FilterHead.for_target(model, width=cfg.width, hidden=cfg.hidden, features=features).float().train()
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
-    state = _resume(where, head, opt, seed, cfg)
+    state = _resume(folder, head, opt, seed, cfg)
     log: list[dict[str, Any]] = state["log"]
     elapsed, tick = float(state["elapsed_s"]), time.perf_counter()
     S = train["feats"].shape[0]
@@ -230,7 +230,7 @@ def train_filter(model: Any, out: str | Path, *, seed: int = 0, cfg: FilterTrain
         if report is not None:
             report("train", step + 1, cfg.steps, {"loss": loss.item()})
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
-            _checkpoint(where, head, opt, seed, cfg, step + 1, log, elapsed + time.perf_counter() - tick)
+            _checkpoint(folder, head, opt, seed, cfg, step + 1, log, elapsed + time.perf_counter() - tick)
     train_s = elapsed + time.perf_counter() - tick
     head.eval()
     save_head(head, folder, dtype="bfloat16")
@@ -248,44 +248,18 @@ def train_filter(model: Any, out: str | Path, *, seed: int = 0, cfg: FilterTrain
     return saved, card
 
 
-def clear_checkpoint(folder: Path) -> None:
-    """Remove the checkpoint and the logged trajectories once the filter and its card are written."""
-    where = folder / CHECKPOINT
-    for f in sorted(where.rglob("*"), key=lambda p: -len(p.parts)):
-        f.unlink() if f.is_file() else f.rmdir()
-    if where.is_dir():
-        where.rmdir()
-
-
 def _identity(seed: int, cfg: FilterTraining) -> dict[str, Any]:
     return {"seed": seed, "training": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "eval_per_task"}}
 
 
-def _checkpoint(where: Path, head: FilterHead, opt: torch.optim.Optimizer, seed: int, cfg: FilterTraining,
-                step: int, log: list[dict], elapsed: float) -> None:
-    tensors = {f"head.{k}": v.detach().clone().contiguous() for k, v in head.state_dict().items()}
-    for i, p in enumerate(g for group in opt.param_groups for g in group["params"]):
-        for name, value in opt.state.get(p, {}).items():
-            tensors[f"opt.{i}.{name}"] = torch.as_tensor(value).detach().clone().contiguous()
-    save_file(tensors, str(where / "state.safetensors.tmp"))
-    (where / "state.safetensors.tmp").replace(where / "state.safetensors")
-    (where / "state.json.tmp").write_text(json.dumps({**_identity(seed, cfg), "step": step, "elapsed_s": elapsed,
-                                                      "log": log}))
-    (where / "state.json.tmp").replace(where / "state.json")
+def _checkpoint(folder: Path, head: FilterHead, opt: torch.optim.Optimizer, seed: int, cfg: FilterTraining, step: int,
+                log: list[dict[str, Any]], elapsed: float) -> None:
+    save_checkpoint(folder, {"head": head}, {"opt": opt},
+                    {**_identity(seed, cfg), "step": step, "elapsed_s": elapsed, "log": log})
 
 
-def _resume(where: Path, head: FilterHead, opt: torch.optim.Optimizer, seed: int,
+def _resume(folder: Path, head: FilterHead, opt: torch.optim.Optimizer, seed: int,
             cfg: FilterTraining) -> dict[str, Any]:
-    if not (where / "state.json").is_file():
-        return {"step": 0, "log": [], "elapsed_s": 0.0}
-    record = json.loads((where / "state.json").read_text())
-    if {k: record.get(k) for k in ("seed", "training")} != _identity(seed, cfg):
-        raise ParameterError(f"{where} holds a checkpoint of another run (seed {record.get('seed')}, "
-                             f"{record.get('training')}): pass the same settings to resume it, or another --out.")
-    tensors = load_file(str(where / "state.safetensors"))
-    head.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("head.")})
-    for i, p in enumerate(g for group in opt.param_groups for g in group["params"]):
-        moments = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"opt.{i}.")}
-        if moments:
-            opt.state[p] = dict(moments)
-    return record
+    """The checkpoint's step, log and time, loaded into `head` and `opt`; a fresh start when there is none."""
+    return (load_checkpoint(folder, {"head": head}, {"opt": opt}, _identity(seed, cfg))
+            or {"step": 0, "log": [], "elapsed_s": 0.0})

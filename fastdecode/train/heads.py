@@ -23,17 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from ..errors import ParameterError
 from ..heads import Head, load_head, save_head
+from .checkpoint import clear_checkpoint, load_checkpoint, save_checkpoint
 from .data import Example
 from .head_card import write_card
 from .measure import measure_tau, suite_prompts
 from .objectives import HeadObjective, TargetBatch, head_objective
 from .selfdata import DEFAULT_ITEMS, Report, regeneration, self_distilled
 
-CHECKPOINT = "checkpoint"  # sub-folder of the out folder, removed once the head is saved
 LOG = "train_log.jsonl"
 
 
@@ -193,7 +192,7 @@ def train_head(target: Any, kind: str, out: str | Path, *, seed: int = 0, cfg: H
                                                                                       cfg.eval_per_task))}
     write_card(folder, card, command or f"fastdecode train drafter --kind {kind} --seed {seed}", threads,
                goal.card_lines(options))
-    _clear_checkpoint(folder)
+    clear_checkpoint(folder)
     return card
 
 
@@ -226,45 +225,16 @@ def _identity(kind: str, seed: int, cfg: HeadTraining, options: dict[str, Any]) 
 
 
 def _checkpoint(folder: Path, head: Head, opt: torch.optim.Optimizer, kind: str, seed: int, cfg: HeadTraining,
-                options: dict[str, Any], step: int, log: list[dict], elapsed: float) -> None:
-    """The head's float32 tensors and AdamW's moments in safetensors, the rest in JSON; written then renamed."""
-    where = folder / CHECKPOINT
-    where.mkdir(parents=True, exist_ok=True)
-    tensors = {f"head.{k}": v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
-    for i, p in enumerate(g for group in opt.param_groups for g in group["params"]):
-        for name, value in opt.state.get(p, {}).items():
-            tensors[f"opt.{i}.{name}"] = torch.as_tensor(value).detach().cpu().contiguous()
-    save_file(tensors, str(where / "state.safetensors.tmp"))
-    (where / "state.safetensors.tmp").replace(where / "state.safetensors")
-    record = {**_identity(kind, seed, cfg, options), "step": step, "elapsed_s": elapsed, "log": log}
-    (where / "state.json.tmp").write_text(json.dumps(record))
-    (where / "state.json.tmp").replace(where / "state.json")
+                options: dict[str, Any], step: int,
+                log: list[dict[str, Any]], elapsed: float) -> None:
+    save_checkpoint(folder, {"head": head}, {"opt": opt},
+                    {**_identity(kind, seed, cfg, options), "step": step, "elapsed_s": elapsed, "log": log})
 
 
 def _resume(folder: Path, head: Head, opt: torch.optim.Optimizer, kind: str, seed: int, cfg: HeadTraining,
-            options: dict[str, Any]) -> dict[str, Any]:
+                options: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint's step, log and time, loaded into `head` and `opt`; a fresh start when there is none."""
-    where = folder / CHECKPOINT
-    if not (where / "state.json").is_file():
-        return {"step": 0, "log": [], "elapsed_s": 0.0}
-    record = json.loads((where / "state.json").read_text())
-    if {k: record.get(k) for k in ("kind", "seed", "options", "training")} != _identity(kind, seed, cfg, options):
-        raise ParameterError(f"{folder} holds a checkpoint of another run ({record.get('kind')}, seed "
-                             f"{record.get('seed')}, options {record.get('options')}, {record.get('training')}): "
-                             f"pass the same settings to resume it, or another --out (or delete {where}).")
-    tensors = load_file(str(where / "state.safetensors"))
-    head.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("head.")})
-    params = [p for group in opt.param_groups for p in group["params"]]
-    for i, p in enumerate(params):
-        moments = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"opt.{i}.")}
-        if moments:
-            opt.state[p] = {k: (v if k != "step" else v.float()) for k, v in moments.items()}
-    return record
+    return (load_checkpoint(folder, {"head": head}, {"opt": opt}, _identity(kind, seed, cfg, options))
+            or {"step": 0, "log": [], "elapsed_s": 0.0})
 
 
-def _clear_checkpoint(folder: Path) -> None:
-    where = folder / CHECKPOINT
-    for f in where.glob("*"):
-        f.unlink()
-    if where.is_dir():
-        where.rmdir()

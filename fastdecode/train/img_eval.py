@@ -21,12 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
-from ..errors import ParameterError
 from ..image.evaluator import DigitCNN, load_evaluator, save_evaluator, to_input
+from .checkpoint import clear_checkpoint, load_checkpoint, save_checkpoint
 
-CHECKPOINT = "checkpoint"
 LOG = "train_log.jsonl"
 Report = Callable[[int, int, float], None]  # step, total, loss
 
@@ -112,7 +110,7 @@ def train_evaluator(out: str | Path, *, seed: int = 0, cfg: EvalTraining | None 
             "test_accuracy": round(shipped.accuracy(x_test, y_test), 4),
             "command": command or f"fastdecode train img-eval --seed {seed} --threads {threads}"}
     write_card(folder, card)
-    _clear_checkpoint(folder)
+    clear_checkpoint(folder)
     return card
 
 
@@ -151,41 +149,13 @@ def _identity(seed: int, cfg: EvalTraining) -> dict[str, Any]:
 
 def _checkpoint(folder: Path, net: DigitCNN, opt: torch.optim.Optimizer, seed: int, cfg: EvalTraining, step: int,
                 log: list[dict[str, Any]], elapsed: float) -> None:
-    """float32 weights and AdamW's moments in safetensors, the rest in JSON; each written then renamed."""
-    where = folder / CHECKPOINT
-    where.mkdir(parents=True, exist_ok=True)
-    tensors = {f"net.{k}": v.detach().contiguous() for k, v in net.state_dict().items()}
-    for i, p in enumerate(p for group in opt.param_groups for p in group["params"]):
-        for name, value in opt.state.get(p, {}).items():
-            tensors[f"opt.{i}.{name}"] = torch.as_tensor(value).detach().contiguous()
-    save_file(tensors, str(where / "state.safetensors.tmp"))
-    (where / "state.safetensors.tmp").replace(where / "state.safetensors")
-    record = {**_identity(seed, cfg), "step": step, "elapsed_s": elapsed, "log": log}
-    (where / "state.json.tmp").write_text(json.dumps(record))
-    (where / "state.json.tmp").replace(where / "state.json")
+    save_checkpoint(folder, {"net": net}, {"opt": opt},
+                    {**_identity(seed, cfg), "step": step, "elapsed_s": elapsed, "log": log})
 
 
 def _resume(folder: Path, net: DigitCNN, opt: torch.optim.Optimizer, seed: int, cfg: EvalTraining) -> dict[str, Any]:
-    where = folder / CHECKPOINT
-    if not (where / "state.json").is_file():
-        return {"step": 0, "log": [], "elapsed_s": 0.0}
-    record = json.loads((where / "state.json").read_text())
-    if {k: record.get(k) for k in ("seed", "training")} != _identity(seed, cfg):
-        raise ParameterError(f"{folder} holds a checkpoint of another run (seed {record.get('seed')}, "
-                             f"{record.get('training')}): pass the same settings to resume it, or another --out "
-                             f"(or delete {where}).")
-    tensors = load_file(str(where / "state.safetensors"))
-    net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
-    for i, p in enumerate(p for group in opt.param_groups for p in group["params"]):
-        moments = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"opt.{i}.")}
-        if moments:
-            opt.state[p] = moments
-    return record
+    """The checkpoint's step, log and time, loaded into `net` and `opt`; a fresh start when there is none."""
+    return (load_checkpoint(folder, {"net": net}, {"opt": opt}, _identity(seed, cfg))
+            or {"step": 0, "log": [], "elapsed_s": 0.0})
 
 
-def _clear_checkpoint(folder: Path) -> None:
-    where = folder / CHECKPOINT
-    for f in where.glob("*"):
-        f.unlink()
-    if where.is_dir():
-        where.rmdir()
