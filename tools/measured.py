@@ -229,6 +229,11 @@ def learned_table(stem: str) -> Table:
     path = LEARNED / f"{stem}.jsonl"
     if not path.exists():
         raise SystemExit(f"no {path.relative_to(ROOT)}: the learned: key names a file of docs/results/learned/")
+    return file_table(path)
+
+
+def file_table(path: Path) -> Table:
+    """The summaries of one results file alone."""
     rows = []
     for row in read_rows(path):
         row["_source"] = str(path)
@@ -283,12 +288,7 @@ def image_table_text(spec: str) -> str:
 def show(path: Path) -> None:
     """Every configuration of a bench file with the speed model's terms (τ, speed-up, acceptance per draft position,
     c and v in the same run's baseline steps): what a doc about a drafter quotes, through the keys above."""
-    rows = []
-    for row in read_rows(path):
-        row["_source"] = str(path)
-        rows.append(row)
-    table = Table({(s.suite, s.model, s.label): s for s in summarize(rows)})
-    table.rows, table.results = rows, path
+    table = file_table(path)
     for (suite, model, label), s in table.items():
         line = {"suite": suite, "model": model, "label": label, "items": s.items, "tau": round(s.tpf, 3),
                 "speedup": None if s.speedup is None else round(s.speedup, 3)}
