@@ -285,7 +285,8 @@ def test_objectives_are_looked_up_by_name_with_a_clear_error(tokenizer):
     from fastdecode.errors import ParameterError
     from fastdecode.train.objectives import OBJECTIVES, Objective, objective
 
-    assert set(OBJECTIVES) == {"ar", "mdlm"} and all(isinstance(o, Objective) for o in OBJECTIVES.values())
+    # dparallel: certainty forcing of a masked-diffusion model (train/objectives/dparallel.py)
+    assert set(OBJECTIVES) == {"ar", "mdlm", "dparallel"} and all(isinstance(o, Objective) for o in OBJECTIVES.values())
     assert objective("ar").causal and not objective("mdlm").causal
     with pytest.raises(ParameterError, match="Unknown training objective 'mdml'. Did you mean 'mdlm'"):
         objective("mdml")
