@@ -102,6 +102,9 @@ def run_demo_images(out_dir: str | Path = DEMO_DIR, available: Sequence[str] | N
     if IMAGE_MODEL not in names:
         return None, [f"zoo:{IMAGE_MODEL} is not bundled, so the image methods are skipped; make it with "
                       f"`fastdecode train img-vq` and `fastdecode train img-ar`."]
+    if available is None and not (resources.files("fastdecode") / "zoo" / "img-eval" / "evaluator.json").is_file():
+        return None, ["the image evaluator (zoo/img-eval) is not bundled, so the image methods are skipped; make it "
+                      "with `fastdecode train img-eval`."]
     from .imagegen import ImageBenchConfig, run_image_bench  # numpy-heavy: only when the image model is there
 
     folder = Path(out_dir) / "image"
