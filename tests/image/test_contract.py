@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from statistical.sampling_stats import chi_square_p_value  # tests/ is on the path (rootdir conftest)
 
 import fastdecode
 from fastdecode.errors import ParameterError, PromptError
@@ -21,21 +22,6 @@ def reference_logits(model, prefix: list[int], scale: float) -> torch.Tensor:
     guided = u + scale * (c - u)
     guided[image.K:] = float("-inf")
     return guided
-
-
-def chi_square_p_value(samples: list[int], p: torch.Tensor) -> float:
-    """Pearson's test of samples against `[V]` probabilities, cells expecting < 5 draws pooled."""
-    counts = torch.bincount(torch.tensor(samples), minlength=p.numel()).double()
-    assert counts[p == 0].sum() == 0, "drew a token of probability 0"
-    expected = len(samples) * p.double()
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    df = torch.tensor((int(keep.sum()) - 1) / 2.0, dtype=torch.float64)
-    return float(torch.special.gammaincc(df, stat / 2))
-
 
 def reference_greedy(model, label: str, scale: float) -> list[int]:
     prefix = [model.image.label_token(label)]

@@ -4,21 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from statistical.sampling_stats import chi_square_p_value  # tests/ is on the path (rootdir conftest)
 
 from fastdecode.image.ddmap import flow_map, quantile_map, snr_grid
-
-
-def chi_square_p(tokens: torch.Tensor, p: torch.Tensor) -> float:
-    """Pearson's test of drawn tokens against probabilities [K]; cells expecting < 5 draws pooled."""
-    counts = torch.bincount(tokens, minlength=p.numel()).double()
-    expected = tokens.numel() * p.double()
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
 
 
 def test_one_dimension_equals_the_quantile_map() -> None:
@@ -41,7 +29,7 @@ def test_gaussian_noise_flows_to_p(seed: int) -> None:
     p = torch.softmax(2 * torch.randn(16, generator=gen), dim=-1)
     eps = torch.randn(20000, 4, generator=gen)
     tokens = flow_map(eps, p.log().expand(20000, 16), codebook)
-    assert chi_square_p(tokens, p) > 1e-3
+    assert chi_square_p_value(tokens.tolist(), p) > 1e-3
 
 
 def test_zero_probability_codes_are_never_reached() -> None:

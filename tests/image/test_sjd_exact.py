@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 import torch
+from statistical.sampling_stats import chi_square_p_value  # tests/ is on the path (rootdir conftest)
 
 from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
@@ -26,19 +27,6 @@ def joint_of_first_three(model, prompt: int) -> torch.Tensor:
     logits = model.forward(ids, torch.arange(3)[None].expand(16, 3))  # [16, 3, V]
     p = target_distribution(logits.reshape(48, -1), 1.0).reshape(16, 3, -1)[..., :4]  # [16, 3, 4]
     return torch.tensor([float(p[4 * a + b, 0, a] * p[4 * a + b, 1, b] * p[4 * a + b, 2, c]) for a, b, c in CELLS])
-
-
-def chi_square_p(samples: list[tuple[int, ...]], p: torch.Tensor) -> float:
-    counts = torch.tensor([samples.count(c) for c in CELLS], dtype=torch.float64)
-    expected = len(samples) * p.double()
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
-
 
 CASES = [  # window, init, grid width for "vertical" (2: the copy happens within the first three codes), coupling, cfg
     (2, "random", None, False, False),
@@ -68,5 +56,5 @@ def test_sjd_first_three_codes_follow_the_teacher(tiny_image_model, window, init
         for b, pairs in enumerate(event.tokens):
             rows[b].update(pairs)
     assert accepted > 0.05 * N  # drafts are accepted, and the residual path is common (the test sees both)
-    samples = [(r[0], r[1], r[2]) for r in rows]
-    assert chi_square_p(samples, joint_of_first_three(model, prompt)) > 1e-3
+    samples = [CELLS.index((r[0], r[1], r[2])) for r in rows]  # each draw as its cell of the joint
+    assert chi_square_p_value(samples, joint_of_first_three(model, prompt)) > 1e-3
