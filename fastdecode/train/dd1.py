@@ -13,6 +13,7 @@ decoders are tiny and our tokens are quantised in the end, so we stay in code sp
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -143,6 +144,6 @@ def train_dd1(model: Any, out: Path, seed: int = 0, cfg: DD1Training | None = No
     card = {"kind": "dd1", "seed": seed, "init": init or "teacher", "training": dataclasses.asdict(cfg),
             "data_s": round(data_s, 1), "train_s": round(train_s, 1), "final_loss": log[-1] if log else None,
             "held_out_agreement": agreement(model, shipped, seed, cfg.eval_rows, cfg.map_steps)}
-    (out / LOG).write_text("".join(f"{row}\n".replace("'", '"') for row in log))
+    (out / LOG).write_text("".join(json.dumps(row) + "\n" for row in log))
     clear_state(out)
     return card

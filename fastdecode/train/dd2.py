@@ -21,6 +21,7 @@ DD2 has no public code (arXiv 2510.21003: the abstract, and docs/image-dd.md for
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -179,7 +180,7 @@ def train_dd2(teacher: Any, out: Path, init: str | None = None, seed: int = 0, c
     card = {"kind": "dd2", "seed": seed, "init": init or "teacher", "training": dataclasses.asdict(cfg),
             "train_s": round(train_s, 1), "final": log[-1] if log else None,
             "teacher_nll_per_token": round(sample_nll(teacher, shipped, seed, cfg.eval_rows), 4)}
-    (out / LOG).write_text("".join(f"{row}\n".replace("'", '"') for row in log))
+    (out / LOG).write_text("".join(json.dumps(row) + "\n" for row in log))
     clear_state(out)
     return card
 
