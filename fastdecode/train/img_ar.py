@@ -29,7 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from ..image.data import mnist5k, shifted
 from ..models.image import ImageSpec, write_image_spec
 from ..models.vq import load_vq
-from .image_state import clear_state, load_state, save_state
+from .checkpoint import clear_checkpoint, load_checkpoint, save_checkpoint
 
 Progress = Callable[[int, int, dict[str, float]], None]  # (step, total, metrics)
 DIGITS = tuple(str(i) for i in range(10))
@@ -109,7 +109,8 @@ def train_img_ar(out: Path, seed: int = 0, cfg: ARTraining | None = None, progre
                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     identity = {"seed": seed, "training": {k: v for k, v in dataclasses.asdict(cfg).items()
                                            if k not in ("save_every", "eval_samples", "cfg_scale", "steps")}}
-    record = load_state(out, model, opt, identity) or {"step": 0, "elapsed_s": 0.0, "log": []}
+    record = (load_checkpoint(out, {"model": model}, {"opt": opt}, {"identity": identity})
+              or {"step": 0, "elapsed_s": 0.0, "log": []})
     start, elapsed, log = int(record["step"]), float(record["elapsed_s"]), list(record["log"])
     seqs = sequences(spec, *encode_split(spec, "train", SHIFTS))
     began = time.perf_counter()
@@ -128,12 +129,13 @@ def train_img_ar(out: Path, seed: int = 0, cfg: ARTraining | None = None, progre
             progress(step + 1, cfg.steps, {"loss": float(loss.detach())})
         spent = elapsed + time.perf_counter() - began
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
-            save_state(out, model, opt, {"identity": identity, "step": step + 1, "log": log, "elapsed_s": spent})
+            save_checkpoint(out, {"model": model}, {"opt": opt},
+                            {"identity": identity, "step": step + 1, "log": log, "elapsed_s": spent})
         if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
             ship(model, spec, out, cfg, seed, threads, command, step + 1, spent, log, final=False)
     spent = elapsed + time.perf_counter() - began
     metrics = ship(model, spec, out, cfg, seed, threads, command, cfg.steps, spent, log, final=True)
-    clear_state(out)
+    clear_checkpoint(out)
     return metrics
 
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..image.data import mnist5k, shifted
 from ..models.vq import VQNet, load_vq, save_vq
-from .image_state import clear_state, load_state, save_state
+from .checkpoint import clear_checkpoint, load_checkpoint, save_checkpoint
 
 Progress = Callable[[int, int, dict[str, float]], None]  # (step, total, metrics)
 
@@ -124,7 +124,8 @@ def train_vq(out: Path, seed: int = 0, cfg: VQTraining | None = None, progress: 
     net = VQNet(cfg.codes, cfg.dim, cfg.width)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     identity = {"seed": seed, "training": dataclasses.asdict(cfg)}
-    record = load_state(out, net, opt, identity) or {"step": 0, "elapsed_s": 0.0, "log": []}
+    record = (load_checkpoint(out, {"model": net}, {"opt": opt}, {"identity": identity})
+              or {"step": 0, "elapsed_s": 0.0, "log": []})
     start, elapsed, log = int(record["step"]), float(record["elapsed_s"]), list(record["log"])
     began = time.perf_counter()
     used = torch.zeros(cfg.codes, dtype=torch.long)
@@ -152,15 +153,15 @@ def train_vq(out: Path, seed: int = 0, cfg: VQTraining | None = None, progress: 
         if progress is not None:
             progress(step + 1, cfg.steps, metrics)
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
-            save_state(out, net, opt, {"identity": identity, "step": step + 1, "log": log,
-                                       "elapsed_s": elapsed + time.perf_counter() - began})
+            save_checkpoint(out, {"model": net}, {"opt": opt}, {"identity": identity, "step": step + 1, "log": log,
+                                                                "elapsed_s": elapsed + time.perf_counter() - began})
     minutes = (elapsed + time.perf_counter() - began) / 60
     net.eval()
     save_vq(net, out)
     metrics = measure_vq(out)
     write_vq_card(out, cfg, seed, threads, command, minutes, metrics)
     (out / "train_log.jsonl").write_text("".join(json.dumps(row) + "\n" for row in log))
-    clear_state(out)
+    clear_checkpoint(out)
     return metrics
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fastdecode.errors import ParameterError
-from fastdecode.train.image_state import clear_state, load_state, save_state
+from fastdecode.train.checkpoint import clear_checkpoint, load_checkpoint, save_checkpoint
 from fastdecode.train.img_ar import ARTraining, batch_at
 
 
@@ -16,18 +16,18 @@ def test_state_round_trip_and_identity(tmp_path) -> None:
     opt = torch.optim.AdamW(net.parameters(), lr=0.1)
     net(torch.randn(4, 3)).sum().backward()
     opt.step()
-    save_state(tmp_path, net, opt, {"identity": {"seed": 1}, "step": 7})
+    save_checkpoint(tmp_path, {"model": net}, {"opt": opt}, {"seed": 1, "step": 7})
     other = torch.nn.Linear(3, 2)
     other_opt = torch.optim.AdamW(other.parameters(), lr=0.1)
-    record = load_state(tmp_path, other, other_opt, {"seed": 1})
+    record = load_checkpoint(tmp_path, {"model": other}, {"opt": other_opt}, {"seed": 1})
     assert record is not None and record["step"] == 7
     assert torch.equal(other.weight, net.weight)
     p, q = next(iter(opt.state.values())), next(iter(other_opt.state.values()))
     assert torch.equal(p["exp_avg"], q["exp_avg"])
     with pytest.raises(ParameterError, match="another run"):
-        load_state(tmp_path, other, other_opt, {"seed": 2})
-    clear_state(tmp_path)
-    assert load_state(tmp_path, other, other_opt, {"seed": 1}) is None
+        load_checkpoint(tmp_path, {"model": other}, {"opt": other_opt}, {"seed": 2})
+    clear_checkpoint(tmp_path)
+    assert load_checkpoint(tmp_path, {"model": other}, {"opt": other_opt}, {"seed": 1}) is None
 
 
 def test_batches_follow_seed_and_step_and_drop_classes() -> None:
