@@ -7,7 +7,6 @@ import errno
 import json
 import os
 import sys
-import time
 import traceback
 import warnings
 from typing import Annotated, Any, NoReturn, Optional
@@ -16,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .cli_bars import one_phase, training_bar
 from .cli_dd import add_dd_commands
 
 app = typer.Typer(
@@ -573,8 +573,6 @@ def train_drafter(
     position measured with the method that decodes with the head."""
     from pathlib import Path
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     import fastdecode
     from fastdecode.config import parse_param_strings
     from fastdecode.errors import ArgumentError
@@ -598,23 +596,9 @@ def train_drafter(
     model = fastdecode.load(target, device=device, dtype="float32")
     command = (f"fastdecode train drafter --target {target} --kind {kind} --seed {seed} --threads {threads}"
                + (f" --steps {steps}" if steps else "") + "".join(f" --set '{s}'" for s in set_))
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
-    started = time.perf_counter()
-    with Progress(*columns, console=err) as bar:
-        tasks: dict[str, Any] = {}
-        titles = {"data": f"regenerating {target}'s answers", "train": f"training the {kind} head",
-                  "measure": "measuring τ on parallel-lists"}
-
-        def report(phase: str, done: int, total: int, metrics: dict[str, float]) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(titles.get(phase, phase), total=total, info="")
-            info = " ".join(f"{k} {v:.3f}" for k, v in metrics.items() if k in ("loss", "acc0", "acc1"))
-            bar.update(tasks[phase], completed=done, info=info)
-            if not err.is_terminal and phase == "train" and (done % 50 == 0 or done == total):
-                bar.console.print(f"step {done}/{total} {info} elapsed {time.perf_counter() - started:.0f}s",
-                                  highlight=False)
-
+    bar, report = training_bar(err, {"data": f"regenerating {target}'s answers", "train": f"training the {kind} head",
+                                     "measure": "measuring τ on parallel-lists"}, shown=("loss", "acc0", "acc1"))
+    with bar:
         card = train_head(model, kind, Path(out_dir), seed=seed, cfg=cfg, options=options, report=report,
                           command=command, threads=threads)
     out.print_json(json.dumps(card))
@@ -651,7 +635,6 @@ def _train_image(name: str, settings: Any, trainer: Any, default: str, out_dir: 
     from pathlib import Path
 
     import torch
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from fastdecode.config import build_config, parse_param_strings
     from fastdecode.train.zoo import zoo_folder
@@ -665,20 +648,9 @@ def _train_image(name: str, settings: Any, trainer: Any, default: str, out_dir: 
     folder = Path(out_dir) if out_dir else zoo_folder("img-ar") / default if default else zoo_folder("img-ar")
     command = (f"fastdecode train {name} --seed {seed} --threads {threads}" + (f" --steps {steps}" if steps else "")
                + "".join(f" --set '{s}'" for s in set_))
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
-    started = time.perf_counter()
-    with Progress(*columns, console=err) as bar:
-        task = bar.add_task(f"training {name}", total=cfg.steps, info="")
-
-        def progress(step: int, total: int, metrics: dict[str, float]) -> None:
-            info = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-            bar.update(task, completed=step, info=info)
-            if not err.is_terminal and (step % 50 == 0 or step == total):
-                bar.console.print(f"step {step}/{total} {info} elapsed {time.perf_counter() - started:.0f}s",
-                                  highlight=False)
-
-        metrics = trainer(folder, seed=seed, cfg=cfg, progress=progress, command=command, threads=threads)
+    bar, report = training_bar(err, {"train": f"training {name}"})
+    with bar:
+        metrics = trainer(folder, seed=seed, cfg=cfg, progress=one_phase(report), command=command, threads=threads)
     out.print_json(json.dumps(metrics))
     err.print(f"saved {folder} (card: {folder / 'README.md'})")
 
@@ -702,8 +674,6 @@ def train_filter_command(
     TPF beside dlm.baseline and dlm.threshold on test items."""
     import typing
     from pathlib import Path
-
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     import fastdecode
     from fastdecode.config import parse_param_strings
@@ -731,18 +701,9 @@ def train_filter_command(
     model = fastdecode.load(target, device="cpu", dtype="float32")
     command = (f"fastdecode train filter --target {target} --seed {seed} --threads {threads}"
                + "".join(f" --set '{s}'" for s in set_))
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
-    titles = {"data": f"logging {target}'s dlm.baseline trajectories (tasks)", "train": "training the filter",
-              "measure": "decoding test items (methods)"}
-    with Progress(*columns, console=err) as bar:
-        tasks: dict[str, Any] = {}
-
-        def report(phase: str, done: int, total: int, metrics: dict[str, float]) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(titles.get(phase, phase), total=total, info="")
-            bar.update(tasks[phase], completed=done, info=" ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-
+    bar, report = training_bar(err, {"data": f"logging {target}'s dlm.baseline trajectories (tasks)",
+                                     "train": "training the filter", "measure": "decoding test items (methods)"})
+    with bar:
         _, card = train_filter(model, Path(out_dir), seed=seed, cfg=cfg, report=report)
         card["target"] = target
         card["decoding"] = []
@@ -780,8 +741,6 @@ def train_dparallel(
     an interrupted run; it is deterministic for a seed and thread count."""
     from pathlib import Path
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from fastdecode.config import parse_param_strings
     from fastdecode.train import dparallel
     from fastdecode.train.zoo import zoo_folder
@@ -793,23 +752,10 @@ def train_dparallel(
     folder = Path(out_dir) if out_dir else zoo_folder(dparallel.NAME)
     command = (f"fastdecode train dparallel --seed {seed} --threads {threads}" + (f" --steps {steps}" if steps else "")
                + "".join(f" --set '{s}'" for s in set_))
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
-    titles = {"data": f"{dparallel.TEACHER} answers training items", "train": "training the student",
-              "measure": "measuring teacher and student on parallel-lists"}
-    started = time.perf_counter()
-    with Progress(*columns, console=err) as bar:
-        tasks: dict[str, Any] = {}
-
-        def report(phase: str, done: int, total: int, metrics: dict[str, float]) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(titles.get(phase, phase), total=total, info="")
-            info = " ".join(f"{k} {v:.3f}" if k != "kept" else f"kept {v:.0f}" for k, v in metrics.items())
-            bar.update(tasks[phase], completed=done, info=info)
-            if not err.is_terminal and (phase != "train" or done % 25 == 0 or done == total):
-                bar.console.print(f"{phase} {done}/{total} {info} elapsed {time.perf_counter() - started:.0f}s",
-                                  highlight=False)
-
+    bar, report = training_bar(err, {"data": f"{dparallel.TEACHER} answers training items",
+                                     "train": "training the student",
+                                     "measure": "measuring teacher and student on parallel-lists"}, every=25)
+    with bar:
         card = dparallel.build(folder, seed, threads, cfg, command, report)
     summary = {k: {f: v for f, v in m.items() if f != "per_item"} for k, m in card.get("measured", {}).items()}
     out.print_json(json.dumps({**{k: v for k, v in card.items() if k != "measured"}, "measured": summary}))
@@ -820,8 +766,6 @@ def _train_zoo(name: str, out_dir: str | None, seed: int, threads: int, steps: i
                eval_items: int) -> None:
     """Reproduce a zoo model from its recipe and a seed, then evaluate it and write its card."""
     from pathlib import Path
-
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from fastdecode.config import parse_param_strings
     from fastdecode.train.recipes import get_recipe, override
@@ -835,28 +779,9 @@ def _train_zoo(name: str, out_dir: str | None, seed: int, threads: int, steps: i
     folder = Path(out_dir) if out_dir else zoo_folder(name)
     command = (f"fastdecode train {name} --seed {seed} --threads {threads}" + (f" --steps {steps}" if steps else "")
                + "".join(f" --set '{s}'" for s in set_))
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn())
-    started = time.perf_counter()
-    recent: list[float] = []
-
-    def log_line(step: int, total: int, loss: float) -> None:
-        # a redirected log gets no live bar: a plain line every 50 steps instead, with the mean loss since the last
-        recent.append(loss)
-        if not err.is_terminal and (step % 50 == 0 or step == total):
-            mean = sum(recent) / len(recent)
-            recent.clear()
-            err.print(f"step {step}/{total} loss {loss:.3f} (mean of the last steps {mean:.3f}) "
-                      f"elapsed {time.perf_counter() - started:.0f}s", highlight=False)
-
-    with Progress(*columns, console=err) as bar:
-        task = bar.add_task(f"training {name}", total=steps or recipe.steps, loss=float("nan"))
-
-        def progress(step: int, total: int, loss: float) -> None:
-            bar.update(task, completed=step, loss=loss)
-            log_line(step, total, loss)
-
-        metrics = build(recipe, folder, seed, threads, steps, eval_items, command, progress=progress,
+    bar, report = training_bar(err, {"train": f"training {name}"})
+    with bar:
+        metrics = build(recipe, folder, seed, threads, steps, eval_items, command, progress=one_phase(report),
                         status=lambda msg: bar.console.print(msg))
     out_metrics = {k: v for k, v in metrics.items() if k != "code_samples"}
     out.print_json(json.dumps(out_metrics))
@@ -897,8 +822,6 @@ def train_img_eval(
     Resumable (rerun the same command) and deterministic for a seed and thread count; needs the image extra."""
     from pathlib import Path
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from fastdecode.image.evaluator import default_folder
     from fastdecode.train.img_eval import EvalTraining, train_evaluator
 
@@ -907,17 +830,10 @@ def train_img_eval(
     folder = Path(out_dir) if out_dir else default_folder()
     command = (f"fastdecode train img-eval --seed {seed} --threads {threads}" + (f" --steps {steps}" if steps else "")
                + (f" --out {out_dir}" if out_dir else ""))
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err) as bar:
-        task = bar.add_task("training img-eval", total=cfg.steps, loss=float("nan"))
-
-        def report(step: int, total: int, loss: float) -> None:
-            bar.update(task, completed=step, loss=loss)
-            if not err.is_terminal and (step % 100 == 0 or step == total):
-                bar.console.print(f"step {step}/{total} loss {loss:.3f}", highlight=False)
-
-        card = train_evaluator(folder, seed=seed, cfg=cfg, threads=threads, report=report, command=command)
+    bar, report = training_bar(err, {"train": "training img-eval"}, every=100)
+    with bar:
+        card = train_evaluator(folder, seed=seed, cfg=cfg, threads=threads, report=one_phase(report),
+                               command=command)
     out.print_json(json.dumps(card))
     err.print(f"saved {folder} (card: {folder / 'README.md'})")
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+
+from .cli_bars import training_bar
 
 TeacherOpt = Annotated[str, typer.Option(help="The image teacher: a folder or zoo:NAME.")]
 OutOpt = Annotated[Optional[str], typer.Option(
@@ -66,25 +67,7 @@ def _teacher(teacher: str, threads: int) -> Any:
 
 
 def _progress(err: Console, what: str) -> Any:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
-    bar = Progress(*columns, console=err)
-    tasks: dict[str, Any] = {}
-    started = time.perf_counter()
-    titles = {"data": "teacher (noise, codes) pairs", "train": f"training {what}"}
-
-    def report(phase: str, done: int, total: int, metrics: dict[str, float]) -> None:
-        if phase not in tasks:
-            tasks[phase] = bar.add_task(titles.get(phase, phase), total=total, info="")
-        info = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-        bar.update(tasks[phase], completed=done, info=info)
-        if not err.is_terminal and (done % 25 == 0 or done == total):
-            bar.console.print(f"{phase} {done}/{total} {info} elapsed {time.perf_counter() - started:.0f}s",
-                              highlight=False)
-
-    return bar, report
+    return training_bar(err, {"data": "teacher (noise, codes) pairs", "train": f"training {what}"}, every=25)
 
 
 def add_dd_commands(train_app: typer.Typer, err: Console, out: Console) -> None:
