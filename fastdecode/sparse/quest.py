@@ -1,53 +1,87 @@
-"""sparse.quest: Quest (Tang et al. 2024). The cache is cut into pages of `page` tokens; each page keeps the
+"""sparse.quest: Quest (Tang et al. 2024). Each row's tokens are cut into pages of `page` tokens; each page keeps the
 per-channel minimum and maximum of its keys, so sum_d max(q_d * max_d, q_d * min_d) bounds q . k for every key of
-the page from above. A step reads the bounds, then the pages with the highest bounds (summed over a key/value
-head's query heads, as sparse-frontier shares pages across a GQA group) up to the budget; sinks, the recent
-window and the first `dense_layers` layers as in `base`.
+the page from above. A step reads the bounds, then the pages with the highest bounds up to the budget, and always
+the current (last) page, as Quest's kernels do; the first `dense_layers` layers and the prefill are dense (`base`).
 
-The bounds are kept per layer and updated only for pages written since the last step (`KVCache.written_since`),
-so choosing reads 2 / `page` of the keys."""
+As in the authors' code, each query head scores the pages on its own (`per_query_head=True`: their evaluation code
+repeats the keys per query head before it bounds them; their kernels serve heads that are not grouped) and nothing
+but the current page and the step's own token is forced (`sinks=0`, `recent=1`). `per_query_head=False` sums the
+bounds over a key/value head's query heads (sparse-frontier's `share_pages`), so a group reads one set of pages.
+
+Pages are counted over each row's real tokens, so left padding never enters a page's bounds and a padded row of a
+batch gets the bounds it gets alone. The bounds are kept per layer and updated only for the pages written since the
+last step (`KVCache.written_since`), so choosing reads 2 / `page` of the keys."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..attention import register_rule
 from ..config import check
-from .base import Selection, Selector, SparseConfig
+from .base import Selection, Selector, SparseConfig, group_sum
 
 
 @dataclass(frozen=True)
 class QuestConfig(SparseConfig):
     page: int = 16  # tokens per page (Quest's chunk_size)
+    sinks: int = 0  # Quest forces no attention sinks
+    recent: int = 1  # nor a recent window: the current page is kept instead
+    per_query_head: bool = True  # Quest's default: every query head bounds the pages with its own query
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.page >= 1, "page", self.page, "must be >= 1 token")
 
 
+def page_of(real: torch.Tensor, page: int) -> torch.Tensor:
+    """`[B, K]` long: each real column's page within its row (its rank among the row's real tokens // `page`), -1
+    for a column that is not a real token (left padding, past a ragged row's end)."""
+    rank = real.long().cumsum(-1) - 1
+    return torch.where(real, rank // page, -1)
+
+
+def row_page_bounds(k: torch.Tensor, pages: torch.Tensor, first: torch.Tensor,
+                    n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel min and max of the keys `k` `[B, H, K, D]` of each row's pages `first[b]` .. `n - 1` (`pages`:
+    `[B, K]` from `page_of`): two `[B, H, n, D]` tensors, 0 for the pages before `first[b]` and empty ones."""
+    B, H, K, D = k.shape
+    slot = torch.where(pages >= first[:, None], pages, n)  # [B, K]: slot n collects what is not summarised
+    idx = slot[:, None, :, None].expand(B, H, K, D)
+    lo = k.new_full((B, H, n + 1, D), float("inf")).scatter_reduce(2, idx, k, "amin")
+    hi = k.new_full((B, H, n + 1, D), float("-inf")).scatter_reduce(2, idx, k, "amax")
+    lo, hi = lo[:, :, :n], hi[:, :, :n]
+    empty = lo > hi
+    return lo.masked_fill(empty, 0.0), hi.masked_fill(empty, 0.0)
+
+
 def page_bounds(k: torch.Tensor, page: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel min and max of the keys of pages `start // page` onwards: two `[B, H, P', D]` tensors."""
-    first = (start // page) * page
-    chunk = k[:, :, first:]
-    n = chunk.shape[2]
-    pad = -n % page
-    lo = F.pad(chunk, (0, 0, 0, pad), value=float("inf"))
-    hi = F.pad(chunk, (0, 0, 0, pad), value=float("-inf"))
-    shape = (*k.shape[:2], (n + pad) // page, page, k.shape[-1])
-    return lo.view(shape).amin(3), hi.view(shape).amax(3)
+    """Per-channel min and max of the keys of pages `start // page` onwards of rows without padding: two
+    `[B, H, P', D]` tensors."""
+    B, K = k.shape[0], k.shape[2]
+    pages = page_of(torch.ones(B, K, dtype=torch.bool, device=k.device), page)
+    n, first = -(-K // page), start // page
+    lo, hi = row_page_bounds(k, pages, torch.full((B,), first, device=k.device), n)
+    return lo[:, :, first:], hi[:, :, first:]
 
 
-def bound_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:
+def bound_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
+                 per_query_head: bool = False) -> torch.Tensor:
     """Upper bound of q . k over each page: `[B, Hq, Q, D]` x `[B, Hkv, P, D]` -> `[B, Hkv, P]` (summed over the
-    queries and the query heads of each key/value head)."""
+    queries and the query heads of each key/value head), or `[B, Hq, P]` per query head."""
     B, Hkv = kmin.shape[:2]
     g = q.shape[1] // Hkv
     qg = q.reshape(B, Hkv, g * q.shape[2], 1, q.shape[3])  # [B, Hkv, gQ, 1, D]
     best = torch.maximum(qg * kmax[:, :, None], qg * kmin[:, :, None]).sum(-1)  # [B, Hkv, gQ, P]
-    return best.sum(2)
+    return group_sum(best, q.shape[2], per_query_head)
+
+
+def _fit(t: torch.Tensor, n: int) -> torch.Tensor:
+    """`t` `[B, H, P, D]` cut or zero-padded to `n` pages."""
+    if t.shape[2] >= n:
+        return t[:, :, :n]
+    return torch.cat([t, t.new_zeros(*t.shape[:2], n - t.shape[2], t.shape[3])], 2)
 
 
 class QuestSelector(Selector):
@@ -55,29 +89,43 @@ class QuestSelector(Selector):
 
     def reset(self) -> None:
         self.pages: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.ids: dict[int, torch.Tensor] = {}  # layer -> [B, K] page of each column (-1: not a real token)
         self.seen: dict[int, int] = {}  # columns each layer's bounds cover
 
     def observe(self, layer, q, k, mask) -> None:
-        page = self.cfg.page
+        B, K = k.shape[0], k.shape[2]
+        pages = page_of(self.real_columns(k, mask), self.cfg.page)  # [B, K]
+        n = max(1, int(pages.max()) + 1)
         old = self.pages.get(layer)
-        start = min(self._dirty, self.seen.get(layer, 0)) if old is not None else 0
-        lo, hi = page_bounds(k, page, start)
-        keep = start // page
-        if keep == 0 or old is None:
-            self.pages[layer] = (lo, hi)
-        else:
-            self.pages[layer] = (torch.cat([old[0][:, :, :keep], lo], 2), torch.cat([old[1][:, :, :keep], hi], 2))
-        self.seen[layer] = k.shape[2]
+        fresh = old is None or old[0].shape[0] != B
+        start = 0 if fresh else min(self._dirty, self.seen.get(layer, 0))
+        if start == 0:
+            first = torch.zeros(B, dtype=torch.long, device=k.device)
+        else:  # each row's first page holding a column written since the last look
+            tail = pages[:, start:]
+            first = torch.where(tail >= 0, tail, n).amin(-1) if tail.shape[1] else torch.full_like(pages[:, 0], n)
+        # the first column of any row's first page to redo: everything before it is summarised already
+        redo = pages >= first[:, None]  # [B, K]
+        c0 = int(torch.where(redo.any(-1), redo.int().argmax(-1), K).min())
+        lo, hi = row_page_bounds(k[:, :, c0:], pages[:, c0:], first, n)
+        if old is not None and not fresh and start > 0:
+            kept = (torch.arange(n, device=k.device)[None] < first[:, None])[:, None, :, None]  # [B, 1, n, 1]
+            lo = torch.where(kept, _fit(old[0], n), lo)
+            hi = torch.where(kept, _fit(old[1], n), hi)
+        self.pages[layer], self.ids[layer], self.seen[layer] = (lo, hi), pages, K
 
     def choose(self, layer, q, k, mask, visible) -> Selection:
         kmin, kmax = self.pages[layer]
+        pages = self.ids[layer]  # [B, K]
         self.add_reads(2 * kmin.shape[0] * kmin.shape[1] * kmin.shape[2])
-        scores = bound_scores(q, kmin, kmax)  # [B, Hkv, P]
-        per_col = scores.repeat_interleave(self.cfg.page, dim=-1)[..., : k.shape[2]]
-        return Selection(self.top(per_col, visible))
+        scores = bound_scores(q, kmin, kmax, self.cfg.per_query_head)  # [B, H, P]
+        B, H, K = scores.shape[0], scores.shape[1], pages.shape[1]
+        per_col = scores.gather(2, pages.clamp(min=0)[:, None, :].expand(B, H, K))  # [B, H, K]
+        current = (pages >= 0) & (pages == pages.amax(-1, keepdim=True))  # [B, K] the row's last page
+        return Selection(self.top(per_col, visible, keep=current))
 
 
 register_rule(
     "quest", QuestSelector, QuestConfig,
-    description="Quest: per-page key min/max bounds, the pages with the highest bounds up to the budget.",
+    description="Quest: per-page key min/max bounds, the current page and the pages with the highest bounds.",
 )
