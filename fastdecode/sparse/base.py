@@ -147,13 +147,11 @@ class Selector:
         recent = max(self.cfg.recent, self._queries)
         return visible & ((rank <= self.cfg.sinks) | (rank > total - recent))
 
-    def top(self, scores: torch.Tensor, visible: torch.Tensor, budget: int | None = None,
-            keep: torch.Tensor | None = None) -> torch.Tensor:
-        """`[B, H, n]` columns: the always-kept ones (and `keep`, `[B, K]` bool, e.g. Quest's current page), then
-        the best `scores` (`[B, H, K]`) up to the budget."""
+    def top(self, scores: torch.Tensor, visible: torch.Tensor, budget: int | None = None) -> torch.Tensor:
+        """`[B, H, n]` columns: the always-kept ones, then the best `scores` (`[B, H, K]`) up to the budget."""
         budget = budget or self.cfg.budget
-        kept = self.always(visible) if keep is None else self.always(visible) | (keep & visible)
-        s = scores.float().masked_fill(~visible[:, None], float("-inf")).masked_fill(kept[:, None], float("inf"))
+        keep = self.always(visible)
+        s = scores.float().masked_fill(~visible[:, None], float("-inf")).masked_fill(keep[:, None], float("inf"))
         n = min(budget, s.shape[-1])
         val, idx = s.topk(n, dim=-1, sorted=False)
         return idx.masked_fill(val == float("-inf"), -1)

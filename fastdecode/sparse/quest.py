@@ -1,7 +1,7 @@
 """sparse.quest: Quest (Tang et al. 2024). Each row's tokens are cut into pages of `page` tokens; each page keeps the
 per-channel minimum and maximum of its keys, so sum_d max(q_d * max_d, q_d * min_d) bounds q . k for every key of
-the page from above. A step reads the bounds, then the pages with the highest bounds up to the budget, and always
-the current (last) page, as Quest's kernels do; the first `dense_layers` layers and the prefill are dense (`base`).
+the page from above. A step reads the bounds, then whole pages: the current (last) one, as Quest's kernels keep it,
+and those with the highest bounds, `budget // page` pages in all (plus any sinks or recent tokens outside them); the first `dense_layers` layers and the prefill are dense (`base`).
 
 As in the authors' code, each query head scores the pages on its own (`per_query_head=True`: their evaluation code
 repeats the keys per query head before it bounds them; their kernels serve heads that are not grouped) and nothing
@@ -119,10 +119,21 @@ class QuestSelector(Selector):
         pages = self.ids[layer]  # [B, K]
         self.add_reads(2 * kmin.shape[0] * kmin.shape[1] * kmin.shape[2])
         scores = bound_scores(q, kmin, kmax, self.cfg.per_query_head)  # [B, H, P]
-        B, H, K = scores.shape[0], scores.shape[1], pages.shape[1]
-        per_col = scores.gather(2, pages.clamp(min=0)[:, None, :].expand(B, H, K))  # [B, H, K]
-        current = (pages >= 0) & (pages == pages.amax(-1, keepdim=True))  # [B, K] the row's last page
-        return Selection(self.top(per_col, visible, keep=current))
+        B, H, P = scores.shape
+        K = pages.shape[1]
+        slot = torch.where(visible & (pages >= 0), pages, P)  # [B, K]
+        seen = torch.zeros(B, P + 1, dtype=torch.bool, device=k.device).scatter_(1, slot, True)[:, :P]  # [B, P]
+        scores = scores.float().masked_fill(~seen[:, None], float("-inf"))
+        current = pages.amax(-1).clamp(min=0)[:, None, None].expand(B, H, 1)  # the row's last page, always kept
+        scores = scores.scatter(2, current, float("inf"))
+        n = min(max(1, self.cfg.budget // self.cfg.page), P)  # whole pages, as Quest reads them
+        val, idx = scores.topk(n, -1)
+        chosen = torch.zeros(B, H, P + 1, dtype=torch.bool, device=k.device)
+        chosen.scatter_(2, idx.masked_fill(val == float("-inf"), P), True)
+        per_col = chosen.gather(2, slot[:, None, :].expand(B, H, K))  # [B, H, K]
+        cols = per_col.float().masked_fill(~per_col, float("-inf"))
+        return Selection(self.top(cols, visible, n * self.cfg.page + self.cfg.sinks + max(self.cfg.recent,
+                                                                                             self._queries)))
 
 
 register_rule(
