@@ -20,6 +20,8 @@ from .base import Selection, Selector, SparseConfig, query_scores
 @dataclass(frozen=True)
 class TidalConfig(SparseConfig):
     reselect_layer: int = 4  # a second token-selection layer (TidalDecode: layer 13 of 32); -1 = none
+    sinks: int = 0  # TidalDecode forces no attention sinks
+    recent: int = 1  # nor a recent window (the step's own token is always read)
     per_query_head: bool = True  # TidalDecode's reference code: one top-k per query head
 
     def __post_init__(self) -> None:
