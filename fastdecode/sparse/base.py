@@ -4,8 +4,8 @@ A `Selector` (the core's `attention.SparseSelector`) is handed to `CausalLM.forw
 adapter calls `begin(cache, plan)` once per forward; fastdecode's attention function (`fastdecode.attention`) then
 calls `select(layer, q, k, v, mask)` in every layer before it attends. `select` returns `None` (attend densely) or a
 `Selection`: for each row and key/value head (or, with `per_query_head`, each query head) the cache columns to read
-(`-1` = none), and optionally heads that stay dense. The attention function gathers only those columns (`fastdecode.attention.gathered`), so a decode step reads `budget` columns
-per head instead of the whole cache.
+(`-1` = none), and optionally heads that stay dense. The attention function gathers only those columns
+(`fastdecode.attention.gathered`), so a decode step reads `budget` columns per head instead of the whole cache.
 
 Guards every rule gets from here:
 - the first `sinks` and the last `recent` visible columns of each row are always kept (at least the forward's own

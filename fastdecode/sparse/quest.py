@@ -1,7 +1,8 @@
 """sparse.quest: Quest (Tang et al. 2024). Each row's tokens are cut into pages of `page` tokens; each page keeps the
 per-channel minimum and maximum of its keys, so sum_d max(q_d * max_d, q_d * min_d) bounds q . k for every key of
 the page from above. A step reads the bounds, then whole pages: the current (last) one, as Quest's kernels keep it,
-and those with the highest bounds, `budget // page` pages in all (plus any sinks or recent tokens outside them); the first `dense_layers` layers and the prefill are dense (`base`).
+and those with the highest bounds, `budget // page` pages in all (plus any sinks or recent tokens outside them);
+the first `dense_layers` layers and the prefill are dense (`base`).
 
 As in the authors' code, each query head scores the pages on its own (`per_query_head=True`: their evaluation code
 repeats the keys per query head before it bounds them; their kernels serve heads that are not grouped) and nothing

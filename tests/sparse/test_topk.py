@@ -109,7 +109,7 @@ def test_per_query_head_equals_per_kv_head_when_heads_are_not_grouped(mha, rule)
         runs.append((seen[-4:], logits))
     (a, la), (b, lb) = runs
     assert any(s is not None for s in a)
-    for s, t in zip(a, b):
+    for s, t in zip(a, b, strict=True):
         assert (s is None) == (t is None)
         if s is not None:
             assert torch.equal(s.cols.sort(-1).values, t.cols.sort(-1).values)
