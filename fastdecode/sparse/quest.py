@@ -108,33 +108,66 @@ class QuestSelector(Selector):
         # the first column of any row's first page to redo: everything before it is summarised already
         redo = pages >= first[:, None]  # [B, K]
         c0 = int(torch.where(redo.any(-1), redo.int().argmax(-1), K).min())
-        lo, hi = row_page_bounds(k[:, :, c0:], pages[:, c0:], first, n)
-        if old is not None and not fresh and start > 0:
-            kept = (torch.arange(n, device=k.device)[None] < first[:, None])[:, None, :, None]  # [B, 1, n, 1]
-            lo = torch.where(kept, _fit(old[0], n), lo)
-            hi = torch.where(kept, _fit(old[1], n), hi)
+        p0 = min(int(first.min()), n)  # pages before p0 are summarised in every row
+        tail = pages[:, c0:]
+        lo, hi = row_page_bounds(k[:, :, c0:], torch.where(tail >= 0, tail - p0, -1), first - p0, n - p0)
+        if not fresh and start > 0:
+            assert old is not None
+            if bool((first > p0).any()):  # rows whose first page to redo comes later keep their bounds up to it
+                kept = (torch.arange(p0, n, device=k.device)[None] < first[:, None])[:, None, :, None]
+                lo = torch.where(kept, _fit(old[0][:, :, p0:], n - p0), lo)
+                hi = torch.where(kept, _fit(old[1][:, :, p0:], n - p0), hi)
+            lo, hi = torch.cat([old[0][:, :, :p0], lo], 2), torch.cat([old[1][:, :, :p0], hi], 2)
         self.pages[layer], self.ids[layer], self.seen[layer] = (lo, hi), pages, K
 
     def choose(self, layer, q, k, mask, visible) -> Selection:
         kmin, kmax = self.pages[layer]
         pages = self.ids[layer]  # [B, K]
         self.add_reads(2 * kmin.shape[0] * kmin.shape[1] * kmin.shape[2])
-        scores = bound_scores(q, kmin, kmax, self.cfg.per_query_head)  # [B, H, P]
+        scores = bound_scores(q, kmin, kmax, self.cfg.per_query_head).float()  # [B, H, P]
         B, H, P = scores.shape
-        K = pages.shape[1]
+        page = self.cfg.page
         slot = torch.where(visible & (pages >= 0), pages, P)  # [B, K]
         seen = torch.zeros(B, P + 1, dtype=torch.bool, device=k.device).scatter_(1, slot, True)[:, :P]  # [B, P]
-        scores = scores.float().masked_fill(~seen[:, None], float("-inf"))
+        scores = scores.masked_fill(~seen[:, None], float("-inf"))
         current = pages.amax(-1).clamp(min=0)[:, None, None].expand(B, H, 1)  # the row's last page, always kept
         scores = scores.scatter(2, current, float("inf"))
-        n = min(max(1, self.cfg.budget // self.cfg.page), P)  # whole pages, as Quest reads them
-        val, idx = scores.topk(n, -1)
-        chosen = torch.zeros(B, H, P + 1, dtype=torch.bool, device=k.device)
-        chosen.scatter_(2, idx.masked_fill(val == float("-inf"), P), True)
-        per_col = chosen.gather(2, slot[:, None, :].expand(B, H, K))  # [B, H, K]
-        cols = per_col.float().masked_fill(~per_col, float("-inf"))
-        return Selection(self.top(cols, visible, n * self.cfg.page + self.cfg.sinks + max(self.cfg.recent,
-                                                                                             self._queries)))
+        n = min(max(1, self.cfg.budget // page), P)  # whole pages, as Quest reads them
+        val, idx = scores.topk(n, -1)  # [B, H, n]
+        idx = idx.masked_fill(val == float("-inf"), P)  # P: no page
+        cols = page_columns(pages, visible, idx, page, P)  # [B, H, n * page]
+        chosen = torch.zeros(B, H, P + 1, dtype=torch.bool, device=k.device).scatter_(2, idx, True)
+        return Selection(torch.cat([cols, self.forced(pages, visible, chosen)], -1))
+
+    def forced(self, pages: torch.Tensor, visible: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """`[B, H, a]` the sinks and recent columns (`base.always`) that lie outside the chosen pages (`chosen`:
+        `[B, H, P + 1]` bool), -1 elsewhere."""
+        keep = self.always(visible)  # [B, K]
+        B, H, P = chosen.shape[0], chosen.shape[1], chosen.shape[2] - 1
+        a = int(keep.sum(-1).max())
+        if a == 0:
+            return pages.new_full((B, H, 0), -1)
+        kv, ki = keep.to(torch.int8).topk(a, -1)  # [B, a]
+        page_of_col = pages.gather(1, ki)
+        where = torch.where((kv > 0) & (page_of_col >= 0), page_of_col, P)  # [B, a]
+        inside = chosen.gather(2, where[:, None].expand(B, H, a)) & (where < P)[:, None]
+        return ki[:, None].expand(B, H, a).masked_fill(inside | (kv == 0)[:, None], -1)
+
+
+def page_columns(pages: torch.Tensor, visible: torch.Tensor, idx: torch.Tensor, page: int, P: int) -> torch.Tensor:
+    """`[B, H, n * page]` the visible columns of the pages `idx` (`[B, H, n]`, `P` = none) of each row, -1 where a
+    page has fewer (the current page, or none). `pages`: `[B, K]` from `page_of`, `P` pages in all."""
+    B, K = pages.shape
+    H, n = idx.shape[1], idx.shape[2]
+    col = torch.arange(K, device=pages.device).expand(B, K)
+    slot = torch.where(pages >= 0, pages, P)
+    first = torch.full((B, P + 1), K, device=pages.device).scatter_reduce(1, slot, col, "amin")  # [B, P+1]
+    first[:, -1] = K
+    cols = first.gather(1, idx.reshape(B, -1)).reshape(B, H, n, 1) + torch.arange(page, device=pages.device)
+    safe = cols.clamp(max=K - 1).reshape(B, -1)  # [B, H*n*page]
+    ok = (cols < K) & (pages.gather(1, safe) == idx.reshape(B, -1).repeat_interleave(page, 1)).reshape(cols.shape)
+    ok &= visible.gather(1, safe).reshape(cols.shape)
+    return cols.masked_fill(~ok, -1).reshape(B, H, n * page)
 
 
 register_rule(
