@@ -6,7 +6,8 @@ until the next selection layer.
 Selection is per query head by default (`per_query_head=True`), as in TidalDecode's reference code
 (`src/tidal_build/modify_llama.py` scores after `repeat_kv`, so every query head takes its own top-k);
 `per_query_head=False` shares one set per key/value head (summed over its query heads), which reads fewer columns
-per key/value head under grouped-query attention. Differences from the authors, with why, are in docs/sparse.md."""
+per key/value head under grouped-query attention. As there, nothing else is forced (`sinks=0`, `recent=1`: the
+step's own token). Differences from the authors, with why, are in docs/sparse.md."""
 
 from __future__ import annotations
 
