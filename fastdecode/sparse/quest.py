@@ -117,7 +117,7 @@ class QuestSelector(Selector):
                 kept = (torch.arange(p0, n, device=k.device)[None] < first[:, None])[:, None, :, None]
                 lo = torch.where(kept, _fit(old[0][:, :, p0:], n - p0), lo)
                 hi = torch.where(kept, _fit(old[1][:, :, p0:], n - p0), hi)
-            lo, hi = torch.cat([old[0][:, :, :p0], lo], 2), torch.cat([old[1][:, :, :p0], hi], 2)
+            lo, hi = torch.cat([_fit(old[0], p0), lo], 2), torch.cat([_fit(old[1], p0), hi], 2)
         self.pages[layer], self.ids[layer], self.seen[layer] = (lo, hi), pages, K
 
     def choose(self, layer, q, k, mask, visible) -> Selection:

@@ -262,3 +262,28 @@ def test_double_label_quantisation(gqa):
     assert not torch.equal(labels, ref) and torch.allclose(labels, ref, atol=0.5)
     with pytest.raises(Exception, match="label_bits"):
         make_selector("double:label_bits=12", gqa)
+
+
+def test_quest_incremental_bounds_equal_fresh_ones(gqa):
+    """Bounds updated page by page over decode steps (a padded batch, a rollback) equal bounds made from scratch."""
+    long, short = prompt(50, 3), prompt(41, 4)
+    ids = torch.tensor([long, [2] * 9 + short])
+    am = torch.ones_like(ids)
+    am[1, :9] = 0
+    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    sel = make_selector("quest", gqa, budget=32, page=8)
+    cache = gqa.new_cache(batch=2, capacity=90)
+    gqa.forward(ids, pos, cache, attention_mask=am, sparse=sel)
+    for step in range(20):
+        gqa.forward(torch.tensor([[7], [9]]), pos[:, -1:] + 1 + step, cache, sparse=sel)
+        if step == 12:  # a speculative rollback: rows drop 5 and 2 columns, then decode on
+            cache.crop_rows([n - d for n, d in zip(cache.lengths, (5, 2), strict=True)])
+    width = max(cache.lengths)
+    for layer in range(4):
+        k = cache.layers[layer].keys[:, :, :width]
+        fresh = make_selector("quest", gqa, budget=32, page=8)
+        fresh.begin(cache, SimpleNamespace(q_pos=torch.zeros(2, 1), sparse=None))
+        fresh.observe(layer, None, k, None)
+        n = fresh.pages[layer][0].shape[2]
+        for t in range(2):
+            torch.testing.assert_close(sel.pages[layer][t][:, :, :n], fresh.pages[layer][t], atol=0, rtol=0)
