@@ -36,23 +36,27 @@ class QuestConfig(SparseConfig):
         check(self.page >= 1, "page", self.page, "must be >= 1 token")
 
 
-def page_of(real: torch.Tensor, page: int) -> torch.Tensor:
-    """`[B, K]` long: each real column's page within its row (its rank among the row's real tokens // `page`), -1
-    for a column that is not a real token (left padding, past a ragged row's end)."""
-    rank = real.long().cumsum(-1) - 1
-    return torch.where(real, rank // page, -1)
+def rank_of(real: torch.Tensor) -> torch.Tensor:
+    """`[B, K]` long: each real column's rank among its row's real tokens, -1 for a column that is not a real token
+    (left padding, past a ragged row's end). A column's page is its rank // `page`."""
+    return torch.where(real, real.long().cumsum(-1) - 1, -1)
 
 
-def row_page_bounds(k: torch.Tensor, pages: torch.Tensor, first: torch.Tensor,
-                    n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel min and max of the keys `k` `[B, H, K, D]` of each row's pages `first[b]` .. `n - 1` (`pages`:
-    `[B, K]` from `page_of`): two `[B, H, n, D]` tensors, 0 for the pages before `first[b]` and empty ones."""
+def row_page_bounds(k: torch.Tensor, rank: torch.Tensor, first: torch.Tensor, n: int,
+                    page: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel min and max of the keys `k` `[B, H, K, D]` of each row's pages `first[b]` .. `n - 1` (`rank`:
+    `[B, K]` from `rank_of`, counted from page 0 of the result): two `[B, H, n, D]` tensors, 0 for the pages before
+    `first[b]` and empty ones. Each row's real keys are gathered into rank order, so a page is a slice."""
     B, H, K, D = k.shape
-    slot = torch.where(pages >= first[:, None], pages, n)  # [B, K]: slot n collects what is not summarised
-    idx = slot[:, None, :, None].expand(B, H, K, D)
-    lo = k.new_full((B, H, n + 1, D), float("inf")).scatter_reduce(2, idx, k, "amin")
-    hi = k.new_full((B, H, n + 1, D), float("-inf")).scatter_reduce(2, idx, k, "amax")
-    lo, hi = lo[:, :, :n], hi[:, :, :n]
+    use = (rank >= 0) & (rank // page >= first[:, None])
+    slot = torch.where(use, rank, n * page).clamp(max=n * page)  # [B, K]: slot n * page collects the rest
+    cols = torch.arange(K, device=k.device).expand(B, K)
+    where = torch.full((B, n * page + 1), -1, dtype=torch.long, device=k.device).scatter_(1, slot, cols)
+    where = where[:, : n * page]  # [B, n * page] the column at each rank, -1 none
+    got = k.gather(2, where.clamp(min=0)[:, None, :, None].expand(B, H, n * page, D))  # [B, H, n * page, D]
+    none = (where < 0)[:, None, :, None]
+    lo = got.masked_fill(none, float("inf")).view(B, H, n, page, D).amin(3)
+    hi = got.masked_fill(none, float("-inf")).view(B, H, n, page, D).amax(3)
     empty = lo > hi
     return lo.masked_fill(empty, 0.0), hi.masked_fill(empty, 0.0)
 
@@ -61,9 +65,9 @@ def page_bounds(k: torch.Tensor, page: int, start: int = 0) -> tuple[torch.Tenso
     """Per-channel min and max of the keys of pages `start // page` onwards of rows without padding: two
     `[B, H, P', D]` tensors."""
     B, K = k.shape[0], k.shape[2]
-    pages = page_of(torch.ones(B, K, dtype=torch.bool, device=k.device), page)
+    rank = rank_of(torch.ones(B, K, dtype=torch.bool, device=k.device))
     n, first = -(-K // page), start // page
-    lo, hi = row_page_bounds(k, pages, torch.full((B,), first, device=k.device), n)
+    lo, hi = row_page_bounds(k, rank, torch.full((B,), first, device=k.device), n, page)
     return lo[:, :, first:], hi[:, :, first:]
 
 
@@ -94,23 +98,18 @@ class QuestSelector(Selector):
         self.seen: dict[int, int] = {}  # columns each layer's bounds cover
 
     def observe(self, layer, q, k, mask) -> None:
-        B, K = k.shape[0], k.shape[2]
-        pages = page_of(self.real_columns(k, mask), self.cfg.page)  # [B, K]
-        n = max(1, int(pages.max()) + 1)
+        B = k.shape[0]
         old = self.pages.get(layer)
         fresh = old is None or old[0].shape[0] != B
         start = 0 if fresh else min(self._dirty, self.seen.get(layer, 0))
-        if start == 0:
-            first = torch.zeros(B, dtype=torch.long, device=k.device)
-        else:  # each row's first page holding a column written since the last look
-            tail = pages[:, start:]
-            first = torch.where(tail >= 0, tail, n).amin(-1) if tail.shape[1] else torch.full_like(pages[:, 0], n)
-        # the first column of any row's first page to redo: everything before it is summarised already
-        redo = pages >= first[:, None]  # [B, K]
-        c0 = int(torch.where(redo.any(-1), redo.int().argmax(-1), K).min())
-        p0 = min(int(first.min()), n)  # pages before p0 are summarised in every row
-        tail = pages[:, c0:]
-        lo, hi = row_page_bounds(k[:, :, c0:], torch.where(tail >= 0, tail - p0, -1), first - p0, n - p0)
+        key = ("quest", k.shape[2], start)  # what to redo is the same in every layer of a forward: work it out once
+        if key not in self.state:
+            self.state[key] = self.redo(k, mask, start)
+        rank, pages, n, first, c0, p0 = self.state[key]
+        page = self.cfg.page
+        tail = rank[:, c0:]
+        lo, hi = row_page_bounds(k[:, :, c0:], torch.where(tail >= 0, tail - p0 * page, -1), first - p0, n - p0,
+                                 page)
         if not fresh and start > 0:
             assert old is not None
             if bool((first > p0).any()):  # rows whose first page to redo comes later keep their bounds up to it
@@ -118,7 +117,26 @@ class QuestSelector(Selector):
                 lo = torch.where(kept, _fit(old[0][:, :, p0:], n - p0), lo)
                 hi = torch.where(kept, _fit(old[1][:, :, p0:], n - p0), hi)
             lo, hi = torch.cat([_fit(old[0], p0), lo], 2), torch.cat([_fit(old[1], p0), hi], 2)
-        self.pages[layer], self.ids[layer], self.seen[layer] = (lo, hi), pages, K
+        self.pages[layer], self.ids[layer], self.seen[layer] = (lo, hi), pages, k.shape[2]
+
+    def redo(self, k: torch.Tensor, mask: torch.Tensor, start: int) -> tuple:
+        """What a forward must summarise again when the columns from `start` on are new: each column's rank and page
+        (`[B, K]`), the page count, each row's first page to redo (`[B]`), the first column and page any row
+        redoes."""
+        B, K = k.shape[0], k.shape[2]
+        rank = rank_of(self.real_columns(k, mask))  # [B, K]
+        pages = torch.where(rank >= 0, rank // self.cfg.page, -1)  # [B, K]
+        n = max(1, int(pages.max()) + 1)
+        if start == 0:
+            first = torch.zeros(B, dtype=torch.long, device=k.device)
+        else:  # each row's first page holding a column written since the last look
+            tail = pages[:, start:]
+            first = torch.where(tail >= 0, tail, n).amin(-1) if tail.shape[1] else torch.full_like(pages[:, 0], n)
+        # the first column of any row's first page to redo: everything before it is summarised already
+        again = pages >= first[:, None]  # [B, K]
+        c0 = int(torch.where(again.any(-1), again.int().argmax(-1), K).min())
+        p0 = min(int(first.min()), n)  # pages before p0 are summarised in every row
+        return rank, pages, n, first, c0, p0
 
     def choose(self, layer, q, k, mask, visible) -> Selection:
         kmin, kmax = self.pages[layer]
@@ -156,7 +174,7 @@ class QuestSelector(Selector):
 
 def page_columns(pages: torch.Tensor, visible: torch.Tensor, idx: torch.Tensor, page: int, P: int) -> torch.Tensor:
     """`[B, H, n * page]` the visible columns of the pages `idx` (`[B, H, n]`, `P` = none) of each row, -1 where a
-    page has fewer (the current page, or none). `pages`: `[B, K]` from `page_of`, `P` pages in all."""
+    page has fewer (the current page, or none). `pages`: `[B, K]` each column's page (-1 none), `P` pages in all."""
     B, K = pages.shape
     H, n = idx.shape[1], idx.shape[2]
     col = torch.arange(K, device=pages.device).expand(B, K)
