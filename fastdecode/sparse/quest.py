@@ -102,7 +102,7 @@ class QuestSelector(Selector):
         old = self.pages.get(layer)
         fresh = old is None or old[0].shape[0] != B
         start = 0 if fresh else min(self._dirty, self.seen.get(layer, 0))
-        key = ("quest", k.shape[2], start)  # what to redo is the same in every layer of a forward: work it out once
+        key = f"quest:{k.shape[2]}:{start}"  # what to redo is the same in every layer of a forward: work it out once
         if key not in self.state:
             self.state[key] = self.redo(k, mask, start)
         rank, pages, n, first, c0, p0 = self.state[key]
