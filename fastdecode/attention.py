@@ -75,9 +75,10 @@ class Plan:
 
 @dataclass
 class Selection:
-    """Columns each key/value head reads: `cols[b, h, i]` (-1 = nothing); `dense[h]`: head h attends to all."""
+    """Columns each head reads: `cols[b, h, i]` (-1 = nothing), per key/value head (`[B, Hkv, n]`: the query heads
+    of a group share them) or per query head (`[B, Hq, n]`); `dense[h]`: key/value head h attends to all."""
 
-    cols: torch.Tensor  # [B, Hkv, n] long
+    cols: torch.Tensor  # [B, Hkv, n] or [B, Hq, n] long
     dense: torch.Tensor | None = None  # [Hkv] bool
 
 
@@ -158,19 +159,29 @@ def gathered(
     v: torch.Tensor,  # [B, Hkv, K, Dv]
     mask: torch.Tensor,  # [B, 1, Q, K] bool
     scale: float,
-    cols: torch.Tensor,  # [B, Hkv, n] long: the columns each key/value head reads, -1 = none
-    dense: torch.Tensor | None = None,  # [Hkv] bool: heads that read every column
+    cols: torch.Tensor,  # [B, Hkv, n] or [B, Hq, n] long: the columns each head reads, -1 = none
+    dense: torch.Tensor | None = None,  # [Hkv] bool: key/value heads that read every column
 ) -> torch.Tensor:
     """Attention that reads only `cols` of the cache: equal to dense attention with every other column masked.
-    Returns `[B, Hq, Q, Dv]`."""
-    B, Hkv, n = cols.shape
-    g = q.shape[1] // Hkv
+    `cols` holds one set per key/value head (shared by its query heads) or one per query head (Quest, TidalDecode
+    and Double Sparsity select per query head in their authors' code). Returns `[B, Hq, Q, Dv]`."""
+    B, H, n = cols.shape
+    Hq, Hkv = q.shape[1], k.shape[1]
+    g = Hq // Hkv
+    if H != Hkv and H != Hq:
+        raise ValueError(f"a selection of {H} heads for {Hq} query and {Hkv} key/value heads: give one set of "
+                         "columns per key/value head or per query head")
     Q, K = mask.shape[-2], mask.shape[-1]
     idx = cols.clamp(min=0)
-    ks = k.gather(2, idx[..., None].expand(B, Hkv, n, k.shape[-1]))
-    vs = v.gather(2, idx[..., None].expand(B, Hkv, n, v.shape[-1]))
-    m = mask.expand(B, Hkv, Q, K).gather(3, idx[:, :, None, :].expand(B, Hkv, Q, n)) & (cols >= 0)[:, :, None, :]
-    if g > 1:
+    if H == Hkv:
+        ks = k.gather(2, idx[..., None].expand(B, Hkv, n, k.shape[-1]))
+        vs = v.gather(2, idx[..., None].expand(B, Hkv, n, v.shape[-1]))
+    else:  # per query head: the g sets of a group are read from their key/value head in one gather
+        flat = idx.reshape(B, Hkv, g * n, 1)
+        ks = k.gather(2, flat.expand(B, Hkv, g * n, k.shape[-1])).reshape(B, Hq, n, k.shape[-1])
+        vs = v.gather(2, flat.expand(B, Hkv, g * n, v.shape[-1])).reshape(B, Hq, n, v.shape[-1])
+    m = mask.expand(B, H, Q, K).gather(3, idx[:, :, None, :].expand(B, H, Q, n)) & (cols >= 0)[:, :, None, :]
+    if g > 1 and H == Hkv:
         ks, vs, m = (t.repeat_interleave(g, dim=1) for t in (ks, vs, m))
     out = sdpa(q, ks, vs, m, scale)
     if dense is not None and bool(dense.any()):

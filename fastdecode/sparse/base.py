@@ -3,10 +3,9 @@
 A `Selector` (the core's `attention.SparseSelector`) is handed to `CausalLM.forward(..., sparse=selector)`. The
 adapter calls `begin(cache, plan)` once per forward; fastdecode's attention function (`fastdecode.attention`) then
 calls `select(layer, q, k, v, mask)` in every layer before it attends. `select` returns `None` (attend densely) or a
-`Selection`: for each row and key/value head the cache columns to read (`-1` = none), and optionally heads that
-stay dense. The attention
-function gathers only those columns (`fastdecode.attention.gathered`), so a decode step reads `budget` columns
-per head instead of the whole cache.
+`Selection`: for each row and key/value head (or, with `per_query_head`, each query head) the cache columns to read
+(`-1` = none), and optionally heads that stay dense. The attention function gathers only those columns
+(`fastdecode.attention.gathered`), so a decode step reads `budget` columns per head instead of the whole cache.
 
 Guards every rule gets from here:
 - the first `sinks` and the last `recent` visible columns of each row are always kept (at least the forward's own
@@ -15,6 +14,11 @@ Guards every rule gets from here:
   bit for bit;
 - the first `dense_layers` layers are dense (the default of Quest, TidalDecode and Double Sparsity);
 - the prefill (a forward of more than `max_queries` queries) is dense.
+
+`per_query_head` (every top-k rule: quest, tidal, double, oracle, snapkv) chooses one set of columns per query head
+instead of one per key/value head shared by its group. Where heads are not grouped the two are the same; with
+grouped heads a key/value head then reads the union of its query heads' sets (what `Reads` counts), up to `g` times
+the budget, as the authors' code does (it repeats the keys per query head before it scores them).
 
 The selector also counts what a step reads (`Reads`): key and value columns per layer and head, including what the
 rule itself reads to choose (Quest's page bounds, the oracle's full keys, Double Sparsity's label channels).
@@ -43,6 +47,7 @@ class SparseConfig(SamplingConfig):
     recent: int = 32  # last tokens always kept (the query's own and its neighbours)
     dense_layers: int = 2  # the first layers attend densely
     max_queries: int = 16  # forwards of more queries (the prefill) attend densely
+    per_query_head: bool = False  # top-k rules: one set of columns per query head, not per key/value head
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -121,7 +126,7 @@ class Selector:
             self.reads.add(dense_cols / 2, dense_cols / 2, dense_cols)
             return None
         n_dense = int(sel.dense.sum()) if sel.dense is not None else 0
-        sparse_cols = float((sel.cols >= 0).sum()) * (Hkv - n_dense) / Hkv
+        sparse_cols = kv_columns(sel.cols, Hkv, K) * (Hkv - n_dense) / Hkv
         dense_part = B * n_dense * K
         self.reads.add(sparse_cols + dense_part, sparse_cols + dense_part, dense_cols)
         return sel
@@ -151,6 +156,16 @@ class Selector:
         val, idx = s.topk(n, dim=-1, sorted=False)
         return idx.masked_fill(val == float("-inf"), -1)
 
+    def real_columns(self, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`[B, K]` bool: the real tokens each row stores (no left padding, nothing past a ragged row's end), from
+        the cache; without one that says (a stand-in in a test), the columns the forward's last query sees."""
+        valid, lengths = getattr(self._cache, "valid", None), getattr(self._cache, "lengths", None)
+        K = k.shape[2]
+        if valid is None or lengths is None or valid.shape[1] < K:
+            return mask[:, 0, -1]
+        ends = torch.tensor(lengths, device=valid.device)[:, None]  # [B, 1]
+        return (valid[:, :K] & (torch.arange(K, device=valid.device)[None] < ends)).to(k.device)
+
     def add_reads(self, key_cols: float) -> None:
         """What a rule reads to choose, in key columns (e.g. the oracle reads every key)."""
         self.reads.key_cols += key_cols
@@ -160,17 +175,39 @@ class Selector:
         return float(context * heads * layers)
 
 
-def query_scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def query_scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, per_query_head: bool = False) -> torch.Tensor:
     """Attention weights (softmax of the 1/sqrt(d)-scaled logits, as the layer computes them) summed over queries and
-    grouped query heads: `[B, Hkv, K]` (0 where unseen)."""
-    Hkv = k.shape[1]
+    grouped query heads: `[B, Hkv, K]` (0 where unseen); with `per_query_head`, summed over queries only:
+    `[B, Hq, K]`."""
+    B, Hkv = k.shape[:2]
     g = q.shape[1] // Hkv
-    qg = q.reshape(q.shape[0], Hkv, g * q.shape[2], q.shape[3])  # [B, Hkv, g*Q, D]
+    qg = q.reshape(B, Hkv, g * q.shape[2], q.shape[3])  # [B, Hkv, g*Q, D]
     s = torch.matmul(qg, k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # [B, Hkv, g*Q, K]
-    allow = mask[:, :, None].expand(-1, 1, g, -1, -1).reshape(mask.shape[0], 1, g * q.shape[2], -1)
-    s = s.masked_fill(~allow, float("-inf"))
-    # softmax per query, then the probability mass a column gets from the group's queries
-    return s.softmax(-1).nan_to_num(0.0).sum(2)
+    allow = mask[:, :, None].expand(-1, 1, g, -1, -1).reshape(B, 1, g * q.shape[2], -1)
+    # softmax per query, then the probability mass a column gets from the queries (of the group)
+    p = s.masked_fill(~allow, float("-inf")).softmax(-1).nan_to_num(0.0)  # [B, Hkv, g*Q, K]
+    return group_sum(p, q.shape[2], per_query_head)
 
 
-__all__ = ["MethodConfig", "Reads", "Selection", "Selector", "SparseConfig", "query_scores"]
+def group_sum(p: torch.Tensor, queries: int, per_query_head: bool) -> torch.Tensor:
+    """`[B, Hkv, g*Q, K]` scores (query heads of a group, then queries) summed over the queries and, unless
+    `per_query_head`, over the group: `[B, Hq, K]` or `[B, Hkv, K]`."""
+    B, Hkv, gQ, K = p.shape
+    if not per_query_head:
+        return p.sum(2)
+    return p.reshape(B, Hkv, gQ // queries, queries, K).sum(3).reshape(B, -1, K)
+
+
+def kv_columns(cols: torch.Tensor, Hkv: int, K: int) -> float:
+    """Key/value columns a selection reads (summed over rows and key/value heads): per query head, a key/value head
+    reads the union of its query heads' columns."""
+    B, H, n = cols.shape
+    if H == Hkv:
+        return float((cols >= 0).sum())
+    hit = torch.zeros(B, Hkv, K + 1, dtype=torch.bool, device=cols.device)  # slot 0: "none"
+    hit.scatter_(2, (cols + 1).clamp(min=0).reshape(B, Hkv, -1), True)
+    return float(hit[..., 1:].sum())
+
+
+__all__ = ["MethodConfig", "Reads", "Selection", "Selector", "SparseConfig", "group_sum", "kv_columns",
+           "query_scores"]

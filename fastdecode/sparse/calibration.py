@@ -7,8 +7,9 @@ head, from the last `tail` queries of each prompt (the question, which must find
   DuoAttention learns a gate per head by distillation (hours on GPUs); this is the cheap stand-in kvpress uses when
   no trained pattern exists (scoring heads on the fly): heads that look far are retrieval heads, the rest
   streaming heads. LycheeDecode's retrieval heads are chosen the same way here (its HardKuma gates are trained).
-- `channels[layer][head]`: key channels by mean |q_d| * mean |k_d| (Double Sparsity's offline "qk" calibration),
-  most important first.
+- `channels[layer][head]`: key channels by mean |q_d * k_d| over every token of the prompts, the query and key of the
+  same token (Double Sparsity's offline "qk" calibration), averaged over a key/value head's query heads, most
+  important first.
 
 The file a model ships is made from the `longctx` suite's training items by the benchmark side
 (`python -m fastdecode.bench.calibration MODEL_FOLDER`): the prompts are the caller's, so this family never imports
@@ -59,11 +60,19 @@ class _Recorder(Selector):
         near = (cols[None] < SINKS) | (cols[None] > rows[:, None] - RECENT)  # [T, K]
         far = (p * ~near).sum(-1).mean(dim=(0, 2))  # [Hq]
         far = far.reshape(Hkv, g).mean(1)
-        qa = qt.abs().mean(dim=(0, 2)).reshape(Hkv, g, -1).mean(1)  # [Hkv, D]
-        ka = k.abs().mean(dim=(0, 2))  # [Hkv, D]
         self.far[layer] = self.far.get(layer, 0) + far
-        self.chan[layer] = self.chan.get(layer, 0) + qa * ka
+        self.chan[layer] = self.chan.get(layer, 0) + channel_weight(q, k)
         return None
+
+
+def channel_weight(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """`[Hkv, D]` mean |q_d * k_d| over the forward's tokens, each query with its own token's key (the authors'
+    "qk" ranking: what a channel adds to a token's logits), averaged over each key/value head's query heads. `q`
+    `[B, Hq, Q, D]`, `k` `[B, Hkv, K, D]` whose last Q columns are the queries' own keys."""
+    Hkv, Q = k.shape[1], q.shape[2]
+    g = q.shape[1] // Hkv
+    own = k[:, :, -Q:].repeat_interleave(g, dim=1)  # [B, Hq, Q, D]
+    return (q * own).abs().float().mean(dim=(0, 2)).reshape(Hkv, g, -1).mean(1)
 
 
 def calibrate(model: Any, prompts: Prompts, *, context: int, tail: int = 16,

@@ -1,6 +1,7 @@
 """sparse.oracle: the exact top-`budget` columns of every head by this step's attention weights (summed over the
-forward's queries and a key/value head's query heads). It reads every key to choose, so it saves no time: it is
-the accuracy ceiling of a token budget, the yardstick of the cheaper rules."""
+forward's queries and a key/value head's query heads; with `per_query_head`, one set per query head). It reads every
+key to choose, so it saves no time: it is the accuracy ceiling of a token budget, the yardstick of the cheaper
+rules."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ class OracleConfig(SparseConfig):
 class OracleSelector(Selector):
     def choose(self, layer, q, k, mask, visible) -> Selection:
         self.add_reads(k.shape[0] * k.shape[1] * k.shape[2])  # every key, to score it
-        return Selection(self.top(query_scores(q, k, mask), visible))
+        return Selection(self.top(query_scores(q, k, mask, self.cfg.per_query_head), visible))
 
 
 register_rule(
