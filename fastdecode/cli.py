@@ -769,7 +769,7 @@ def train_duo_command(
                       "zoo/MODEL/heads/duo, the gates sparse.duo finds with no flag).")] = None,
     seed: SeedOpt = 0,
     threads: TrainThreadsOpt = 1,
-    steps: Annotated[Optional[int], typer.Option(help="Training steps (default: 120).")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (default: 200).")] = None,
     set_: Annotated[list[str], typer.Option(
         "--set", help="A setting of fastdecode/train/duo.py's DuoTraining (lr, reg, sinks, window, context_min, "
                       "context_max, ...), as NAME=VALUE.")] = [],  # noqa: B006

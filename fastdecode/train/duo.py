@@ -47,7 +47,7 @@ Progress = Callable[[int, int, dict[str, float]], None]  # (step, steps, metrics
 class DuoTraining:
     """How the gates train (every field settable with `--set NAME=VALUE`)."""
 
-    steps: int = 120
+    steps: int = 200
     lr: float = 0.02  # the authors' scripts
     reg: float = 0.05  # weight of the L1 term (mean |alpha|)
     sinks: int = 128  # streaming pattern while training (the authors' train.sh: sink 128, recent 256)
