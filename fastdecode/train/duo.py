@@ -130,7 +130,7 @@ def passkey_example(tokenizer: Any, seed: int, step: int, cfg: DuoTraining) -> t
     return ids, max(1, ids.shape[1] - before)
 
 
-def distill_step(lm: torch.nn.Module, alpha: torch.Tensor, ids: torch.Tensor, labels: int, cfg: DuoTraining
+def distill_step(lm: Any, alpha: torch.Tensor, ids: torch.Tensor, labels: int, cfg: DuoTraining
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(distillation loss, L1 term) of one prompt `ids` `[1, T]`: the final hidden states of the gated copy against
     the dense one's on the last `labels` positions."""
