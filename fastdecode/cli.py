@@ -791,7 +791,7 @@ def train_duo_command(
     from fastdecode.sparse.duo import DuoConfig
     from fastdecode.train.checkpoint import clear_checkpoint
     from fastdecode.train.duo import DuoTraining, train_gates
-    from fastdecode.train.duo_card import configurations, measure, write_card
+    from fastdecode.train.duo_card import configurations, measure, measure_errors, write_card
 
     _check_threads(threads)
     hints = typing.get_type_hints(DuoTraining)
@@ -836,6 +836,7 @@ def train_duo_command(
         card["decoding"] = []
         if eval_items:
             dec = bar.add_task("longctx.passkey: dense, sparse.duo", total=len(configurations(budget_list)), info="")
+            card["pattern_error"] = measure_errors(model, eval_items, out_dir)
             card["decoding"] = measure(model, eval_items, budget_list, gates=out_dir,
                                        report=lambda done, total: bar.update(dec, completed=done))
     write_card(Path(out_dir), card, command, threads)

@@ -107,7 +107,7 @@ def _no_mask(*args: object, **kwargs: object) -> None:
     return None
 
 
-def _register() -> None:
+def register_attention() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
@@ -116,13 +116,18 @@ def _register() -> None:
 
 
 def passkey_example(tokenizer: Any, seed: int, step: int, cfg: DuoTraining) -> tuple[torch.Tensor, int]:
-    """A training-seed pass-key prompt with its answer: token ids `[1, T]` and how many trailing tokens (the
-    question and the answer) the loss reads."""
+    """The training prompt of `step`: a training-seed pass-key item at one of the configured contexts."""
     rng = random.Random(seed * 1_000_003 + step)
     sizes = torch.linspace(cfg.context_min, cfg.context_max, cfg.lengths).round().long().tolist()
     task = PasskeyTask("1k")
     task.context = int(rng.choice(sizes))
     item = task.make_item(random.Random(rng.randrange(500_000)))  # train seeds, never a test seed
+    return passkey_ids(tokenizer, item)
+
+
+def passkey_ids(tokenizer: Any, item: Any) -> tuple[torch.Tensor, int]:
+    """A pass-key item's prompt (the zoo's template) with its answer: token ids `[1, T]` and how many trailing
+    tokens (the question and the answer) the loss reads."""
     haystack, _, question = format_prompt(item.prompt).rpartition("\n")
     text = f"{haystack}\n{question}{item.reference}\n"
     ids = tokenizer(text, return_tensors="pt")["input_ids"]  # [1, T]
@@ -160,7 +165,7 @@ def train_gates(model: Any, out: str | Path, *, seed: int = 0, cfg: DuoTraining 
     log, and return them (as saved) with the numbers for the card."""
     cfg = cfg or DuoTraining()
     folder = Path(out).expanduser()
-    _register()
+    register_attention()
     lm = model.model
     for p in lm.parameters():
         p.requires_grad_(False)

@@ -20,7 +20,7 @@ from fastdecode.heads.duo import DuoGates
 from fastdecode.sparse.calibration import calibrate
 from fastdecode.sparse.duo import DuoConfig, top_share
 from fastdecode.train.duo import DuoTraining, streaming_mask, train_gates
-from fastdecode.train.duo_card import passkey_scores
+from fastdecode.train.duo_card import passkey_scores, pattern_error, splits
 
 GATES = Path(str(resources.files("fastdecode") / "zoo")) / "ar-long" / "heads" / "duo"
 TINY = DuoTraining(steps=3, lr=0.2, sinks=2, window=8, context_min=70, context_max=90, lengths=2,
@@ -117,11 +117,20 @@ def test_the_shipped_gates_keep_their_card_claim_on_a_few_items():
     gates = load_head(GATES, device="cpu", dtype=torch.float32)
     assert isinstance(gates, DuoGates) and gates.fits(model), "the gates were trained on other ar-long weights: " \
         "retrain them (the command in their README.md)"
-    assert gates.gates().tolist() == pytest.approx(card["gates"], abs=1e-3)
+    assert gates.gates().flatten().tolist() == pytest.approx(sum(card["gates"], []), abs=1e-3)
+    # the claim: the gates' split is closer to dense attention than the far-mass ranking's, at each context
+    error = {(r["split"], r["context"]): r["error"] for r in card["pattern_error"]}
+    assert all(error["gates", c] < error["far_mass", c] < error["all streaming", c] for c in ("1k", "2k"))
     sel = make_selector("duo", model)
     sel.heads()
     assert sel.state_static["source"] == "gates"  # the shipped gates, found with no flag
     few = 2
+    split = splits(model, str(GATES))
+    for row in card["pattern_error"]:
+        assert row["dense_heads"] == split[row["split"]].int().tolist()
+        if row["context"] == "1k" and row["split"] != "all streaming":
+            got = pattern_error(model, split[row["split"]], "1k", 1)
+            assert got == pytest.approx(row["item_errors"][:1], rel=1e-3, abs=1e-6), row["split"]
     for row in card["decoding"]:
         if row["context"] != "1k" or row["method"] != "sparse.duo":
             continue
