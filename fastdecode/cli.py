@@ -722,6 +722,90 @@ def train_filter_command(
     err.print(f"saved {out_dir} (card: {Path(out_dir) / 'README.md'})")
 
 
+@train_app.command("duo")
+def train_duo_command(
+    target: Annotated[str, typer.Option(help="The frozen causal LM: a folder or zoo:NAME.")] = "zoo:ar-long",
+    out_dir: Annotated[Optional[str], typer.Option(
+        "--out", help="Output folder; its checkpoint is resumed (default for a zoo model: the package's "
+                      "zoo/MODEL/heads/duo, the gates sparse.duo finds with no flag).")] = None,
+    seed: SeedOpt = 0,
+    threads: TrainThreadsOpt = 1,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (default: 200).")] = None,
+    set_: Annotated[list[str], typer.Option(
+        "--set", help="A setting of fastdecode/train/duo.py's DuoTraining (lr, reg, sinks, window, context_min, "
+                      "context_max, ...), as NAME=VALUE.")] = [],  # noqa: B006
+    eval_items: Annotated[int, typer.Option(help="longctx.passkey test items per context for the card.")] = 8,
+    budgets: Annotated[str, typer.Option(help="sparse.duo budgets the card measures, comma-separated.")] = "320,128",
+) -> None:
+    """Optimise DuoAttention's gates (one per layer and key/value head) on a frozen model, as the authors do:
+    distillation of the final hidden states on synthetic pass-key prompts + 0.05 * L1 of the gates. Rerun the same
+    command to resume; the card compares sparse.duo with the gates, with the far-mass ranking, and dense decoding."""
+    import typing
+    from pathlib import Path
+
+    import torch
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    import fastdecode
+    from fastdecode.config import parse_param_strings
+    from fastdecode.errors import ArgumentError
+    from fastdecode.sparse.duo import DuoConfig
+    from fastdecode.train.checkpoint import clear_checkpoint
+    from fastdecode.train.duo import DuoTraining, train_gates
+    from fastdecode.train.duo_card import configurations, measure, measure_errors, write_card
+
+    _check_threads(threads)
+    hints = typing.get_type_hints(DuoTraining)
+    pairs = dict(parse_param_strings(set_))
+    if steps is not None:
+        pairs["steps"] = str(steps)
+    unknown = sorted(set(pairs) - set(hints))
+    if unknown:
+        raise ArgumentError(f"--set {unknown[0]}: not a gate-training setting; choose from {', '.join(sorted(hints))}.")
+    cfg = DuoTraining(**{k: hints[k](v) for k, v in pairs.items()})
+    try:
+        budget_list = tuple(int(b) for b in budgets.split(",") if b.strip())
+    except ValueError:
+        raise ArgumentError(f"--budgets {budgets!r}: give token budgets as integers, e.g. 320,128.") from None
+    if out_dir is None:
+        if not target.startswith("zoo:"):
+            raise ArgumentError(f"--out is needed for a model outside the zoo ({target!r}): name the gates' folder.")
+        from fastdecode.train.zoo import zoo_folder
+
+        out_dir = str(zoo_folder(target[4:]) / "heads" / "duo")
+    torch.set_num_threads(threads)
+    model = fastdecode.load(target, device="cpu", dtype="float32")
+    command = (f"fastdecode train duo --target {target} --seed {seed} --threads {threads}"
+               + (f" --steps {steps}" if steps else "") + "".join(f" --set '{s}'" for s in set_)
+               + f" --eval-items {eval_items} --budgets {budgets}")
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    started = time.perf_counter()
+    with Progress(*columns, console=err) as bar:
+        task = bar.add_task("training the gates", total=cfg.steps, info="")
+
+        def progress(step: int, total: int, metrics: dict[str, float]) -> None:
+            info = " ".join(f"{k} {v:.5f}" for k, v in metrics.items())
+            bar.update(task, completed=step, info=info)
+            if not err.is_terminal and (step % 10 == 0 or step == total):
+                bar.console.print(f"step {step}/{total} {info} elapsed {time.perf_counter() - started:.0f}s",
+                                  highlight=False)
+
+        _, card = train_gates(model, Path(out_dir), seed=seed, cfg=cfg, progress=progress)
+        card["target"] = target
+        card["retrieval"] = DuoConfig().retrieval
+        card["decoding"] = []
+        if eval_items:
+            dec = bar.add_task("longctx.passkey: dense, sparse.duo", total=len(configurations(budget_list)), info="")
+            card["pattern_error"] = measure_errors(model, eval_items, out_dir)
+            card["decoding"] = measure(model, eval_items, budget_list, gates=out_dir,
+                                       report=lambda done, total: bar.update(dec, completed=done))
+    write_card(Path(out_dir), card, command, threads)
+    clear_checkpoint(Path(out_dir))
+    out.print_json(json.dumps({k: v for k, v in card.items() if k != "decoding"}))
+    err.print(f"saved {out_dir} (card: {Path(out_dir) / 'README.md'})")
+
+
 @train_app.command("dparallel")
 def train_dparallel(
     out_dir: OutOpt = None,

@@ -4,9 +4,13 @@ A few dense prefills over prompts the caller gives (`calibrate(model, prompts)`)
 head, from the last `tail` queries of each prompt (the question, which must find its answer far back):
 
 - `far_mass[layer][head]`: the attention weight that falls outside the first 4 and the last 64 columns, averaged.
-  DuoAttention learns a gate per head by distillation (hours on GPUs); this is the cheap stand-in kvpress uses when
-  no trained pattern exists (scoring heads on the fly): heads that look far are retrieval heads, the rest
-  streaming heads. LycheeDecode's retrieval heads are chosen the same way here (its HardKuma gates are trained).
+  A training-free proxy of our own: heads whose question queries look far back are taken as retrieval heads, the
+  rest as streaming heads. (kvpress's experimental on-the-fly DuoAttention scoring is another proxy: the mean query
+  and key of BookSum text, RoPE-rotated over 500 positions, scored by the area under the last query's cumulated
+  attention curve.) It is what LycheeDecode's retrieval heads are
+  chosen by here (its HardKuma gates are trained, with no code released), and what `sparse.duo` falls back to on a
+  model without DuoAttention gates (the authors optimise a gate per head: `fastdecode train duo`). On zoo:ar-long it
+  separates heads weakly (0.58-0.96 for every head).
 - `channels[layer][head]`: key channels by mean |q_d * k_d| over every token of the prompts, the query and key of the
   same token (Double Sparsity's offline "qk" calibration), averaged over a key/value head's query heads, most
   important first.

@@ -15,8 +15,9 @@ import fastdecode
 from fastdecode.train.measure import measure_tau, suite_prompts
 
 ZOO = Path(str(resources.files("fastdecode") / "zoo"))
-# drafter heads; the Learn2PD filter's card (decoding numbers, not τ) is checked by tests/unit/test_learn2pd.py
-CARDS = sorted(p.parent for p in ZOO.glob("*/heads/*/card.json") if p.parent.name != "learn2pd")
+# drafter heads; the Learn2PD filter and the DuoAttention gates (decoding numbers, not τ) are checked by
+# tests/unit/test_learn2pd.py and tests/sparse/test_duo.py
+CARDS = sorted(p.parent for p in ZOO.glob("*/heads/*/card.json") if p.parent.name not in ("learn2pd", "duo"))
 FEW = 4  # items re-measured per head: the first item of the first FEW tasks
 
 
