@@ -46,7 +46,7 @@ DLM_CACHES := $(foreach c,dual suffix delayed,dlm.threshold:cache=$(c)) dlm.base
 # a long canvas (384 masks, LLaDA's gen_length is 256-512): an uncached forward pays for the whole canvas
 LONG := --param dlm.baseline.max_new_tokens=384 --param dlm.threshold.max_new_tokens=384
 .PHONY: results results-spec results-spec-lists results-spec-code results-dlm results-dlm-lists results-dlm-other \
-	results-dlm-dystruct results-dlm-canvas results-dlm-learn2pd results-dlm-dparallel results-cost results-bound \
+	results-dlm-dystruct results-dlm-canvas results-dlm-learn2pd results-dlm-dparallel results-dlm-cap results-cost results-bound \
 	results-engine results-llamacpp
 results: results-spec results-dlm results-dlm-canvas results-cost results-engine
 	$(MAKE) results-bound
@@ -211,7 +211,8 @@ results-bound: $(VENV)/.installed
 # results-dlm results-dlm-canvas`, about an hour): `make -j2` halves the time, but side by side the runs share the
 # memory bus and the cache, which adds noise of its own;
 # 15 items per list task (210 items: one accuracy point is two items), 25 per puzzle task, 5 per task on 384 masks
-results-dlm: results-dlm-lists results-dlm-other results-dlm-learn2pd results-dlm-dystruct results-dlm-dparallel
+results-dlm: results-dlm-lists results-dlm-other results-dlm-learn2pd results-dlm-dystruct results-dlm-dparallel \
+	results-dlm-cap
 
 results-dlm-lists: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods $(DLM_METHODS) $(DLM_CACHES) \
@@ -226,6 +227,23 @@ results-dlm-dparallel: $(VENV)/.installed
 		$(DPARALLEL_BLOCKS) --limit 10 --out $(RESULTS)/dparallel/dlm-dparallel.jsonl
 	$(BENCH) --suite parallel-lists --model zoo:dlm-small-dparallel --methods dlm.threshold dlm.entropy_bound \
 		$(DPARALLEL_BLOCKS) --limit 10 --out $(RESULTS)/dparallel/dlm-dparallel.jsonl
+
+# every dlm.* method on a 256-token cap, the canvas a user sets who does not know the answer's length (issue #32),
+# beside dlm.baseline on the same cap in the same run; their fitted-canvas rows are results-dlm-lists / -other and
+# dlm.dystruct's are results-dlm-dystruct; a folder of its own (docs/results/dlm-cap/README.md); few items, since
+# the baseline spends 256 forwards an item; then the dParallel student and its teacher on puzzles
+CAP_METHODS := $(DLM_METHODS) dlm.learn2pd dlm.threshold:eotp=true dlm.dystruct
+DLM_CAP := $(foreach m,dlm.baseline dlm.learn2pd dlm.dystruct $(DLM_METHODS),--param $(m).max_new_tokens=256) \
+	$(DLM_BLOCKS) --param dlm.learn2pd.block_length=16
+results-dlm-cap: $(VENV)/.installed
+	$(BENCH) --suite parallel-lists --model zoo:dlm-small --methods $(CAP_METHODS) $(DLM_CAP) --limit 3 \
+		--out $(RESULTS)/dlm-cap/parallel-lists.jsonl
+	$(BENCH) --suite puzzles --model zoo:dlm-small --methods $(CAP_METHODS) $(DLM_CAP) --limit 5 \
+		--out $(RESULTS)/dlm-cap/puzzles.jsonl
+	$(BENCH) --suite puzzles --model zoo:dlm-small --methods dlm.threshold dlm.entropy_bound \
+		$(DPARALLEL_BLOCKS) --limit 10 --out $(RESULTS)/dparallel/dlm-dparallel-puzzles.jsonl
+	$(BENCH) --suite puzzles --model zoo:dlm-small-dparallel --methods dlm.threshold dlm.entropy_bound \
+		$(DPARALLEL_BLOCKS) --limit 10 --out $(RESULTS)/dparallel/dlm-dparallel-puzzles.jsonl
 
 results-dlm-other: $(VENV)/.installed
 	$(BENCH) --suite parallel-lists --model zoo:ar-small --draft zoo:dlm-small --methods spec.dlm_draft \

@@ -744,7 +744,6 @@ def train_duo_command(
     from pathlib import Path
 
     import torch
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     import fastdecode
     from fastdecode.config import parse_param_strings
@@ -778,28 +777,18 @@ def train_duo_command(
     command = (f"fastdecode train duo --target {target} --seed {seed} --threads {threads}"
                + (f" --steps {steps}" if steps else "") + "".join(f" --set '{s}'" for s in set_)
                + f" --eval-items {eval_items} --budgets {budgets}")
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
-    started = time.perf_counter()
-    with Progress(*columns, console=err) as bar:
-        task = bar.add_task("training the gates", total=cfg.steps, info="")
-
-        def progress(step: int, total: int, metrics: dict[str, float]) -> None:
-            info = " ".join(f"{k} {v:.5f}" for k, v in metrics.items())
-            bar.update(task, completed=step, info=info)
-            if not err.is_terminal and (step % 10 == 0 or step == total):
-                bar.console.print(f"step {step}/{total} {info} elapsed {time.perf_counter() - started:.0f}s",
-                                  highlight=False)
-
-        _, card = train_gates(model, Path(out_dir), seed=seed, cfg=cfg, progress=progress)
+    bar, report = training_bar(err, {"train": "training the gates",
+                                     "measure": "longctx.passkey: dense, sparse.duo"}, every=10)
+    with bar:
+        _, card = train_gates(model, Path(out_dir), seed=seed, cfg=cfg, progress=one_phase(report))
         card["target"] = target
         card["retrieval"] = DuoConfig().retrieval
         card["decoding"] = []
         if eval_items:
-            dec = bar.add_task("longctx.passkey: dense, sparse.duo", total=len(configurations(budget_list)), info="")
+            report("measure", 0, len(configurations(budget_list)), {})
             card["pattern_error"] = measure_errors(model, eval_items, out_dir)
             card["decoding"] = measure(model, eval_items, budget_list, gates=out_dir,
-                                       report=lambda done, total: bar.update(dec, completed=done))
+                                       report=lambda done, total: report("measure", done, total, {}))
     write_card(Path(out_dir), card, command, threads)
     clear_checkpoint(Path(out_dir))
     out.print_json(json.dumps({k: v for k, v in card.items() if k != "decoding"}))
