@@ -74,11 +74,25 @@ class Plan:
 
 
 @dataclass
+class Rotation:
+    """Rotary (RoPE) position shifts applied before a gathered attention (`shifted`): each gathered key column is
+    rotated by `keys` positions and each query by `queries`, at the model's rotary frequencies `inv_freq`. Cached
+    keys are stored already rotated at their own position, and RoPE is a rotation, so rotating by (new - old) puts
+    them at a new position (StreamingLLM's positions within the cache) without the unrotated keys."""
+
+    inv_freq: torch.Tensor  # [D/2] float: the angle of one position step per channel pair (half-split layout)
+    keys: torch.Tensor  # [B, Hkv, n] long: shift of each selected column (aligned with `Selection.cols`)
+    queries: torch.Tensor  # [B, Hkv, Q] long: shift of each query, per key/value head
+
+
+@dataclass
 class Selection:
-    """Columns each key/value head reads: `cols[b, h, i]` (-1 = nothing); `dense[h]`: head h attends to all."""
+    """Columns each key/value head reads: `cols[b, h, i]` (-1 = nothing); `dense[h]`: head h attends to all;
+    `rotation`: re-rotate the gathered keys and the queries first (None: every key stays at its own position)."""
 
     cols: torch.Tensor  # [B, Hkv, n] long
     dense: torch.Tensor | None = None  # [Hkv] bool
+    rotation: Rotation | None = None
 
 
 class SparseSelector(Protocol):
@@ -138,7 +152,10 @@ def attention(
         selection = plan.sparse.select(getattr(module, "layer_idx", 0), query, key, value, mask)
         if selection is not None:
             scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-            out = gathered(query, key, value, mask, scale, selection.cols, selection.dense)
+            if selection.rotation is not None:
+                out = shifted(query, key, value, mask, scale, selection.cols, selection.rotation)
+            else:
+                out = gathered(query, key, value, mask, scale, selection.cols, selection.dense)
             return out.transpose(1, 2).contiguous(), None
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
@@ -181,6 +198,39 @@ def gathered(
             kd, vd = kd.repeat_interleave(g, dim=1), vd.repeat_interleave(g, dim=1)
         out[:, heads] = sdpa(q[:, heads], kd, vd, mask, scale)
     return out
+
+
+def rotate(x: torch.Tensor, shift: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """`x` `[..., n, D]` (already rotated, half-split layout as transformers' `rotate_half`) rotated on by `shift`
+    `[..., n]` positions, in float32, returned in `x`'s dtype."""
+    angle = shift.to(torch.float32)[..., None] * inv_freq.to(x.device, torch.float32)  # [..., n, D/2]
+    cos, sin = angle.cos(), angle.sin()
+    x1, x2 = x.to(torch.float32).chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def shifted(
+    q: torch.Tensor,  # [B, Hq, Q, D]
+    k: torch.Tensor,  # [B, Hkv, K, D]
+    v: torch.Tensor,  # [B, Hkv, K, Dv]
+    mask: torch.Tensor,  # [B, 1, Q, K] bool
+    scale: float,
+    cols: torch.Tensor,  # [B, Hkv, n] long, -1 = none
+    rotation: Rotation,
+) -> torch.Tensor:
+    """Attention over `cols` of the cache with the gathered keys and the queries moved to other positions
+    (`rotation`): the gathered keys are rotated on, never the whole cache. Returns `[B, Hq, Q, Dv]`."""
+    B, Hkv, n = cols.shape
+    g = q.shape[1] // Hkv
+    Q, K = mask.shape[-2], mask.shape[-1]
+    idx = cols.clamp(min=0)
+    ks = rotate(k.gather(2, idx[..., None].expand(B, Hkv, n, k.shape[-1])), rotation.keys, rotation.inv_freq)
+    vs = v.gather(2, idx[..., None].expand(B, Hkv, n, v.shape[-1]))
+    m = mask.expand(B, Hkv, Q, K).gather(3, idx[:, :, None, :].expand(B, Hkv, Q, n)) & (cols >= 0)[:, :, None, :]
+    qs = rotate(q, rotation.queries.repeat_interleave(g, dim=1), rotation.inv_freq)  # [B, Hq, Q, D]
+    if g > 1:
+        ks, vs, m = (t.repeat_interleave(g, dim=1) for t in (ks, vs, m))
+    return sdpa(qs, ks, vs, m, scale)
 
 
 def use_sdpa_backends(names: str | None) -> None:

@@ -1,0 +1,135 @@
+"""StreamingLLM's position shift, LycheeDecode's per-head sets, spec.sparse_self with SnapKV, and the refusal of a
+sparse `attention=` on a lossless method (issue #34, the sparse-stream part)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+import fastdecode
+from fastdecode.attention import make_selector, shifted
+from fastdecode.bench.calibration import longctx_prompts
+from fastdecode.errors import IncompatibleMethodError
+from fastdecode.sparse.calibration import calibrate
+from fastdecode.sparse.streaming import StreamingLLMConfig
+
+
+def tiny(tokenizer, **extra) -> LlamaForCausalLM:
+    """4 layers, grouped-query attention (4 query heads, 2 key/value heads), sharp random logits."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False, **extra)
+    net = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        net.lm_head.weight.mul_(8.0)
+    return net
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer, to_device):
+    m = fastdecode.CausalLM(to_device(tiny(tokenizer)), tokenizer, name="tiny-stream")
+    m._sparse_calibration = calibrate(m, longctx_prompts(items=2, context=96), context=96, tail=8)
+    return m
+
+
+def prompt(n: int, seed: int = 0) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return [0] + torch.randint(4, 300, (n - 1,), generator=g).tolist()
+
+
+def step_logits(model, ids: list[int], attention: str | None) -> torch.Tensor:
+    """Logits of one decode step after a dense prefill of `ids`, reading what `attention` selects."""
+    sparse = make_selector(attention, model) if attention else None
+    cache = model.new_cache(capacity=len(ids) + 4)
+    model.forward(torch.tensor([ids]), torch.arange(len(ids))[None], cache, sparse=sparse)
+    return model.forward(torch.tensor([[7]]), torch.tensor([[len(ids)]]), cache, sparse=sparse)
+
+
+# -- StreamingLLM --------------------------------------------------------------------------------------------------
+
+
+def test_streamingllm_defaults_are_the_authors():
+    cfg = StreamingLLMConfig()
+    assert cfg.dense_layers == 0 and cfg.positions == "shift"
+
+
+@pytest.mark.parametrize("positions", ["shift", "original"])
+def test_streaming_at_full_budget_is_dense_decoding(model, positions):
+    ids = prompt(60)
+    ref = fastdecode.generate(model, [ids], "ar.greedy", max_new_tokens=10)[0]
+    out = fastdecode.generate(model, [ids], "sparse.streaming", max_new_tokens=10, budget=4096,
+                              positions=positions)[0]
+    assert out.token_ids == ref.token_ids
+    torch.testing.assert_close(step_logits(model, ids, f"streaming:budget=4096,positions={positions}"),
+                               step_logits(model, ids, None))
+
+
+def test_position_shift_equals_attention_over_the_compacted_cache(model):
+    """Keys cached after RoPE at their own positions, re-rotated by the rule, give the attention of the same raw keys
+    rotated at their slots in a (sinks + window) cache, the query at its own key's slot (StreamingLLM's
+    pos_shift); a left-padded row has its sinks after the padding."""
+    torch.manual_seed(3)
+    rotary = model.model.model.rotary_emb
+    B, Hq, Hkv, K, D, budget, sinks = 2, 4, 2, 40, 16, 12, 2
+    sel = make_selector(f"streaming:budget={budget},sinks={sinks}", model)
+    pad = torch.tensor([0, 5])
+    k_pos = (torch.arange(K)[None] - pad[:, None]).clamp(min=0)  # [B, K]
+    q_pos = k_pos[:, -1:]  # the query is the last column (its own key)
+    mask = (torch.arange(K)[None] >= pad[:, None])[:, None, None, :]  # [B, 1, 1, K]
+    raw_k, v, raw_q = torch.randn(B, Hkv, K, D), torch.randn(B, Hkv, K, D), torch.randn(B, Hq, 1, D)
+
+    def at(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # x [B, H, T, D] rotated at positions [B, T]
+        cos, sin = rotary(x, pos)
+        return apply_rotary_pos_emb(x, x, cos, sin)[0]
+
+    k, q = at(raw_k, k_pos), at(raw_q, q_pos)
+    sel.begin(SimpleNamespace(written_since=lambda reader: 0), SimpleNamespace(q_pos=q_pos, k_pos=k_pos, sparse=None))
+    s = sel.select(0, q, k, v, mask)
+    assert s is not None and s.rotation is not None
+    out = shifted(q, k, v, mask, D**-0.5, s.cols, s.rotation)  # [B, Hq, 1, D]
+    for b in range(B):
+        kept = torch.cat([torch.arange(pad[b], pad[b] + sinks), torch.arange(K - (budget - sinks), K)])
+        slots = torch.arange(budget)[None]
+        ks = at(raw_k[b : b + 1, :, kept], slots).repeat_interleave(2, 1)
+        ref = F.scaled_dot_product_attention(at(raw_q[b : b + 1], slots[:, -1:]), ks,
+                                             v[b : b + 1, :, kept].repeat_interleave(2, 1), scale=D**-0.5)
+        torch.testing.assert_close(out[b : b + 1], ref, atol=1e-5, rtol=1e-4)
+
+
+def test_position_shift_differs_from_original_positions_past_the_window(model):
+    ids = prompt(120)
+    shift = step_logits(model, ids, "streaming:budget=24,sinks=2,positions=shift")
+    original = step_logits(model, ids, "streaming:budget=24,sinks=2,positions=original")
+    assert not torch.allclose(shift, original, atol=1e-3)
+    # inside the window (no gap between the sinks and the window) the two are the same attention
+    short = prompt(20)
+    torch.testing.assert_close(step_logits(model, short, "streaming:budget=24,sinks=2,positions=shift"),
+                               step_logits(model, short, "streaming:budget=24,sinks=2,positions=original"))
+
+
+def test_streaming_reads_and_holds_sinks_plus_window_in_every_layer(model):
+    sel = make_selector("streaming:budget=24,sinks=2", model)
+    ids = prompt(120)
+    cache = model.new_cache(capacity=130)
+    model.forward(torch.tensor([ids]), torch.arange(len(ids))[None], cache, sparse=sel)
+    before = sel.reads.key_cols
+    model.forward(torch.tensor([[7]]), torch.tensor([[len(ids)]]), cache, sparse=sel)
+    assert sel.reads.key_cols - before == 4 * 2 * 24  # 4 layers, 2 key/value heads, budget columns each
+    assert sel.held_columns(context=121, heads=2, layers=4) == 4 * 2 * 24
+    assert sel.held_columns(context=10, heads=2, layers=4) == 4 * 2 * 10
+    dense1 = make_selector("streaming:budget=24,sinks=2,dense_layers=1", model)
+    assert dense1.held_columns(context=121, heads=2, layers=4) == 2 * (121 + 3 * 24)
+
+
+def test_position_shift_refuses_a_rope_it_cannot_rerotate(tokenizer):
+    net = tiny(tokenizer, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    m = fastdecode.CausalLM(net, tokenizer, name="tiny-dynamic-rope")
+    with pytest.raises(IncompatibleMethodError, match="positions='original'"):
+        make_selector("streaming:budget=24", m)
+    assert make_selector("streaming:budget=24,positions=original", m) is not None
