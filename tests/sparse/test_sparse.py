@@ -123,7 +123,7 @@ def test_sinks_and_recent_tokens_are_always_read(model, rule):
     sel = make_selector(rule, model, **small(rule))
     assert isinstance(sel, Selector)
     K = 100
-    plan = SimpleNamespace(q_pos=torch.zeros(1, 1), sparse=None)
+    plan = SimpleNamespace(q_pos=torch.tensor([[K - 1]]), k_pos=torch.arange(K)[None], sparse=None)
     cache = SimpleNamespace(written_since=lambda reader: 0)
     sel.begin(cache, plan)
     q, k, v = torch.randn(1, 4, 200, 16), torch.randn(1, 2, K, 16), torch.randn(1, 2, K, 16)

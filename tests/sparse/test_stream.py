@@ -15,6 +15,7 @@ import fastdecode
 from fastdecode.attention import make_selector, shifted
 from fastdecode.bench.calibration import longctx_prompts
 from fastdecode.errors import IncompatibleMethodError
+from fastdecode.sparse.base import query_scores
 from fastdecode.sparse.calibration import calibrate
 from fastdecode.sparse.streaming import StreamingLLMConfig
 
@@ -133,3 +134,38 @@ def test_position_shift_refuses_a_rope_it_cannot_rerotate(tokenizer):
     with pytest.raises(IncompatibleMethodError, match="positions='original'"):
         make_selector("streaming:budget=24", m)
     assert make_selector("streaming:budget=24,positions=original", m) is not None
+
+
+# -- LycheeDecode --------------------------------------------------------------------------------------------------
+
+
+def test_lychee_keeps_one_set_per_head_index_refreshed_by_its_retrieval_heads(model, tokenizer):
+    """Layer 1 (the first sparse one) has no sets: every head picks its own. Layer 2's retrieval head is head 0,
+    layer 3's head 1: a sparse head reads the set its index's retrieval head picked in an earlier layer."""
+    m = fastdecode.CausalLM(model.model, tokenizer, name="tiny-lychee")
+    m._sparse_calibration = {**model._sparse_calibration, "far_mass": [[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]}
+    sel = make_selector("lychee:budget=24,sinks=2,recent=6,dense_layers=1", m)
+    torch.manual_seed(4)
+    K = 100
+    mask = torch.ones(1, 1, 1, K, dtype=torch.bool)
+    visible = mask[:, 0].any(1)
+    qs, ks = torch.randn(4, 1, 4, 1, 16), torch.randn(4, 1, 2, K, 16)
+    v = torch.randn(1, 2, K, 16)
+    plan = SimpleNamespace(q_pos=torch.zeros(1, 1, dtype=torch.long), k_pos=torch.arange(K)[None], sparse=None)
+    sel.begin(SimpleNamespace(written_since=lambda reader: 0), plan)
+
+    def own_pick(layer: int, head: int) -> set[int]:
+        """The top columns of one head by its own (two grouped query heads') attention weights."""
+        q, k = qs[layer][:, 2 * head : 2 * head + 2], ks[layer][:, head : head + 1]
+        return set(sel.top(query_scores(q, k, mask), visible)[0, 0].tolist())
+
+    got = [sel.select(layer, qs[layer], ks[layer], v, mask) for layer in range(4)]
+    assert got[0] is None and got[1] is None  # a dense layer; then every head index picks its first set
+    two, three = got[2], got[3]
+    assert two is not None and three is not None
+    assert two.dense is not None and two.dense.tolist() == [True, False]
+    assert set(two.cols[0, 1].tolist()) == own_pick(1, 1)  # head 1 reads its index's set from layer 1
+    assert set(two.cols[0, 0].tolist()) == own_pick(2, 0) != own_pick(1, 1)  # sets differ per head
+    assert three.dense is not None and three.dense.tolist() == [False, True]
+    assert set(three.cols[0, 0].tolist()) == own_pick(2, 0)  # head 0 reads layer 2's refresh, not layer 1's
+    assert own_pick(2, 0) != own_pick(1, 0)
