@@ -169,3 +169,29 @@ def test_lychee_keeps_one_set_per_head_index_refreshed_by_its_retrieval_heads(mo
     assert three.dense is not None and three.dense.tolist() == [False, True]
     assert set(three.cols[0, 0].tolist()) == own_pick(2, 0)  # head 0 reads layer 2's refresh, not layer 1's
     assert own_pick(2, 0) != own_pick(1, 0)
+
+
+# -- spec.sparse_self with SnapKV ----------------------------------------------------------------------------------
+
+
+def test_sparse_self_snapkv_drafts_from_the_prefill_and_stays_lossless(model, monkeypatch):
+    """SnapKV chooses at the prefill, which spec.sparse_self runs in its dense verification forward: the drafts' rule
+    watches it, so the draft forwards read SnapKV's columns (not the whole cache), and the output is ar.greedy's."""
+    from fastdecode.sparse.snapkv import SnapKVSelector
+
+    chosen: list[int] = []
+    real = SnapKVSelector.choose
+
+    def spy(self, layer, q, k, mask, visible):
+        sel = real(self, layer, q, k, mask, visible)
+        if sel is not None:
+            chosen.append(int((sel.cols[0, 0] >= 0).sum()))
+        return sel
+
+    monkeypatch.setattr(SnapKVSelector, "choose", spy)
+    ids = [prompt(100, seed) for seed in (1, 2)]
+    ref = fastdecode.generate(model, ids, "ar.greedy", max_new_tokens=16)
+    out = fastdecode.generate(model, ids, "spec.sparse_self", max_new_tokens=16, rule="snapkv:window=8", budget=24,
+                              sinks=2, recent=6)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]
+    assert chosen and max(chosen) < 100  # the drafts read SnapKV's kept columns, fewer than the context
