@@ -39,8 +39,9 @@ class SpecConfig(SamplingConfig):
     exactly ar.sample's distribution with the same parameters."""
 
     temperature: float = 0.0
-    # the target's attention in verification forwards: "dense", or a sparse rule ("quest", "quest:budget=128");
-    # a sparse target is no longer the dense model, so only "dense" is lossless against ar.greedy
+    # the target's attention in verification forwards: "dense", or a sparse rule ("quest", "quest:budget=128") on a
+    # method not registered lossless; a lossless method refuses a rule (`Method.check_attention`: a sparse target is
+    # no longer the dense model) and names spec.sparse_self, which drafts sparsely and verifies densely
     attention: str = "dense"
 
     def __post_init__(self) -> None:

@@ -87,7 +87,9 @@ def test_attention_parameter_validates_rules_and_their_parameters(method):
             build_config(config, {"attention": bad})
 
 
-def test_the_core_table_decides_losslessness():
+def test_a_lossless_method_takes_only_dense_attention():
     assert attention.parse_attention(" quest : budget=4 ") == ("quest", {"budget": "4"})
-    assert fastdecode.get_method("spec.pld").lossless_with({"attention": attention.DENSE})
-    assert not fastdecode.get_method("ar.greedy").lossless_with({"attention": "tidal"})
+    fastdecode.get_method("spec.pld").check_attention(attention.DENSE)
+    fastdecode.get_method("ar.sample").check_attention("tidal")  # not registered lossless: a sparse rule is its own
+    with pytest.raises(ParameterError, match=r"use the method sparse\.tidal"):
+        fastdecode.get_method("ar.greedy").check_attention("tidal:budget=64")
