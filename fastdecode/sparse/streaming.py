@@ -81,19 +81,32 @@ class StreamingLLMSelector(StreamingSelector):
         self._plan = plan  # the key and query positions the shift starts from
 
     def choose(self, layer, q, k, mask, visible) -> Selection:
+        # every layer of one mask (the plan builds one per sliding window) reads the same columns at the same slots:
+        # chosen once per forward
+        key = ("selection", id(mask))
+        if key not in self.state:
+            self.state[key] = self._choose(layer, q, k, mask, visible)
+        return self.state[key]
+
+    def _choose(self, layer, q, k, mask, visible) -> Selection:
         sel = super().choose(layer, q, k, mask, visible)
         if self.cfg.positions == "shift":
             if self._freq is None or self._plan is None:
                 raise RuntimeError("positions='shift' needs the model's rotary frequencies: make the rule with "
                                    "its model (make_selector(text, model))")
-            sel.rotation = slot_shifts(sel.cols, self._plan.k_pos, self._plan.q_pos, self._freq)
+            sel.cols, sel.rotation = slot_shifts(sel.cols, self._plan.k_pos, self._plan.q_pos, self._freq)
         return sel
 
 
-def slot_shifts(cols: torch.Tensor, k_pos: torch.Tensor, q_pos: torch.Tensor, inv_freq: torch.Tensor) -> Rotation:
-    """The rotation that moves the selected columns `cols` `[B, H, n]` (-1 = none) to their slots: the selected
-    columns in position order take slots 0, 1, ...; a query takes the slot after the selected columns before it
-    (its own column's slot). `k_pos` `[B, K]`, `q_pos` `[B, Q]` are the plan's positions."""
+def slot_shifts(cols: torch.Tensor, k_pos: torch.Tensor, q_pos: torch.Tensor,
+                inv_freq: torch.Tensor) -> tuple[torch.Tensor, Rotation]:
+    """The columns `cols` `[B, H, n]` (-1 = none), reordered, and the rotation that moves them to their slots: the
+    selected columns in position order take slots 0, 1, ...; a query takes the slot after the selected columns
+    before it (its own column's slot). `k_pos` `[B, K]`, `q_pos` `[B, Q]` are the plan's positions.
+
+    Where the queries of a row and head share one shift (a decode step always), only shifts relative to it matter:
+    the columns that move relative to the query (the sinks, once the window has left them behind) come first and are
+    the only ones rotated; the window and the query stay as cached."""
     B, H, n = cols.shape
     none = cols < 0
     pos = k_pos.gather(1, cols.clamp(min=0).flatten(1)).view(B, H, n)
@@ -102,8 +115,15 @@ def slot_shifts(cols: torch.Tensor, k_pos: torch.Tensor, q_pos: torch.Tensor, in
     slot = torch.empty_like(order).scatter_(-1, order, torch.arange(n, device=cols.device).expand(B, H, n))
     ordered = pos.gather(-1, order).contiguous()  # [B, H, n]
     queries = q_pos[:, None, :].expand(B, H, q_pos.shape[1]).contiguous()  # [B, H, Q]
-    q_slot = torch.searchsorted(ordered, queries)  # selected columns before each query
-    return Rotation(inv_freq, (slot - pos).masked_fill(none, 0), q_slot - queries)
+    q_shift = torch.searchsorted(ordered, queries) - queries  # [B, H, Q]: slot - position of each query
+    k_shift = (slot - pos).masked_fill(none, 0)  # [B, H, n]
+    if not bool((q_shift == q_shift[..., :1]).all()):
+        return cols, Rotation(inv_freq, k_shift, q_shift)
+    rel = (k_shift - q_shift[..., :1]).masked_fill(none, 0)  # [B, H, n] shift relative to the query's
+    first = (rel == 0).to(torch.int8).argsort(dim=-1, stable=True)  # the columns that move first
+    cols, rel = cols.gather(-1, first), rel.gather(-1, first)
+    moving = int((rel != 0).sum(-1).max())
+    return cols, Rotation(inv_freq, rel[..., :moving])
 
 
 def rotary_frequencies(model: Any) -> torch.Tensor:

@@ -17,7 +17,7 @@ from fastdecode.bench.calibration import longctx_prompts
 from fastdecode.errors import IncompatibleMethodError
 from fastdecode.sparse.base import query_scores
 from fastdecode.sparse.calibration import calibrate
-from fastdecode.sparse.streaming import StreamingLLMConfig
+from fastdecode.sparse.streaming import StreamingLLMConfig, slot_shifts
 
 
 def tiny(tokenizer, **extra) -> LlamaForCausalLM:
@@ -101,6 +101,36 @@ def test_position_shift_equals_attention_over_the_compacted_cache(model):
         ref = F.scaled_dot_product_attention(at(raw_q[b : b + 1], slots[:, -1:]), ks,
                                              v[b : b + 1, :, kept].repeat_interleave(2, 1), scale=D**-0.5)
         torch.testing.assert_close(out[b : b + 1], ref, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("q_pos", [[11, 12], [6, 11]], ids=["one-shift", "a-shift-per-query"])
+def test_slot_shifts_give_each_query_and_key_its_slot(model, q_pos):
+    """Two queries over selected columns with gaps between them: keys take slots 0, 1, ... in position order, each
+    query its own column's slot. The two queries share one shift (only the gapped keys are rotated, relative to it)
+    or each has its own (every key and query is rotated)."""
+    torch.manual_seed(5)
+    rotary = model.model.model.rotary_emb
+    pos = torch.arange(13)[None]  # [1, K]: the cache holds positions 0..12
+    chosen = [0, 1, 5, 6, 10, 11, 12]
+    cols = torch.tensor(chosen)[torch.randperm(len(chosen))][None, None].expand(1, 2, -1)  # any order, 2 heads
+    qp = torch.tensor([q_pos])
+    raw_k, v, raw_q = torch.randn(1, 2, 13, 16), torch.randn(1, 2, 13, 16), torch.randn(1, 4, 2, 16)
+
+    def at(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        cos, sin = rotary(x, p)
+        return apply_rotary_pos_emb(x, x, cos, sin)[0]
+
+    mask = (pos[:, None, :] <= qp[:, :, None])[:, None]  # [1, 1, Q, K] causal
+    new_cols, rotation = slot_shifts(cols, pos, qp, rotary.inv_freq)
+    assert sorted(new_cols[0, 0].tolist()) == chosen
+    out = shifted(at(raw_q, qp), at(raw_k, pos), v, mask, 0.25, new_cols, rotation)
+    slots = torch.arange(len(chosen))[None]
+    ks = at(raw_k[:, :, chosen], slots).repeat_interleave(2, 1)
+    q_slots = torch.tensor([[chosen.index(p) for p in q_pos]])
+    ref = F.scaled_dot_product_attention(at(raw_q, q_slots), ks, v[:, :, chosen].repeat_interleave(2, 1),
+                                         attn_mask=mask[..., chosen], scale=0.25)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    assert (rotation.queries is None) == (q_pos == [11, 12])
 
 
 def test_position_shift_differs_from_original_positions_past_the_window(model):
