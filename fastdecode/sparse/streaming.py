@@ -8,8 +8,9 @@ Positions (`positions`): the authors cache keys before RoPE and rotate them at t
 StreamingLLM run past the model's trained length. `positions="shift"` (the default, the authors' mode) does the same
 at each decode step: fastdecode caches keys after RoPE, and RoPE is a rotation, so each gathered key at position p
 is rotated on by (slot - p) and the query by (its slot - its position) (`attention.shifted`). The window keeps its
-distances to the query; the sinks move next to the window. `positions="original"` reads the same columns at their
-positions in the text (sliding-window attention with sinks), for models whose RoPE cannot be re-rotated this way.
+distances to the query and the sinks move next to the window, so a decode step rotates only the sinks
+(`slot_shifts`). `positions="original"` reads the same columns at their positions in the text (sliding-window
+attention with sinks), for models whose RoPE cannot be re-rotated this way.
 
 `StreamingConfig` / `StreamingSelector` are the sinks-and-window part shared with DuoAttention's streaming heads
 (`duo.py`), at original positions."""
@@ -83,7 +84,7 @@ class StreamingLLMSelector(StreamingSelector):
     def choose(self, layer, q, k, mask, visible) -> Selection:
         # every layer of one mask (the plan builds one per sliding window) reads the same columns at the same slots:
         # chosen once per forward
-        key = ("selection", id(mask))
+        key = f"selection:{id(mask)}"
         if key not in self.state:
             self.state[key] = self._choose(layer, q, k, mask, visible)
         return self.state[key]
