@@ -84,7 +84,9 @@ class Method:
         if not self.lossless or is_dense(attention):
             return
         rule = parse_attention(str(attention))[0]
-        if self.drafts:
+        if "rule" in {f.name for f in dataclasses.fields(self.config)}:  # spec.sparse_self: its drafts' rule
+            fix = f"give it as rule={attention!r} (the drafts read it, the verification stays dense)"
+        elif self.drafts:
             fix = (f"for sparse drafts verified densely (lossless) use spec.sparse_self with rule={attention!r}; for "
                    f"sparse decoding without drafts use sparse.{rule}")
         else:
