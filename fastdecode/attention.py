@@ -74,12 +74,43 @@ class Plan:
 
 
 @dataclass
+class Rotation:
+    """Rotary (RoPE) position shifts applied before a gathered attention (`shifted`): the first `keys.shape[-1]`
+    selected columns (`Selection.cols[..., :m]`) are rotated on by `keys` positions, the others stay, and each query by
+    `queries` (None: the queries stay), at the model's rotary frequencies `inv_freq`. Cached keys are stored already
+    rotated at their own position, and RoPE is a rotation, so rotating by (new - old) puts them at a new position
+    (StreamingLLM's positions within the cache) without the unrotated keys. Only relative shifts matter (q.k depends
+    on the difference of the two rotations), so a rule may rotate a few keys by their shift relative to the query's
+    instead of every key and the query."""
+
+    inv_freq: torch.Tensor  # [D/2] float: the angle of one position step per channel pair (half-split layout)
+    keys: torch.Tensor  # [B, Hkv, m] long: shifts of the first m selected columns (m <= n)
+    queries: torch.Tensor | None = None  # [B, Hkv, Q] long: shift of each query, per key/value head
+    # cos and sin of the shifts, computed at the first layer that uses them and reused by the others
+    _turns: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
+
+    def turn(self, which: str, x: torch.Tensor) -> torch.Tensor:
+        """`x` `[B, H, n, D]` rotated on by the `which` ("keys" or "queries") shifts, repeated over query groups."""
+        if which not in self._turns:
+            shift = getattr(self, which)
+            angle = shift.to(torch.float32)[..., None] * self.inv_freq.to(x.device, torch.float32)  # [B, Hkv, n, D/2]
+            self._turns[which] = angle.cos(), angle.sin()
+        cos, sin = self._turns[which]
+        g = x.shape[1] // cos.shape[1]
+        if g > 1:
+            cos, sin = cos.repeat_interleave(g, dim=1), sin.repeat_interleave(g, dim=1)
+        return turned(x, cos, sin)
+
+
+@dataclass
 class Selection:
     """Columns each head reads: `cols[b, h, i]` (-1 = nothing), per key/value head (`[B, Hkv, n]`: the query heads
-    of a group share them) or per query head (`[B, Hq, n]`); `dense[h]`: key/value head h attends to all."""
+    of a group share them) or per query head (`[B, Hq, n]`); `dense[h]`: key/value head h attends to all;
+    `rotation`: re-rotate the gathered keys and the queries first (None: every key stays at its own position)."""
 
     cols: torch.Tensor  # [B, Hkv, n] or [B, Hq, n] long
     dense: torch.Tensor | None = None  # [Hkv] bool
+    rotation: Rotation | None = None
 
 
 class SparseSelector(Protocol):
@@ -139,7 +170,10 @@ def attention(
         selection = plan.sparse.select(getattr(module, "layer_idx", 0), query, key, value, mask)
         if selection is not None:
             scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-            out = gathered(query, key, value, mask, scale, selection.cols, selection.dense)
+            if selection.rotation is not None:
+                out = shifted(query, key, value, mask, scale, selection.cols, selection.rotation)
+            else:
+                out = gathered(query, key, value, mask, scale, selection.cols, selection.dense)
             return out.transpose(1, 2).contiguous(), None
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
@@ -192,6 +226,46 @@ def gathered(
             kd, vd = kd.repeat_interleave(g, dim=1), vd.repeat_interleave(g, dim=1)
         out[:, heads] = sdpa(q[:, heads], kd, vd, mask, scale)
     return out
+
+
+def rotate(x: torch.Tensor, shift: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """`x` `[..., n, D]` (already rotated, half-split layout as transformers' `rotate_half`) rotated on by `shift`
+    `[..., n]` positions, in float32, returned in `x`'s dtype."""
+    angle = shift.to(torch.float32)[..., None] * inv_freq.to(x.device, torch.float32)  # [..., n, D/2]
+    return turned(x, angle.cos(), angle.sin())
+
+
+def turned(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`x` `[..., D]` rotated by the angles whose cos and sin are given `[..., D/2]` (half-split pairs)."""
+    x1, x2 = x.to(torch.float32).chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def shifted(
+    q: torch.Tensor,  # [B, Hq, Q, D]
+    k: torch.Tensor,  # [B, Hkv, K, D]
+    v: torch.Tensor,  # [B, Hkv, K, Dv]
+    mask: torch.Tensor,  # [B, 1, Q, K] bool
+    scale: float,
+    cols: torch.Tensor,  # [B, Hkv, n] long, -1 = none
+    rotation: Rotation,
+) -> torch.Tensor:
+    """Attention over `cols` of the cache with gathered keys and the queries moved to other positions (`rotation`):
+    only gathered keys are rotated on, never the whole cache. Returns `[B, Hq, Q, Dv]`."""
+    B, Hkv, n = cols.shape
+    g = q.shape[1] // Hkv
+    Q, K = mask.shape[-2], mask.shape[-1]
+    idx = cols.clamp(min=0)
+    ks = k.gather(2, idx[..., None].expand(B, Hkv, n, k.shape[-1]))  # [B, Hkv, n, D]
+    turn = rotation.keys.shape[-1]
+    if turn:
+        ks[:, :, :turn] = rotation.turn("keys", ks[:, :, :turn])
+    vs = v.gather(2, idx[..., None].expand(B, Hkv, n, v.shape[-1]))
+    m = mask.expand(B, Hkv, Q, K).gather(3, idx[:, :, None, :].expand(B, Hkv, Q, n)) & (cols >= 0)[:, :, None, :]
+    qs = q if rotation.queries is None else rotation.turn("queries", q)  # [B, Hq, Q, D]
+    if g > 1:
+        ks, vs, m = (t.repeat_interleave(g, dim=1) for t in (ks, vs, m))
+    return sdpa(qs, ks, vs, m, scale)
 
 
 def use_sdpa_backends(names: str | None) -> None:

@@ -59,6 +59,7 @@ completion (`llamacpp.*`) asks it before each forward and ends its rows there wh
         model = guide(model, params.pop("cfg_scale", None))
     params = image_params(model, params)
     cfg = build_config(spec.config, params, method)
+    spec.check_attention(getattr(cfg, "attention", None))  # a lossless method stays lossless
     if constraint is not None:
         from .constraints import check_sampling
 

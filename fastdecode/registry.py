@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from . import plugins
-from .attention import is_dense
+from .attention import is_dense, parse_attention
 from .config import MethodConfig
-from .errors import UnknownMethodError, close_names
+from .errors import ParameterError, UnknownMethodError, close_names
 from .session import SessionFactory, driver_session
 from .types import ModelKind, PromptBatch, StepEvent
 
@@ -77,10 +77,23 @@ class Method:
         """The pip requirements of `requires` whose module is not installed."""
         return [pip for module, pip in self.requires if importlib.util.find_spec(module) is None]
 
-    def lossless_with(self, params: dict[str, Any]) -> bool:
-        """Whether a run with these parameters keeps `lossless`: a sparse `attention` rule changes every forward,
-        the verifying ones of spec.* included, so its output is no longer greedy decoding's."""
-        return self.lossless and is_dense(params.get("attention"))
+    def check_attention(self, attention: Any) -> None:
+        """Refuse a sparse `attention` rule on a method registered lossless: the rule changes every forward (the
+        verifying ones of spec.* included), so the output would no longer be its baseline's, and a method's lossless
+        claim holds for every parameter it accepts. The error names the method that does what was asked."""
+        if not self.lossless or is_dense(attention):
+            return
+        rule = parse_attention(str(attention))[0]
+        if "rule" in {f.name for f in dataclasses.fields(self.config)}:  # spec.sparse_self: its drafts' rule
+            fix = f"give it as rule={attention!r} (the drafts read it, the verification stays dense)"
+        elif self.drafts:
+            fix = (f"for sparse drafts verified densely (lossless) use spec.sparse_self with rule={attention!r}; for "
+                   f"sparse decoding without drafts use sparse.{rule}")
+        else:
+            fix = f"use the method sparse.{rule}, with the rule's parameters as its own (e.g. budget=256)"
+        raise ParameterError(
+            f"Method {self.name!r} is registered lossless (its output equals its baseline's token for token), and "
+            f"attention={attention!r} would make it read only part of its cache: {fix}; or leave attention dense.")
 
     def params(self) -> list[tuple[str, Any]]:
         """(name, default) for each parameter."""

@@ -18,7 +18,9 @@ class GreedyConfig(MethodConfig):
     """The argmax after the processors that can change it (spec.* methods at temperature 0 take the same)."""
 
     repetition_penalty: float = 1.0  # 1 = off
-    attention: str = "dense"  # or a sparse rule, e.g. "quest" / "quest:budget=128" (then it is the sparse.* method)
+    # "dense" only: ar.greedy is registered lossless, so a sparse rule is refused (`Method.check_attention`) with
+    # the method that decodes greedily through it, sparse.<rule>; the field stays for the parameter's validation
+    attention: str = "dense"
 
     def __post_init__(self) -> None:
         super().__post_init__()

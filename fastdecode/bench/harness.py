@@ -268,6 +268,7 @@ def plan_jobs(suite: Suite, entries: Sequence[Entry], baseline: str, params: Map
         for task, seed, _ in plan:
             given = {"max_new_tokens": default_budget(task, target), **given_here}
             cfg = dataclasses.asdict(build_config(spec.config, given, entry.method))
+            spec.check_attention(cfg.get("attention"))  # refused while planning, before any row
             for index, item in enumerate(items[(task.name, seed)]):
                 jobs.append(Job(task, item, index, seed, entry.method, cfg, entry.text == baseline, entry.text,
                                 default_budget="max_new_tokens" not in given_here))

@@ -365,6 +365,7 @@ def _method(model: ModelAdapter, draft: ModelAdapter | None, default: str, body:
         params["max_new_tokens"] = default_max
     try:
         config = dataclasses.asdict(build_config(spec.config, params, spec.name))
+        spec.check_attention(config.get("attention"))
     except (FastDecodeError, TypeError, ValueError) as e:
         raise ServeError(400, str(e), param="fastdecode") from None
     _fit_context(model, body, longest, params, config)

@@ -4,8 +4,9 @@ Every rule is one file with a `Selector` subclass (`base.py`: the hook, the alwa
 the budget, the read accounting) that registers itself once, in the core's rule table:
 `register_rule("quest", QuestSelector, QuestConfig, description=...)` (`fastdecode.attention`). That makes it
 
-- usable by any method with an `attention` parameter: `attention="quest"` or with the rule's parameters,
-  `attention="quest:budget=128,page=16"` (ar.greedy, ar.sample and every spec.* method);
+- usable by any method with an `attention` parameter that is not registered lossless: `attention="quest"` or with
+  the rule's parameters, `attention="quest:budget=128,page=16"` (ar.sample; ar.greedy and the lossless spec.* methods
+  refuse a rule and name sparse.<rule> or spec.sparse_self instead);
 - a method `sparse.<rule>` (`methods.py`, made from the table): ar.greedy (temperature 0, the default) or ar.sample
   (temperature > 0) whose forwards read the columns the rule selects.
 """

@@ -1,6 +1,10 @@
-"""sparse.lychee: LycheeDecode's hybrid heads (Lin et al. 2026). In every sparse layer a few retrieval heads
-attend densely and pick the top-`budget` columns by their attention weights; the other (sparse) heads of that
-layer and of the following layers read the columns the latest retrieval heads picked, shared by all sparse heads.
+"""sparse.lychee: LycheeDecode's hybrid heads (Lin et al. 2026). Selected tokens are shared per *head*: each
+key/value head index has its own set of columns. In every sparse layer a few retrieval heads attend densely and
+refresh the set of their head index with the top-`budget` columns of their own attention weights (summed over the
+head's grouped queries); a sparse head reads the latest set of its index, picked by a retrieval head of that index in
+an earlier layer. A head index with no set yet in this step (the first sparse layer, or an index no retrieval head
+has served so far) acts as a retrieval head: it attends densely and picks its set, as TidalDecode's first selection
+layer does. Sets are chosen anew at every decode step.
 The retrieval heads are the `retrieval_heads` heads per layer with the most far attention weight in the model's
 calibration (`calibration.py`; LycheeDecode trains HardKuma gates instead, with no code released)."""
 
@@ -34,18 +38,24 @@ class LycheeSelector(Selector):
         out[mass.topk(min(self.cfg.retrieval_heads, heads)).indices] = True
         return out
 
-    def choose(self, layer, q, k, mask, visible) -> Selection:
+    def choose(self, layer, q, k, mask, visible) -> Selection | None:
         B, Hkv = k.shape[:2]
-        dense = self.retrieval(layer, Hkv).to(k.device)
+        sets: torch.Tensor | None = self.state.get("sets")  # [B, Hkv, n]: each head index's latest set
+        served = self.state.get("served", torch.zeros(Hkv, dtype=torch.bool, device=k.device))  # [Hkv]
+        dense = self.retrieval(layer, Hkv).to(k.device) | ~served  # retrieval heads, and indices with no set yet
         g = q.shape[1] // Hkv
-        qr = q.reshape(B, Hkv, g, *q.shape[2:])[:, dense].reshape(B, -1, *q.shape[2:])  # retrieval query heads
-        picked = self.top(query_scores(qr, k[:, dense], mask).sum(1, keepdim=True), visible)  # [B, 1, n]
-        shared = self.state.get("cols", picked)  # the latest retrieval heads' choice (this layer's at the first)
-        self.state["cols"] = picked
-        return Selection(shared.expand(B, Hkv, -1), dense)
+        qr = q.reshape(B, Hkv, g, *q.shape[2:])[:, dense].reshape(B, -1, *q.shape[2:])  # [B, nd*g, Q, D]
+        picked = self.top(query_scores(qr, k[:, dense], mask), visible)  # [B, nd, n]
+        sets = picked.new_full((B, Hkv, picked.shape[-1]), -1) if sets is None else sets.clone()
+        sets[:, dense] = picked  # the retrieval heads refresh their index's set
+        self.state["sets"], self.state["served"] = sets, served | dense
+        if bool(dense.all()):
+            return None  # every head attends densely in this layer
+        return Selection(sets, dense)  # the sparse heads read their index's set from an earlier layer
 
 
 register_rule(
     "lychee", LycheeSelector, LycheeConfig,
-    description="LycheeDecode-style hybrid heads: a few dense retrieval heads pick top-k for the sparse heads.",
+    description="LycheeDecode-style hybrid heads: dense retrieval heads pick top-k for the later sparse heads "
+                "of their head index.",
 )

@@ -12,7 +12,7 @@ on `BaseDrafter`, never a probe for an attribute:
 | `hidden_layers` | () | reads intermediate decoder layers' outputs too (EAGLE-3 reads three) |
 | `tree_drafts` | False | may propose trees or side tokens (verified under a tree attention mask) |
 | `shares_target_cache` | False | runs the target on the target's own KV cache (spec.sparse_self) |
-| `bind(cache)` | no-op | ... and so must be handed that cache (the driver calls it before the first step) |
+| `bind(cache)` | None | ... handed to it before the first step; may return a watcher of the target's forwards |
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..attention import check_attention
+from ..attention import SparseSelector, check_attention
 from ..cache import DynamicKVCache, KVCache
 from ..registry import C, DriverOf, register
 from ..sampling.config import SamplingConfig
@@ -39,8 +39,9 @@ class SpecConfig(SamplingConfig):
     exactly ar.sample's distribution with the same parameters."""
 
     temperature: float = 0.0
-    # the target's attention in verification forwards: "dense", or a sparse rule ("quest", "quest:budget=128");
-    # a sparse target is no longer the dense model, so only "dense" is lossless against ar.greedy
+    # the target's attention in verification forwards: "dense", or a sparse rule ("quest", "quest:budget=128") on a
+    # method not registered lossless; a lossless method refuses a rule (`Method.check_attention`: a sparse target is
+    # no longer the dense model) and names spec.sparse_self, which drafts sparsely and verifies densely
     attention: str = "dense"
 
     def __post_init__(self) -> None:
@@ -161,8 +162,10 @@ class Drafter(Protocol):
         """Model forwards run so far (read only: a plain attribute or a property both satisfy it)."""
         ...
 
-    def bind(self, cache: KVCache | DynamicKVCache) -> None:
-        """The target's cache of this row; called before the first step on a drafter that `shares_target_cache`."""
+    def bind(self, cache: KVCache | DynamicKVCache) -> SparseSelector | None:
+        """The target's cache of this row; called before the first step on a drafter that `shares_target_cache`.
+        May return a selector for the target's verification forwards on that cache that only watches them (it must
+        select nothing: verification stays dense), for a draft rule that learns from them (SnapKV, the prefill)."""
         ...
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
@@ -189,8 +192,8 @@ class BaseDrafter:
     tree_drafts = False
     shares_target_cache = False
 
-    def bind(self, cache: KVCache | DynamicKVCache) -> None:
-        pass
+    def bind(self, cache: KVCache | DynamicKVCache) -> SparseSelector | None:
+        return None
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         raise NotImplementedError(f"{type(self).__name__} must implement propose(context, k)")

@@ -94,8 +94,9 @@ def speculative(
     for group in groups:
         group.sparse = make_selector(cfg.attention, model)
         for r in group.rows:
-            if shared:
-                r.drafter.bind(group.cache)
+            if shared:  # the drafter's rule may watch the dense verification forwards (it never selects in them)
+                watch = r.drafter.bind(group.cache)
+                group.sparse = group.sparse or watch
     return SpecSession(model, cfg, rows, groups, new_drafter, generator, ctx.constraint, accept)
 
 

@@ -16,7 +16,7 @@ from fastdecode import attention, registry
 from fastdecode.attention import RULES, register_rule, rules
 from fastdecode.config import build_config
 from fastdecode.errors import ParameterError
-from fastdecode.sparse.streaming import StreamingConfig, StreamingSelector
+from fastdecode.sparse.streaming import StreamingLLMConfig, StreamingLLMSelector
 
 SPARSE = Path(fastdecode.__file__).parent / "sparse"
 
@@ -40,11 +40,11 @@ def test_a_rule_file_registers_its_rule_once_and_no_method():
         assert "@register(" not in source, path.name
         assert source.count("register_rule(\n") + source.count("register_rule(\"") <= 1, path.name
     with pytest.raises(ValueError, match="registered twice"):
-        register_rule("quest", StreamingSelector, StreamingConfig, description="a second quest")
+        register_rule("quest", StreamingLLMSelector, StreamingLLMConfig, description="a second quest")
 
 
 @dataclass(frozen=True)
-class WindowConfig(StreamingConfig):
+class WindowConfig(StreamingLLMConfig):
     pass
 
 
@@ -52,7 +52,7 @@ class WindowConfig(StreamingConfig):
 def registered_rule(name: str) -> Iterator[str]:
     """A rule registered for one test (StreamingLLM under another name), removed again afterwards."""
     rules()  # the built-in rules first, so that this one is not loaded twice
-    register_rule(name, StreamingSelector, WindowConfig, description="A test rule: sinks and a window.")
+    register_rule(name, StreamingLLMSelector, WindowConfig, description="A test rule: sinks and a window.")
     try:
         yield name
     finally:
@@ -87,7 +87,9 @@ def test_attention_parameter_validates_rules_and_their_parameters(method):
             build_config(config, {"attention": bad})
 
 
-def test_the_core_table_decides_losslessness():
+def test_a_lossless_method_takes_only_dense_attention():
     assert attention.parse_attention(" quest : budget=4 ") == ("quest", {"budget": "4"})
-    assert fastdecode.get_method("spec.pld").lossless_with({"attention": attention.DENSE})
-    assert not fastdecode.get_method("ar.greedy").lossless_with({"attention": "tidal"})
+    fastdecode.get_method("spec.pld").check_attention(attention.DENSE)
+    fastdecode.get_method("ar.sample").check_attention("tidal")  # not registered lossless: a sparse rule is its own
+    with pytest.raises(ParameterError, match=r"use the method sparse\.tidal"):
+        fastdecode.get_method("ar.greedy").check_attention("tidal:budget=64")

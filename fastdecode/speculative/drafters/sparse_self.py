@@ -6,17 +6,22 @@ verification decides every emitted token (equals ar.greedy at temperature 0, ar.
 The drafter shares the target's cache instead of keeping its own (no second copy of a long context, no second
 prefill): it writes its draft entries after the accepted context and removes them again before the verification
 forward rewrites those columns densely. The first step drafts nothing, so the prompt is prefilled once, densely.
+
+The drafts' rule watches the target's dense forwards on the shared cache (`Watch`, returned by `bind`): it sees each
+layer's queries and keys there but selects nothing. So a rule that chooses from the prefill (SnapKV's observation
+window) chooses from the prompt's prefill, which the verification forward runs, and a rule that summarises keys
+(Quest's page bounds) keeps its summaries current; without it SnapKV never saw a prefill and drafted densely.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 
-from ...attention import make_selector
+from ...attention import Plan, Selection, SparseSelector, make_selector
 from ...cache import DynamicKVCache, KVCache
 from ...config import check
 from ...models.capabilities import check_sparse_attention
@@ -44,6 +49,23 @@ class SparseSelfConfig(SpecConfig):
         make_selector(self.rule, None, budget=self.budget, sinks=self.sinks, recent=self.recent)
 
 
+class Watch:
+    """The drafts' rule in the target's verification forwards: every layer's queries and keys go to its `observe`
+    (SnapKV scores the prompt there at the prefill), and every layer attends densely (the verification is exact)."""
+
+    def __init__(self, selector: Any) -> None:
+        self.selector = selector  # a `sparse.base.Selector`
+
+    def begin(self, cache: Any, plan: Plan) -> None:
+        self.selector.begin(cache, plan)  # the rule keeps to this cache (a new one would reset what it learnt)
+        plan.sparse = self
+
+    def select(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor) -> Selection | None:
+        self.selector.observe(layer, q, k, mask)
+        return None
+
+
 class SparseSelfDrafter(BaseDrafter):
     shares_target_cache = True
 
@@ -54,9 +76,11 @@ class SparseSelfDrafter(BaseDrafter):
         self.cache: KVCache | DynamicKVCache | None = None
         self.forwards = 0
 
-    def bind(self, cache: KVCache | DynamicKVCache) -> None:
-        """The target's cache of this row (set by the speculative driver before the first step)."""
+    def bind(self, cache: KVCache | DynamicKVCache) -> SparseSelector | None:
+        """The target's cache of this row (set by the speculative driver before the first step); returns the watcher
+        of the target's dense forwards on it."""
         self.cache = cache
+        return Watch(self.selector)
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         assert self.cache is not None, "the speculative driver binds the target's cache first"
