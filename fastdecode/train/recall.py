@@ -135,9 +135,9 @@ class RecallStage:
 
 
 RECIPE = (
-    RecallStage("mqar", steps=1200, lr=2e-3, tasks="mqar", batch=32, pairs=32, queries=16),
-    RecallStage("keys", steps=1200, lr=1e-3, tasks="mqar,kv,multikey,kv,multikey,passkey,after,vartrack", batch=8),
-    RecallStage("length", steps=200, lr=5e-4, tasks="mqar,kv,multikey,passkey,kv,multikey,after,vartrack",
+    RecallStage("mqar", steps=1500, lr=2e-3, tasks="mqar", batch=32, pairs=32, queries=16),
+    RecallStage("keys", steps=1400, lr=1e-3, tasks="mqar,kv,multikey,kv,multikey,passkey,after,vartrack", batch=8),
+    RecallStage("length", steps=250, lr=5e-4, tasks="mqar,kv,multikey,passkey,kv,multikey,after,vartrack",
                 start=448, end=2048, ramp=0.6, batch_tokens=4096),
 )
 
