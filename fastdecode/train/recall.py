@@ -311,9 +311,11 @@ def main(argv: list[str] | None = None) -> None:
     shape = Shape(hidden=args.hidden, layers=args.layers, heads=args.heads, mlp=args.mlp)
     bar = tqdm(total=sum(s.steps for s in stages), desc="ar-long recall", unit="step")
 
-    def on_step(row: dict) -> None:
+    offset = {s.name: sum(p.steps for p in stages[:i]) for i, s in enumerate(stages)}
+
+    def on_step(row: dict) -> None:  # a resumed run's bar starts where its checkpoint was
         if "loss" in row:
-            bar.update(1)
+            bar.update(offset[row["stage"]] + row["step"] + 1 - bar.n)
             bar.set_postfix(stage=row["stage"], task=row["task"], loss=f"{row['loss']:.3f}")
 
     sizes = [s for s in args.eval.split(",") if s]
