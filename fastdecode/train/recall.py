@@ -88,6 +88,7 @@ class Shape:
     mlp: int = 384
     rope_theta: float = 100_000.0
     positions: int = 16384
+    tie: bool = True
 
 
 def new_model(tokenizer, shape: Shape, seed: int) -> LlamaForCausalLM:
@@ -106,7 +107,7 @@ def new_model(tokenizer, shape: Shape, seed: int) -> LlamaForCausalLM:
         vocab_size=len(tokenizer), hidden_size=shape.hidden, intermediate_size=shape.mlp,
         num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.heads,
         head_dim=shape.hidden // shape.heads, max_position_embeddings=shape.positions, rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta}, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta}, tie_word_embeddings=shape.tie,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
     return LlamaForCausalLM(cfg).float()
@@ -126,6 +127,7 @@ class RecallStage:
     batch: int = 16
     pairs: int = 32
     queries: int = 16
+    min_pairs: int = 0  # 0: pairs // 4
     pool: int = 512
     start: int = 160
     end: int = 448
@@ -135,10 +137,11 @@ class RecallStage:
 
 
 RECIPE = (
-    RecallStage("mqar", steps=1500, lr=2e-3, tasks="mqar", batch=32, pairs=32, queries=16),
-    RecallStage("keys", steps=1400, lr=1e-3, tasks="mqar,kv,multikey,kv,multikey,passkey,after,vartrack", batch=8),
-    RecallStage("length", steps=250, lr=5e-4, tasks="mqar,kv,multikey,passkey,kv,multikey,after,vartrack",
-                start=448, end=2048, ramp=0.6, batch_tokens=4096),
+    RecallStage("mqar", steps=1600, lr=2e-3, tasks="mqar", batch=32, pairs=16, min_pairs=4, queries=8, pool=128),
+    RecallStage("keys", steps=900, lr=1e-3, tasks="mqar,kv,multikey,kv,multikey,passkey,after,vartrack", batch=8,
+                pairs=16, min_pairs=4, queries=8, pool=128),
+    RecallStage("length", steps=120, lr=5e-4, tasks="mqar,kv,multikey,passkey,kv,multikey,after,vartrack",
+                pairs=16, min_pairs=4, queries=8, pool=128, start=448, end=2048, ramp=0.6, batch_tokens=4096),
 )
 
 
@@ -150,7 +153,7 @@ def _step_batch(stage: RecallStage, step: int, tokenizer, pools: Pools, rng: ran
     top = int(stage.start + (stage.end - stage.start) * frac)
     context = rng.randint(max(128, top // 2), max(128, top))
     if op == "mqar":
-        pairs = rng.randint(max(2, stage.pairs // 4), stage.pairs)
+        pairs = rng.randint(max(2, stage.min_pairs or stage.pairs // 4), stage.pairs)
         queries = max(1, min(stage.queries, pairs // 2))
         rows = max(1, stage.batch_tokens // (4 * stage.pairs)) if stage.batch_tokens else stage.batch
         ids, mask = mqar_batch(pools, tokenizer.bos_token_id, rows, pairs, queries, rng)
