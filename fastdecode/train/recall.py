@@ -170,7 +170,10 @@ def _lr(stage: RecallStage, step: int) -> float:
 
 
 def _loss(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_bf16_is_fast()):
+    """Cross-entropy on the masked targets; bfloat16 autocast on a GPU, and on a CPU where it is fast."""
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    kind = model.device.type
+    with torch.autocast(kind, dtype=torch.bfloat16, enabled=kind == "cuda" or cpu_bf16_is_fast()):
         hidden = model.model(input_ids=ids).last_hidden_state[:, :-1][mask]  # [N, H], the supervised positions
         return F.cross_entropy(model.lm_head(hidden).float(), ids[:, 1:][mask])
 
@@ -216,7 +219,7 @@ def mqar_accuracy(model, tokenizer, pairs: int, queries: int, n: int, pool: int 
     training rows come from string seeds)."""
     model.eval()
     ids, mask = mqar_batch(mqar_pools(tokenizer, pool), tokenizer.bos_token_id, n, pairs, queries, random.Random(seed))
-    pred = model(input_ids=ids).logits[:, :-1].argmax(-1)  # [n, T-1]
+    pred = model(input_ids=ids.to(model.device)).logits[:, :-1].argmax(-1).cpu()  # [n, T-1]
     return float((pred[mask] == ids[:, 1:][mask]).float().mean())
 
 
@@ -238,12 +241,12 @@ def evaluate(model, tokenizer, stages: tuple[RecallStage, ...], sizes: list[str]
 
 def run(out: Path, seed: int, threads: int, shape: Shape, stages: tuple[RecallStage, ...], sizes: list[str],
         items: int, log_path: Path | None = None, on_step: Callable[[dict], None] | None = None,
-        status: Callable[[str], None] = lambda msg: None) -> dict:
+        status: Callable[[str], None] = lambda msg: None, device: str = "cpu") -> dict:
     """Every stage from a fresh model of `shape` (or from out/checkpoint when one of this run is there), then the
     evaluation; saves out/ (bfloat16) and out/trial.json."""
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(str(Path(__file__).parents[1] / "zoo" / "ar-small"))
-    model = new_model(tokenizer, shape, seed)
+    model = new_model(tokenizer, shape, seed).to(device)
     identity = {"seed": seed, "shape": asdict(shape), "stages": [asdict(s) for s in stages]}
     opts = {s.name: torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
             for s in stages}
@@ -252,6 +255,8 @@ def run(out: Path, seed: int, threads: int, shape: Shape, stages: tuple[RecallSt
         where = out / "checkpoint" / "state.json"
         if where.is_file() and json.loads(where.read_text()).get("stage") == s.name:
             found = load_checkpoint(out, {"model": model}, {"opt": opts[s.name]}, identity)
+            for state in opts[s.name].state.values():  # the moments come back on the CPU (AdamW keeps its step there)
+                state.update({k: v if k == "step" else v.to(device) for k, v in state.items()})
     out.mkdir(parents=True, exist_ok=True)
     log_path = log_path or out / "progress.jsonl"
     began = time.perf_counter() - (found or {}).get("train_s", 0.0)
@@ -307,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mlp", type=int, default=Shape.mlp)
     ap.add_argument("--eval", default="384,1k,2k", help="suite lengths of the final exact match ('' for none)")
     ap.add_argument("--eval-items", type=int, default=10)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (a GPU runs the same steps, bf16 autocast)")
     args = ap.parse_args(argv)
     from tqdm import tqdm
 
@@ -323,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
 
     sizes = [s for s in args.eval.split(",") if s]
     summary = run(Path(args.out), args.seed, args.threads, shape, stages, sizes, args.eval_items,
-                  on_step=on_step, status=bar.write)
+                  on_step=on_step, status=bar.write, device=args.device)
     bar.close()
     print(json.dumps({k: summary[k] for k in ("train_minutes", "mqar_accuracy", "exact_match_fp32")}, indent=2))
 

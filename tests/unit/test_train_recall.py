@@ -4,6 +4,7 @@ weights of an uninterrupted one. Tiny models, a few steps: no training run."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from fastdecode.bench.tasks.longctx import OPS
 from fastdecode.errors import ParameterError
 from fastdecode.models.loading import resolve
 from fastdecode.train import recall
@@ -107,3 +109,16 @@ def test_cli_recall_recipe_wants_an_out_folder(tmp_path):
                        env={**os.environ, "FASTDECODE_DEBUG": "0", "PYTHONPATH": str(Path(recall.__file__).parents[2])})
     assert p.returncode == 2 and "--out DIR" in p.stderr
     assert not any(tmp_path.iterdir())  # refused before anything is trained or written
+
+
+def test_run_wires_the_stages_and_writes_the_folder(tmp_path):
+    stages = (recall.RecallStage("mqar", steps=2, lr=1e-3, tasks="mqar", batch=2, pairs=6, queries=3, pool=16),
+              recall.RecallStage("keys", steps=2, lr=1e-3, tasks="kv,multikey", batch=1, start=128, end=140,
+                                 questions=2))
+    summary = recall.run(tmp_path, 0, 1, TINY, stages, [], 1)
+    rows = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert [(r["stage"], r.get("step", "end")) for r in rows[:-1]] == [
+        ("mqar", 0), ("mqar", 1), ("mqar", "end"), ("keys", 0), ("keys", 1), ("keys", "end")]
+    assert set(rows[5]["exact_match"]) == {f"longctx.{cls.op}@140" for cls in OPS}  # the suite stage's own check
+    assert 0.0 <= summary["mqar_accuracy"]["mqar@6x3"] <= 1.0
+    assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / "checkpoint").exists()
