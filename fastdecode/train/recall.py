@@ -246,7 +246,8 @@ def run(out: Path, seed: int, threads: int, shape: Shape, stages: tuple[RecallSt
     evaluation; saves out/ (bfloat16) and out/trial.json."""
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(str(Path(__file__).parents[1] / "zoo" / "ar-small"))
-    model = new_model(tokenizer, shape, seed).to(device)
+    model = new_model(tokenizer, shape, seed)
+    torch.nn.Module.to(model, torch.device(device))
     identity = {"seed": seed, "shape": asdict(shape), "stages": [asdict(s) for s in stages]}
     opts = {s.name: torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
             for s in stages}
@@ -314,23 +315,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-items", type=int, default=10)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (a GPU runs the same steps, bf16 autocast)")
     args = ap.parse_args(argv)
-    from tqdm import tqdm
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     stages = _stages(args)
     shape = Shape(hidden=args.hidden, layers=args.layers, heads=args.heads, mlp=args.mlp)
-    bar = tqdm(total=sum(s.steps for s in stages), desc="ar-long recall", unit="step")
-
     offset = {s.name: sum(p.steps for p in stages[:i]) for i, s in enumerate(stages)}
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns) as bar:
+        task = bar.add_task("ar-long (recall)", total=sum(s.steps for s in stages), info="")
 
-    def on_step(row: dict) -> None:  # a resumed run's bar starts where its checkpoint was
-        if "loss" in row:
-            bar.update(offset[row["stage"]] + row["step"] + 1 - bar.n)
-            bar.set_postfix(stage=row["stage"], task=row["task"], loss=f"{row['loss']:.3f}")
+        def on_step(row: dict) -> None:  # a resumed run's bar starts where its checkpoint was
+            if "loss" in row:
+                bar.update(task, completed=offset[row["stage"]] + row["step"] + 1,
+                           info=f"{row['stage']} {row['task']} loss {row['loss']:.3f}")
 
-    sizes = [s for s in args.eval.split(",") if s]
-    summary = run(Path(args.out), args.seed, args.threads, shape, stages, sizes, args.eval_items,
-                  on_step=on_step, status=bar.write, device=args.device)
-    bar.close()
+        sizes = [s for s in args.eval.split(",") if s]
+        summary = run(Path(args.out), args.seed, args.threads, shape, stages, sizes, args.eval_items,
+                      on_step=on_step, status=lambda msg: bar.console.print(msg), device=args.device)
     print(json.dumps({k: summary[k] for k in ("train_minutes", "mqar_accuracy", "exact_match_fp32")}, indent=2))
 
 
