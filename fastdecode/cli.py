@@ -845,6 +845,9 @@ def _train_zoo(name: str, out_dir: str | None, seed: int, threads: int, steps: i
     from fastdecode.train.zoo import build, zoo_folder
 
     _check_threads(threads)
+    if name == "ar-long" and set_ == ["recipe=recall"]:  # the from-scratch recall recipe (fastdecode/train/recall.py)
+        _train_ar_long_recall(out_dir, seed, threads, steps, eval_items)
+        return
     if name == "ar-long":  # stages of fine-tuning on zoo:ar-small (fastdecode/train/long.py), not a recipe
         _train_ar_long(Path(out_dir) if out_dir else zoo_folder(name), seed, threads, steps, set_, eval_items)
         return
@@ -867,7 +870,8 @@ def _train_ar_long(folder, seed: int, threads: int, steps: int | None, set_: lis
 
     if steps or set_:
         raise ArgumentError("ar-long is trained in stages (fastdecode/train/long.py, STAGES), which --steps and --set "
-                            "do not reach: run one stage with `python -m fastdecode.train.long --help` for trials.")
+                            "do not reach: run one stage with `python -m fastdecode.train.long --help` for trials, "
+                            "or the recall recipe with --set recipe=recall --out DIR.")
     total = sum(s.steps for s in long.STAGES)
     command = f"fastdecode train ar-long --seed {seed} --threads {threads}"
     with err.status("training ar-long") as spinner:
@@ -880,6 +884,37 @@ def _train_ar_long(folder, seed: int, threads: int, steps: int | None, set_: lis
         metrics = long.build(folder, seed, threads, eval_items, command, status=err.print, on_step=on_step)
     out.print_json(json.dumps(metrics))
     err.print(f"saved {folder} (card: {folder / 'README.md'})")
+
+
+def _train_ar_long_recall(out_dir: str | None, seed: int, threads: int, steps: int | None, eval_items: int) -> None:
+    """The recall recipe's trial (fastdecode/train/recall.py, RECIPE): resumable, into --out only (it does not
+    replace the shipped zoo:ar-long unless a person copies it there after comparing the cards)."""
+    from pathlib import Path
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from fastdecode.errors import ArgumentError
+    from fastdecode.train import recall
+
+    if steps or not out_dir:
+        raise ArgumentError("--set recipe=recall trains a trial into --out DIR (required) by RECIPE's step counts "
+                            "(no --steps): `python -m fastdecode.train.recall --steps a,b,c --out DIR` scales them.")
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err) as bar:
+        task = bar.add_task("ar-long (recall)", total=sum(s.steps for s in recall.RECIPE), info="")
+
+        offset = {s.name: sum(p.steps for p in recall.RECIPE[:i]) for i, s in enumerate(recall.RECIPE)}
+
+        def on_step(row: dict) -> None:  # a resumed run's bar starts where its checkpoint was
+            if "loss" in row:
+                bar.update(task, completed=offset[row["stage"]] + row["step"] + 1,
+                           info=f"{row['stage']} {row['task']} loss {row['loss']:.3f}")
+
+        summary = recall.run(Path(out_dir), seed, threads, recall.Shape(), recall.RECIPE, ["1k", "2k", "4k"],
+                             eval_items, on_step=on_step, status=lambda msg: bar.console.print(msg))
+    out.print_json(json.dumps({k: summary[k] for k in ("train_minutes", "mqar_accuracy", "exact_match_fp32")}))
+    err.print(f"saved {out_dir}")
 
 
 @train_app.command("img-eval")

@@ -30,8 +30,14 @@ def save_checkpoint(folder: Path, modules: Mapping[str, nn.Module], opts: Mappin
     where = Path(folder) / CHECKPOINT
     where.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
     for name, module in modules.items():
-        tensors.update({f"{name}.{k}": v.detach().cpu().contiguous() for k, v in module.state_dict().items()})
+        for k, v in module.state_dict().items():
+            t = v.detach().cpu().contiguous()
+            # tied weights (an embedding shared with the output layer) share storage, which safetensors refuses:
+            # the second name gets its own copy, and loading writes the same values into the one parameter
+            tensors[f"{name}.{k}"] = t.clone() if t.untyped_storage().data_ptr() in seen else t
+            seen.add(t.untyped_storage().data_ptr())
     for name, opt in opts.items():
         for i, p in enumerate(g for group in opt.param_groups for g in group["params"]):
             for key, value in opt.state.get(p, {}).items():

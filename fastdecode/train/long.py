@@ -105,8 +105,8 @@ def exact_match(model, tokenizer, sizes: list[str], n: int) -> dict[str, float]:
             hits = 0
             for item in task.items(DEFAULT_TEST_SEED, n):
                 ids, plen = _encode(tokenizer, item.prompt, item.reference)
-                logits = model(input_ids=ids).logits[0, plen - 1 : -1]
-                hits += int(bool((logits.argmax(-1) == ids[0, plen:]).all()))
+                logits = model(input_ids=ids.to(model.device)).logits[0, plen - 1 : -1]
+                hits += int(bool((logits.argmax(-1).cpu() == ids[0, plen:]).all()))
             out[task.name] = hits / n
     model.train()
     return out
