@@ -891,25 +891,19 @@ def _train_ar_long_recall(out_dir: str | None, seed: int, threads: int, steps: i
     replace the shipped zoo:ar-long unless a person copies it there after comparing the cards)."""
     from pathlib import Path
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from fastdecode.errors import ArgumentError
     from fastdecode.train import recall
 
     if steps or not out_dir:
         raise ArgumentError("--set recipe=recall trains a trial into --out DIR (required) by RECIPE's step counts "
                             "(no --steps): `python -m fastdecode.train.recall --steps a,b,c --out DIR` scales them.")
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err) as bar:
-        task = bar.add_task("ar-long (recall)", total=sum(s.steps for s in recall.RECIPE), info="")
+    steps_of = {stage.name: stage.steps for stage in recall.RECIPE}
+    bar, report = training_bar(err, {name: f"ar-long (recall): stage {name}" for name in steps_of})
+    with bar:
 
-        offset = {s.name: sum(p.steps for p in recall.RECIPE[:i]) for i, s in enumerate(recall.RECIPE)}
-
-        def on_step(row: dict) -> None:  # a resumed run's bar starts where its checkpoint was
+        def on_step(row: dict) -> None:  # one bar per stage; a resumed run's bar starts where its checkpoint was
             if "loss" in row:
-                bar.update(task, completed=offset[row["stage"]] + row["step"] + 1,
-                           info=f"{row['stage']} {row['task']} loss {row['loss']:.3f}")
+                report(row["stage"], row["step"] + 1, steps_of[row["stage"]], {"loss": row["loss"]})
 
         summary = recall.run(Path(out_dir), seed, threads, recall.Shape(), recall.RECIPE, ["1k", "2k", "4k"],
                              eval_items, on_step=on_step, status=lambda msg: bar.console.print(msg))
