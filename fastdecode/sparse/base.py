@@ -27,7 +27,7 @@ rule itself reads to choose (Quest's page bounds, the oracle's full keys, Double
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -48,9 +48,14 @@ class SparseConfig(SamplingConfig):
     dense_layers: int = 2  # the first layers attend densely
     max_queries: int = 16  # forwards of more queries (the prefill) attend densely
     per_query_head: bool = False  # top-k rules: one set of columns per query head, not per key/value head
+    # whether the rule ranks columns per head, so that `per_query_head` means something (the top-k rules set it)
+    TOP_K: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check(self.TOP_K or not self.per_query_head, "per_query_head", self.per_query_head,
+              "applies to the rules that rank columns per head (quest, tidal, double, oracle, snapkv); this rule "
+              "reads the same columns in every head of a group: leave per_query_head off")
         check(self.budget >= 1, "budget", self.budget, "must be >= 1 token")
         check(self.sinks >= 0, "sinks", self.sinks, "must be >= 0")
         check(self.recent >= 1, "recent", self.recent, "must be >= 1 (the query's own token)")

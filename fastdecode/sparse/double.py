@@ -12,6 +12,7 @@ query channels of each token to that many bits between their min and max; 0 keep
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -23,6 +24,7 @@ from .calibration import calibration
 
 @dataclass(frozen=True)
 class DoubleConfig(SparseConfig):
+    TOP_K: ClassVar[bool] = True
     channels: int = 16  # label channels per head (Double Sparsity: head_dim / 8 .. head_dim / 2)
     label_bits: int = 0  # quantise the label channels to this many bits (Double Sparsity: 4); 0 = exact
     sinks: int = 0  # Double Sparsity forces no attention sinks

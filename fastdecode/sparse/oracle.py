@@ -6,6 +6,7 @@ rules."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..attention import register_rule
 from .base import Selection, Selector, SparseConfig, query_scores
@@ -13,6 +14,7 @@ from .base import Selection, Selector, SparseConfig, query_scores
 
 @dataclass(frozen=True)
 class OracleConfig(SparseConfig):
+    TOP_K: ClassVar[bool] = True
     pass
 
 

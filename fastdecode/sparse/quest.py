@@ -16,6 +16,7 @@ last step (`KVCache.written_since`), so choosing reads 2 / `page` of the keys.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -26,6 +27,7 @@ from .base import Selection, Selector, SparseConfig, group_sum
 
 @dataclass(frozen=True)
 class QuestConfig(SparseConfig):
+    TOP_K: ClassVar[bool] = True
     page: int = 16  # tokens per page (Quest's chunk_size)
     sinks: int = 0  # Quest forces no attention sinks
     recent: int = 1  # nor a recent window: the current page is kept instead

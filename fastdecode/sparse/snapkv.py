@@ -13,6 +13,7 @@ compressed) each query head keeps its own columns (`per_query_head=True`), and n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,7 @@ from .base import Selection, Selector, SparseConfig
 
 @dataclass(frozen=True)
 class SnapKVConfig(SparseConfig):
+    TOP_K: ClassVar[bool] = True
     window: int = 32  # observation window: the last prompt queries (SnapKV: 32)
     kernel: int = 5  # average pooling width (SnapKV: 5)
     dense_layers: int = 0

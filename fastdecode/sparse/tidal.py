@@ -12,6 +12,7 @@ step's own token). Differences from the authors, with why, are in docs/sparse.md
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..attention import register_rule
 from ..config import check
@@ -20,6 +21,7 @@ from .base import Selection, Selector, SparseConfig, query_scores
 
 @dataclass(frozen=True)
 class TidalConfig(SparseConfig):
+    TOP_K: ClassVar[bool] = True
     reselect_layer: int = 4  # a second token-selection layer (TidalDecode: layer 13 of 32); -1 = none
     sinks: int = 0  # TidalDecode forces no attention sinks
     recent: int = 1  # nor a recent window (the step's own token is always read)

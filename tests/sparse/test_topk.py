@@ -287,3 +287,15 @@ def test_quest_incremental_bounds_equal_fresh_ones(gqa):
         n = fresh.pages[layer][0].shape[2]
         for t in range(2):
             torch.testing.assert_close(sel.pages[layer][t][:, :, :n], fresh.pages[layer][t], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("rule", ["streaming", "duo", "lychee"])
+def test_per_query_head_is_refused_where_a_rule_ranks_no_columns_per_head(rule):
+    from fastdecode.attention import RULES, rules
+    from fastdecode.errors import ParameterError
+
+    rules()  # every rule registered
+    with pytest.raises(ParameterError, match="per_query_head.*quest, tidal, double, oracle, snapkv"):
+        RULES[rule].config(per_query_head=True)
+    for topk in ("quest", "tidal", "double", "oracle", "snapkv"):
+        assert RULES[topk].config(per_query_head=True).per_query_head
