@@ -176,3 +176,23 @@ def causal(causal_dir):
 @pytest.fixture(scope="session")
 def diffusion(diffusion_dir):
     return fastdecode.load(diffusion_dir)
+
+
+@pytest.fixture
+def cli_main(monkeypatch):
+    """`cli_main(*args)`: `fastdecode ARGS` as the console script runs it, in this process (no second torch
+    start-up); returns the exit code. Output goes to capsys/capfd as usual."""
+    import sys
+    import warnings
+
+    from fastdecode import cli
+
+    def run(*args: str, debug: bool = False) -> int:
+        monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() installs its own
+        monkeypatch.setattr(sys, "argv", ["fastdecode", *args])
+        monkeypatch.setenv("FASTDECODE_DEBUG", "1" if debug else "0")
+        with pytest.raises(SystemExit) as exit_:
+            cli.main()
+        return int(exit_.value.code or 0)
+
+    return run

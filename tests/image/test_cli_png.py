@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-import warnings
-
 import numpy as np
 import pytest
 
 import fastdecode
 from fastdecode.image.png import png_bytes, read_png, write_png
-
-
-def run(monkeypatch, *args: str) -> int:
-    """`fastdecode ARGS` as the console script runs it, in this process (no second torch start-up)."""
-    from fastdecode import cli
-
-    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() installs its own
-    monkeypatch.setattr(sys, "argv", ["fastdecode", *args])
-    monkeypatch.setenv("FASTDECODE_DEBUG", "0")
-    with pytest.raises(SystemExit) as exit_:
-        cli.main()
-    return int(exit_.value.code or 0)
 
 
 def test_png_round_trip(tmp_path) -> None:
@@ -32,16 +17,16 @@ def test_png_round_trip(tmp_path) -> None:
         png_bytes(image.astype(np.float32))
 
 
-def test_generate_writes_the_picture_as_png(tiny_image_dir, tiny_image_model, tmp_path, monkeypatch,
+def test_generate_writes_the_picture_as_png(tiny_image_dir, tiny_image_model, tmp_path, cli_main,
                                             capsys) -> None:
     out = tmp_path / "seven.png"
-    code = run(monkeypatch, "generate", "--model", str(tiny_image_dir), "--prompt", "7", "--cfg-scale", "2",
+    code = cli_main("generate", "--model", str(tiny_image_dir), "--prompt", "7", "--cfg-scale", "2",
                "--out", str(out))
     assert code == 0, capsys.readouterr().err
     expected = fastdecode.generate(tiny_image_model, "7", cfg_scale=2).image
     assert np.array_equal(read_png(out)[::4, ::4], expected)
 
 
-def test_out_on_a_text_model_says_how_to_fix(causal_dir, tmp_path, monkeypatch, capsys) -> None:
-    code = run(monkeypatch, "generate", "--model", str(causal_dir), "--prompt", "hi", "--out", str(tmp_path / "x.png"))
+def test_out_on_a_text_model_says_how_to_fix(causal_dir, tmp_path, cli_main, capsys) -> None:
+    code = cli_main("generate", "--model", str(causal_dir), "--prompt", "hi", "--out", str(tmp_path / "x.png"))
     assert code != 0 and "text model" in capsys.readouterr().err

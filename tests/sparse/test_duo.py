@@ -138,33 +138,19 @@ def test_the_shipped_gates_keep_their_card_claim_on_a_few_items():
         assert got == row["item_scores"][:few], row["label"]
 
 
-def _cli(monkeypatch, *args: str) -> int:
-    import sys
-    import warnings
-
-    from fastdecode import cli
-
-    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() installs its own
-    monkeypatch.setattr(sys, "argv", ["fastdecode", *args])
-    monkeypatch.setenv("FASTDECODE_DEBUG", "0")
-    with pytest.raises(SystemExit) as exit_:
-        cli.main()
-    return int(exit_.value.code or 0)
-
-
-def test_train_duo_writes_the_gates_and_their_card(monkeypatch, capsys, tmp_path, save_causal_model, tokenizer):
+def test_train_duo_writes_the_gates_and_their_card(cli_main, tmp_path, save_causal_model, tokenizer):
     model = save_causal_model(tmp_path / "m", tokenizer, max_position_embeddings=256)
     out = tmp_path / "gates"
     args = ["train", "duo", "--target", str(model), "--out", str(out), "--steps", "2", "--eval-items", "0",
             "--set", "context_min=60", "--set", "context_max=80", "--set", "sinks=2", "--set", "window=8"]
-    assert _cli(monkeypatch, *args) == 0
+    assert cli_main(*args) == 0
     assert (out / "model.safetensors").is_file() and not (out / "checkpoint").exists()
     card = json.loads((out / "card.json").read_text())
     assert card["command"].startswith("fastdecode train duo --target") and len(card["gates"]) == 2
     assert "| layer |" in (out / "README.md").read_text()
 
 
-def test_train_duo_refuses_an_unknown_setting(monkeypatch, capsys, tmp_path):
-    assert _cli(monkeypatch, "train", "duo", "--out", str(tmp_path), "--set", "lrate=1") == 2
+def test_train_duo_refuses_an_unknown_setting(cli_main, capsys, tmp_path):
+    assert cli_main("train", "duo", "--out", str(tmp_path), "--set", "lrate=1") == 2
     err = capsys.readouterr().err
     assert "not a gate-training setting" in err and "lr" in err
