@@ -15,8 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .cli_bars import one_phase, training_bar
 from .cli_dd import add_dd_commands
+from .cli_train import one_phase, settings, training_bar
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Fast decoding for language models, measured one way."
@@ -672,23 +672,16 @@ def train_filter_command(
     filter's features at every step (kept task by task), then the filter trains with AdamW; rerunning the same
     command resumes. The card states the filter's held-out accuracy and precision and dlm.learn2pd's accuracy and
     TPF beside dlm.baseline and dlm.threshold on test items."""
-    import typing
     from pathlib import Path
 
     import fastdecode
-    from fastdecode.config import parse_param_strings
     from fastdecode.errors import ArgumentError
     from fastdecode.train.checkpoint import clear_checkpoint
     from fastdecode.train.filter import FilterTraining, train_filter
     from fastdecode.train.filter_card import METHODS, measure_decoding, write_card
 
     _check_threads(threads)
-    hints = typing.get_type_hints(FilterTraining)
-    pairs = parse_param_strings(set_)
-    unknown = sorted(set(pairs) - set(hints))
-    if unknown:
-        raise ArgumentError(f"--set {unknown[0]}: not a filter setting; choose from {', '.join(sorted(hints))}.")
-    cfg = FilterTraining(**{k: hints[k](v) for k, v in pairs.items()})
+    cfg = settings(FilterTraining, set_, "the filter's training (FilterTraining)")
     if out_dir is None:
         if not target.startswith("zoo:"):
             raise ArgumentError(f"--out is needed for a model outside the zoo ({target!r}): name the filter's folder.")
@@ -740,13 +733,11 @@ def train_duo_command(
     """Optimise DuoAttention's gates (one per layer and key/value head) on a frozen model, as the authors do:
     distillation of the final hidden states on synthetic pass-key prompts + 0.05 * L1 of the gates. Rerun the same
     command to resume; the card compares sparse.duo with the gates, with the far-mass ranking, and dense decoding."""
-    import typing
     from pathlib import Path
 
     import torch
 
     import fastdecode
-    from fastdecode.config import parse_param_strings
     from fastdecode.errors import ArgumentError
     from fastdecode.sparse.duo import DuoConfig
     from fastdecode.train.checkpoint import clear_checkpoint
@@ -754,14 +745,7 @@ def train_duo_command(
     from fastdecode.train.duo_card import configurations, measure, measure_errors, write_card
 
     _check_threads(threads)
-    hints = typing.get_type_hints(DuoTraining)
-    pairs = dict(parse_param_strings(set_))
-    if steps is not None:
-        pairs["steps"] = str(steps)
-    unknown = sorted(set(pairs) - set(hints))
-    if unknown:
-        raise ArgumentError(f"--set {unknown[0]}: not a gate-training setting; choose from {', '.join(sorted(hints))}.")
-    cfg = DuoTraining(**{k: hints[k](v) for k, v in pairs.items()})
+    cfg = settings(DuoTraining, set_, "the gates' training (DuoTraining)", steps)
     try:
         budget_list = tuple(int(b) for b in budgets.split(",") if b.strip())
     except ValueError:

@@ -7,7 +7,6 @@ card (README.md + card.json) into --out (default: beside a zoo teacher, zoo/MODE
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -15,7 +14,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
-from .cli_bars import training_bar
+from .cli_train import settings, training_bar
 
 TeacherOpt = Annotated[str, typer.Option(help="The image teacher: a folder or zoo:NAME.")]
 OutOpt = Annotated[Optional[str], typer.Option(
@@ -34,21 +33,6 @@ def _out(teacher: str, out_dir: str | None, name: str) -> Path:
     from fastdecode.train.zoo import zoo_folder
 
     return zoo_folder(teacher[4:]) / "heads" / name
-
-
-def _settings(cls: type, pairs: list[str], steps: int | None) -> Any:
-    from fastdecode.config import parse_param_strings
-
-    values: dict[str, Any] = dict(parse_param_strings(pairs))
-    if steps is not None:
-        values["steps"] = steps
-    kinds: dict[str, Any] = {f.name: type(f.default) for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(kinds))
-    if unknown:
-        from fastdecode.errors import ArgumentError
-
-        raise ArgumentError(f"unknown setting(s) {unknown}; {cls.__name__} has {', '.join(sorted(kinds))}.")
-    return cls(**{k: kinds[k](v) for k, v in values.items()})
 
 
 def _teacher(teacher: str, threads: int) -> Any:
@@ -84,7 +68,7 @@ def add_dd_commands(train_app: typer.Typer, err: Console, out: Console) -> None:
         from fastdecode.train.dd1 import DD1Training, train_dd1
         from fastdecode.train.dd_card import write_dd_card
 
-        cfg = _settings(DD1Training, set_, steps)
+        cfg = settings(DD1Training, set_, "DD1's training (DD1Training)", steps)
         folder = _out(teacher, out_dir, "dd1")
         model = _teacher(teacher, threads)
         command = (f"fastdecode train dd1 --teacher {teacher} --seed {seed} --threads {threads}"
@@ -107,7 +91,7 @@ def add_dd_commands(train_app: typer.Typer, err: Console, out: Console) -> None:
         from fastdecode.train.dd2 import DD2Training, train_dd2
         from fastdecode.train.dd_card import write_dd_card
 
-        cfg = _settings(DD2Training, set_, steps)
+        cfg = settings(DD2Training, set_, "DD2's training (DD2Training)", steps)
         folder = _out(teacher, out_dir, "dd2")
         model = _teacher(teacher, threads)
         command = (f"fastdecode train dd2 --teacher {teacher} --init {init} --seed {seed} --threads {threads}"

@@ -153,4 +153,4 @@ def test_train_duo_writes_the_gates_and_their_card(cli_main, tmp_path, save_caus
 def test_train_duo_refuses_an_unknown_setting(cli_main, capsys, tmp_path):
     assert cli_main("train", "duo", "--out", str(tmp_path), "--set", "lrate=1") == 2
     err = capsys.readouterr().err
-    assert "not a gate-training setting" in err and "lr" in err
+    assert "not a setting of the gates' training" in err and "lr" in err

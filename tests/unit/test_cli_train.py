@@ -1,4 +1,4 @@
-"""The progress display every `fastdecode train ...` command shares (fastdecode/cli_bars.py)."""
+"""The progress display every `fastdecode train ...` command shares (fastdecode.cli_train.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from fastdecode.cli_bars import one_phase, training_bar
+from fastdecode.cli_train import one_phase, training_bar
 
 
 def _log_console() -> tuple[Console, io.StringIO]:
@@ -38,3 +38,24 @@ def test_shown_metrics_and_one_phase_trainers():
     assert lines[0].startswith("fit 1/2 loss 0.25 elapsed")
     assert lines[1].startswith("fit 2/2 loss 0.125 elapsed")  # a line every step: no mean to add
     assert "hidden" not in buf.getvalue()
+
+
+def test_settings_coerce_each_value_to_its_field_and_refuse_unknown_names():
+    from dataclasses import dataclass
+
+    import pytest
+
+    from fastdecode.cli_train import settings
+    from fastdecode.errors import ArgumentError
+
+    @dataclass(frozen=True)
+    class Training:
+        steps: int = 10
+        lr: float = 1e-3
+        shuffle: bool = True
+        name: str = "x"
+
+    got = settings(Training, ["lr=0.5", "shuffle=false", "name=y"], "the test's training", steps=3)
+    assert got == Training(steps=3, lr=0.5, shuffle=False, name="y")  # "false" is False, not bool("false")
+    with pytest.raises(ArgumentError, match="--set lrate: not a setting of the test's training; choose from lr, name"):
+        settings(Training, ["lrate=1"], "the test's training")

@@ -1,22 +1,26 @@
-"""The progress display of every `fastdecode train ...` command: one bar per phase of the run.
+"""What every `fastdecode train ...` command shares: its progress display and its `--set NAME=VALUE` settings.
 
+The display has one bar per phase of the run.
 A trainer reports `report(phase, done, total, metrics)` ("data", "train", "measure", or a phase of its own); the bar
 of a phase appears at its first report, titled from `titles`. A redirected log (no terminal, no live bar) gets a
 plain line every `every` steps and at the end of each phase instead, with the mean loss since the previous line
 (one step's loss is noisy). Trainers that report `progress(step, total, loss or metrics)` for one phase are adapted
-by `one_phase`.
+by `one_phase`. `settings` turns `--set` pairs into a trainer's settings dataclass.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import typing
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 Report = Callable[[str, int, int, dict[str, float]], None]
+T = TypeVar("T")
 
 
 def _value(value: float) -> str:
@@ -59,3 +63,20 @@ def one_phase(report: Report, phase: str = "train") -> Callable[[int, int, Any],
         report(phase, step, total, value if isinstance(value, dict) else {"loss": float(value)})
 
     return progress
+
+
+def settings(cls: type[T], pairs: list[str], what: str, steps: int | None = None) -> T:
+    """`cls` (a settings dataclass) from `--set NAME=VALUE` pairs (and `--steps`), each value coerced to its field's
+    type as method parameters are ("false" is False); an unknown name is refused with the names there are."""
+    from .config import coerce_value, parse_param_strings
+    from .errors import ArgumentError
+
+    values: dict[str, Any] = dict(parse_param_strings(pairs))
+    if steps is not None:
+        values["steps"] = steps
+    hints = typing.get_type_hints(cls)
+    names = sorted(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ArgumentError(f"--set {unknown[0]}: not a setting of {what}; choose from {', '.join(names)}.")
+    return cls(**{k: coerce_value(k, v, hints[k]) for k, v in values.items()})
