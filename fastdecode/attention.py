@@ -75,7 +75,7 @@ class Plan:
 
 @dataclass
 class Rotation:
-    """Rotary (RoPE) position shifts applied before a gathered attention (`shifted`): the first `keys.shape[-1]`
+    """Rotary (RoPE) position shifts applied by `gathered` before it attends: the first `keys.shape[-1]`
     selected columns (`Selection.cols[..., :m]`) are rotated on by `keys` positions, the others stay, and each query by
     `queries` (None: the queries stay), at the model's rotary frequencies `inv_freq`. Cached keys are stored already
     rotated at their own position, and RoPE is a rotation, so rotating by (new - old) puts them at a new position
@@ -170,10 +170,7 @@ def attention(
         selection = plan.sparse.select(getattr(module, "layer_idx", 0), query, key, value, mask)
         if selection is not None:
             scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-            if selection.rotation is not None:
-                out = shifted(query, key, value, mask, scale, selection.cols, selection.rotation)
-            else:
-                out = gathered(query, key, value, mask, scale, selection.cols, selection.dense)
+            out = gathered(query, key, value, mask, scale, selection.cols, selection.dense, selection.rotation)
             return out.transpose(1, 2).contiguous(), None
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
@@ -195,16 +192,20 @@ def gathered(
     scale: float,
     cols: torch.Tensor,  # [B, Hkv, n] or [B, Hq, n] long: the columns each head reads, -1 = none
     dense: torch.Tensor | None = None,  # [Hkv] bool: key/value heads that read every column
+    rotation: Rotation | None = None,  # move the gathered keys and the queries to other positions first
 ) -> torch.Tensor:
     """Attention that reads only `cols` of the cache: equal to dense attention with every other column masked.
     `cols` holds one set per key/value head (shared by its query heads) or one per query head (Quest, TidalDecode
-    and Double Sparsity select per query head in their authors' code). Returns `[B, Hq, Q, Dv]`."""
+    and Double Sparsity select per query head in their authors' code). With a `rotation` (StreamingLLM's position
+    shift) only the gathered keys are rotated on, never the whole cache. Returns `[B, Hq, Q, Dv]`."""
     B, H, n = cols.shape
     Hq, Hkv = q.shape[1], k.shape[1]
     g = Hq // Hkv
     if H != Hkv and H != Hq:
         raise ValueError(f"a selection of {H} heads for {Hq} query and {Hkv} key/value heads: give one set of "
                          "columns per key/value head or per query head")
+    if rotation is not None and H != Hkv:
+        raise ValueError("a rotation moves one set of columns per key/value head, not per query head")
     Q, K = mask.shape[-2], mask.shape[-1]
     idx = cols.clamp(min=0)
     if H == Hkv:
@@ -215,9 +216,16 @@ def gathered(
         ks = k.gather(2, flat.expand(B, Hkv, g * n, k.shape[-1])).reshape(B, Hq, n, k.shape[-1])
         vs = v.gather(2, flat.expand(B, Hkv, g * n, v.shape[-1])).reshape(B, Hq, n, v.shape[-1])
     m = mask.expand(B, H, Q, K).gather(3, idx[:, :, None, :].expand(B, H, Q, n)) & (cols >= 0)[:, :, None, :]
+    qs = q
+    if rotation is not None:
+        turn = rotation.keys.shape[-1]  # the first `turn` columns move relative to the query
+        if turn:
+            ks[:, :, :turn] = rotation.turn("keys", ks[:, :, :turn])
+        if rotation.queries is not None:
+            qs = rotation.turn("queries", q)  # [B, Hq, Q, D]
     if g > 1 and H == Hkv:
         ks, vs, m = (t.repeat_interleave(g, dim=1) for t in (ks, vs, m))
-    out = sdpa(q, ks, vs, m, scale)
+    out = sdpa(qs, ks, vs, m, scale)
     if dense is not None and bool(dense.any()):
         heads = dense.repeat_interleave(g).nonzero().flatten()  # query heads of the dense key/value heads
         kv = dense.nonzero().flatten()
@@ -239,33 +247,6 @@ def turned(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     """`x` `[..., D]` rotated by the angles whose cos and sin are given `[..., D/2]` (half-split pairs)."""
     x1, x2 = x.to(torch.float32).chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
-
-
-def shifted(
-    q: torch.Tensor,  # [B, Hq, Q, D]
-    k: torch.Tensor,  # [B, Hkv, K, D]
-    v: torch.Tensor,  # [B, Hkv, K, Dv]
-    mask: torch.Tensor,  # [B, 1, Q, K] bool
-    scale: float,
-    cols: torch.Tensor,  # [B, Hkv, n] long, -1 = none
-    rotation: Rotation,
-) -> torch.Tensor:
-    """Attention over `cols` of the cache with gathered keys and the queries moved to other positions (`rotation`):
-    only gathered keys are rotated on, never the whole cache. Returns `[B, Hq, Q, Dv]`."""
-    B, Hkv, n = cols.shape
-    g = q.shape[1] // Hkv
-    Q, K = mask.shape[-2], mask.shape[-1]
-    idx = cols.clamp(min=0)
-    ks = k.gather(2, idx[..., None].expand(B, Hkv, n, k.shape[-1]))  # [B, Hkv, n, D]
-    turn = rotation.keys.shape[-1]
-    if turn:
-        ks[:, :, :turn] = rotation.turn("keys", ks[:, :, :turn])
-    vs = v.gather(2, idx[..., None].expand(B, Hkv, n, v.shape[-1]))
-    m = mask.expand(B, Hkv, Q, K).gather(3, idx[:, :, None, :].expand(B, Hkv, Q, n)) & (cols >= 0)[:, :, None, :]
-    qs = q if rotation.queries is None else rotation.turn("queries", q)  # [B, Hq, Q, D]
-    if g > 1:
-        ks, vs, m = (t.repeat_interleave(g, dim=1) for t in (ks, vs, m))
-    return sdpa(qs, ks, vs, m, scale)
 
 
 def use_sdpa_backends(names: str | None) -> None:

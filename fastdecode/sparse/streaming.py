@@ -7,8 +7,8 @@ Positions (`positions`): the authors cache keys before RoPE and rotate them at t
 (`streaming_llm/pos_shift/modify_llama.py`), so no query-key distance ever exceeds the cache size: that is what lets
 StreamingLLM run past the model's trained length. `positions="shift"` (the default, the authors' mode) does the same
 at each decode step: fastdecode caches keys after RoPE, and RoPE is a rotation, so each gathered key at position p
-is rotated on by (slot - p) and the query by (its slot - its position) (`attention.shifted`). The window keeps its
-distances to the query and the sinks move next to the window, so a decode step rotates only the sinks
+is rotated on by (slot - p) and the query by (its slot - its position) (`attention.gathered`, `Rotation`). The
+window keeps its distances to the query and the sinks move next to the window, so a decode step rotates only the sinks
 (`slot_shifts`). `positions="original"` reads the same columns at their positions in the text (sliding-window
 attention with sinks), for models whose RoPE cannot be re-rotated this way.
 

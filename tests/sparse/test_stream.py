@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import fastdecode
-from fastdecode.attention import make_selector, shifted
+from fastdecode.attention import gathered, make_selector
 from fastdecode.bench.calibration import longctx_prompts
 from fastdecode.errors import IncompatibleMethodError
 from fastdecode.sparse.base import query_scores
@@ -93,7 +93,7 @@ def test_position_shift_equals_attention_over_the_compacted_cache(model):
     sel.begin(SimpleNamespace(written_since=lambda reader: 0), SimpleNamespace(q_pos=q_pos, k_pos=k_pos, sparse=None))
     s = sel.select(0, q, k, v, mask)
     assert s is not None and s.rotation is not None
-    out = shifted(q, k, v, mask, D**-0.5, s.cols, s.rotation)  # [B, Hq, 1, D]
+    out = gathered(q, k, v, mask, D**-0.5, s.cols, rotation=s.rotation)  # [B, Hq, 1, D]
     for b in range(B):
         kept = torch.cat([torch.arange(pad[b], pad[b] + sinks), torch.arange(K - (budget - sinks), K)])
         slots = torch.arange(budget)[None]
@@ -123,7 +123,7 @@ def test_slot_shifts_give_each_query_and_key_its_slot(model, q_pos):
     mask = (pos[:, None, :] <= qp[:, :, None])[:, None]  # [1, 1, Q, K] causal
     new_cols, rotation = slot_shifts(cols, pos, qp, rotary.inv_freq)
     assert sorted(new_cols[0, 0].tolist()) == chosen
-    out = shifted(at(raw_q, qp), at(raw_k, pos), v, mask, 0.25, new_cols, rotation)
+    out = gathered(at(raw_q, qp), at(raw_k, pos), v, mask, 0.25, new_cols, rotation=rotation)
     slots = torch.arange(len(chosen))[None]
     ks = at(raw_k[:, :, chosen], slots).repeat_interleave(2, 1)
     q_slots = torch.tensor([[chosen.index(p) for p in q_pos]])
