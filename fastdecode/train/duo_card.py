@@ -149,10 +149,7 @@ def write_card(folder: Path, card: dict[str, Any], command: str, threads: int) -
         f"retrieval share {card['retrieval']}; `duo far_mass`: the same rule ranking heads by far attention mass, "
         "the fallback where no gates ship):",
         "",
-        "| decoding | " + " | ".join(CONTEXTS) + " |",
-        "|---|" + "---|" * len(CONTEXTS),
-        *[f"| {label} | " + " | ".join(f"{a.get(c, float('nan')):.2f}" for c in CONTEXTS) + " |"
-          for label, a in acc.items()],
+        *_context_table("decoding", acc, ".2f"),
         "",
         f"With {n} items one item moves a rate by {1 / max(1, n):.3f}. sparse.duo's prefill is dense (as every "
         "sparse.* rule's here), so the answer's first token comes from a dense forward: accuracy separates the "
@@ -163,6 +160,16 @@ def write_card(folder: Path, card: dict[str, Any], command: str, threads: int) -
         "",
     ]
     (folder / "README.md").write_text("\n".join(text))
+
+
+def _context_table(first: str, rows: dict[str, dict[str, float]], fmt: str) -> list[str]:
+    """A markdown table: one row per label, one column per context length (nan where unmeasured)."""
+    return [
+        f"| {first} | " + " | ".join(CONTEXTS) + " |",
+        "|---|" + "---|" * len(CONTEXTS),
+        *[f"| {label} | " + " | ".join(format(values.get(c, float("nan")), fmt) for c in CONTEXTS) + " |"
+          for label, values in rows.items()],
+    ]
 
 
 def _error_lines(card: dict[str, Any]) -> list[str]:
@@ -177,10 +184,7 @@ def _error_lines(card: dict[str, Any]) -> list[str]:
         f"{SINKS} sinks + a {WINDOW}-token window, on the question and answer of the first {rows[0]['items']} "
         "test items of `longctx.passkey`; lower is closer to dense):",
         "",
-        "| split | " + " | ".join(CONTEXTS) + " |",
-        "|---|" + "---|" * len(CONTEXTS),
-        *[f"| {label} | " + " | ".join(f"{e.get(c, float('nan')):.5f}" for c in CONTEXTS) + " |"
-          for label, e in err.items()],
+        *_context_table("split", err, ".5f"),
         "",
     ]
 
