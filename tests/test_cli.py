@@ -228,17 +228,6 @@ def test_import_fastdecode_is_light_and_its_api_loads_on_use():
 
 # -- in-process cases: cli.main() as the console script runs it, without a subprocess's start-up ---------------
 
-def main_in_process(monkeypatch, *args: str, debug: bool = False) -> int:
-    from fastdecode import cli
-
-    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() installs its own
-    monkeypatch.setattr(sys, "argv", ["fastdecode", *args])
-    monkeypatch.setenv("FASTDECODE_DEBUG", "1" if debug else "0")
-    with pytest.raises(SystemExit) as exit_:
-        cli.main()
-    return exit_.value.code
-
-
 def one_error_line(text: str, *needles: str) -> None:
     lines = [line for line in text.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:"), text
@@ -246,20 +235,20 @@ def one_error_line(text: str, *needles: str) -> None:
     assert "internal error" not in text
 
 
-def test_methods_with_an_unknown_kind(monkeypatch, capsys):
-    assert main_in_process(monkeypatch, "methods", "--kind", "bogus") == 2
+def test_methods_with_an_unknown_kind(cli_main, capsys):
+    assert cli_main("methods", "--kind", "bogus") == 2
     one_error_line(capsys.readouterr().err, "'bogus'", "'causal' or 'diffusion'")
 
 
-def test_debug_shows_the_traceback_and_still_exits_2(monkeypatch, capsys):
-    assert main_in_process(monkeypatch, "generate", "-m", "/no/such", "-p", "x", "--method", "ar.gredy",
+def test_debug_shows_the_traceback_and_still_exits_2(cli_main, capsys):
+    assert cli_main("generate", "-m", "/no/such", "-p", "x", "--method", "ar.gredy",
                            debug=True) == 2
     err = capsys.readouterr().err
     assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error: Unknown method 'ar.gredy'")
 
 
-def test_generate_json_is_one_line_per_result(monkeypatch, capsys, causal_dir):
-    assert main_in_process(monkeypatch, "generate", "-m", str(causal_dir), "-p", "the quick", "-p", "a b",
+def test_generate_json_is_one_line_per_result(cli_main, capsys, causal_dir):
+    assert cli_main("generate", "-m", str(causal_dir), "-p", "the quick", "-p", "a b",
                            "--max-new-tokens", "3", "--json") == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(len(json.loads(line)["token_ids"]) <= 3 for line in lines)
@@ -274,13 +263,13 @@ def test_generate_json_is_one_line_per_result(monkeypatch, capsys, causal_dir):
         ('{"model_type": "llama", "hidden_size": 32}', ["do not have the shapes config.json", "in the weights but"]),
     ],
 )
-def test_a_corrupt_config_is_one_line_without_the_load_report(monkeypatch, capfd, causal_dir, tmp_path, config,
+def test_a_corrupt_config_is_one_line_without_the_load_report(cli_main, capfd, causal_dir, tmp_path, config,
                                                                needles):
     import shutil
 
     shutil.copytree(causal_dir, tmp_path / "m")
     (tmp_path / "m" / "config.json").write_text(config)
-    assert main_in_process(monkeypatch, "info", str(tmp_path / "m")) == 2
+    assert cli_main("info", str(tmp_path / "m")) == 2
     captured = capfd.readouterr()
     one_error_line(captured.err, *needles)
     assert "LOAD REPORT" not in captured.out + captured.err and "above report" not in captured.err
@@ -292,14 +281,14 @@ def test_a_corrupt_config_is_one_line_without_the_load_report(monkeypatch, capfd
     ["generate", "-m", "/no/such", "-p", "x"],
     ["serve", "-m", "/no/such"],
 ])
-def test_threads_0_is_refused(monkeypatch, capsys, tmp_path, command):
+def test_threads_0_is_refused(cli_main, capsys, tmp_path, command):
     args = [a.format(tmp=tmp_path) for a in command]
-    assert main_in_process(monkeypatch, *args, "--threads", "0") == 2
+    assert cli_main(*args, "--threads", "0") == 2
     one_error_line(capsys.readouterr().err, "--threads must be at least 1, not 0")
 
 
-def test_an_unknown_suite_is_refused_before_the_model_loads(monkeypatch, capsys, tmp_path):
-    assert main_in_process(monkeypatch, "bench", "--suite", "quik", "--kind", "causal", "-m", "/no/such",
+def test_an_unknown_suite_is_refused_before_the_model_loads(cli_main, capsys, tmp_path):
+    assert cli_main("bench", "--suite", "quik", "--kind", "causal", "-m", "/no/such",
                            "--methods", "ar.greedy", "--out", str(tmp_path / "r.jsonl")) == 2
     one_error_line(capsys.readouterr().err, "Unknown suite 'quik'. Did you mean 'quick'?")
 
@@ -331,28 +320,28 @@ def rows_file(tmp_path_factory, causal):
     return out
 
 
-def test_report_out_writes_the_file_and_prints_only_where(monkeypatch, capsys, rows_file, tmp_path):
+def test_report_out_writes_the_file_and_prints_only_where(cli_main, capsys, rows_file, tmp_path):
     md = tmp_path / "r.md"
-    assert main_in_process(monkeypatch, "report", str(rows_file), "--out", str(md)) == 0
+    assert cli_main("report", str(rows_file), "--out", str(md)) == 0
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.strip() == f"wrote {md}"
     assert "ar.greedy" in md.read_text()
 
 
-def test_report_refuses_a_row_with_a_score_that_is_not_a_number(monkeypatch, capsys, rows_file, tmp_path):
+def test_report_refuses_a_row_with_a_score_that_is_not_a_number(cli_main, capsys, rows_file, tmp_path):
     row = json.loads(rows_file.read_text().splitlines()[0])
     (tmp_path / "r.jsonl").write_text(json.dumps({**row, "score": "abc"}) + "\n")
-    assert main_in_process(monkeypatch, "report", str(tmp_path / "r.jsonl")) == 2
+    assert cli_main("report", str(tmp_path / "r.jsonl")) == 2
     one_error_line(capsys.readouterr().err, 'has score "abc", not a number')
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
-def test_a_full_disk_is_one_line(monkeypatch, capsys, rows_file):
-    assert main_in_process(monkeypatch, "report", str(rows_file), "--out", "/dev/full") == 2
+def test_a_full_disk_is_one_line(cli_main, capsys, rows_file):
+    assert cli_main("report", str(rows_file), "--out", "/dev/full") == 2
     one_error_line(capsys.readouterr().err, "No space left on device", "free some space")
 
 
-def test_a_read_only_folder_is_one_line(monkeypatch, capsys, rows_file, tmp_path):
+def test_a_read_only_folder_is_one_line(cli_main, monkeypatch, capsys, rows_file, tmp_path):
     import errno
     from pathlib import Path
 
@@ -362,7 +351,7 @@ def test_a_read_only_folder_is_one_line(monkeypatch, capsys, rows_file, tmp_path
         raise PermissionError(errno.EACCES, "Permission denied", str(self))
 
     monkeypatch.setattr(Path, "write_text", refused)
-    assert main_in_process(monkeypatch, "report", str(rows_file), "--out", str(read_only)) == 2
+    assert cli_main("report", str(rows_file), "--out", str(read_only)) == 2
     one_error_line(capsys.readouterr().err, f"{read_only}: Permission denied", "write to a folder you may write to")
 
 
@@ -381,7 +370,8 @@ def test_tables_in_a_pipe_are_not_cut_to_80_columns(monkeypatch, capsys):
     assert name in capsys.readouterr().out
 
 
-def test_bench_into_a_read_only_folder_is_one_line_after_the_model_loads(monkeypatch, capsys, causal_dir, tmp_path):
+def test_bench_into_a_read_only_folder_is_one_line_after_the_model_loads(cli_main, monkeypatch, capsys, causal_dir,
+                                                                         tmp_path):
     import errno
     from pathlib import Path
 
@@ -393,7 +383,7 @@ def test_bench_into_a_read_only_folder_is_one_line_after_the_model_loads(monkeyp
         return open_(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "open", read_only)
-    assert main_in_process(monkeypatch, "bench", "--suite", "quick", "-m", str(causal_dir), "--methods",
+    assert cli_main("bench", "--suite", "quick", "-m", str(causal_dir), "--methods",
                            "ar.greedy", "--out", str(out), "--limit", "1", "--no-warmup") == 2
     captured = capsys.readouterr()
     one_error_line(captured.err, f"{out}: Permission denied")  # no progress bar drawn before it, no empty line
