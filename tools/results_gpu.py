@@ -22,12 +22,13 @@ bench files resume, so running the command again finishes them. Every row record
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,6 +45,7 @@ from fastdecode.bench.harness import run_bench  # noqa: E402
 from fastdecode.bench.jobs import machine, precision, versions  # noqa: E402
 from fastdecode.bench.suites import Suite, get_suite  # noqa: E402
 from fastdecode.models.exact import Exact, exact_mode  # noqa: E402
+from fastdecode.models.graphs import graphs_mode  # noqa: E402
 from fastdecode.models.loading import pick_device  # noqa: E402
 from fastdecode.speculative.memory import DrafterMemory  # noqa: E402
 
@@ -59,6 +61,7 @@ LOSSLESS = ["spec.pld", "hf.prompt_lookup", "spec.ngram", "spec.suffix", "spec.s
             "spec.rsd", "spec.dyntree"]
 DIFFUSION = ["dlm.threshold", "dlm.factor", "dlm.entropy_bound", "dlm.localleap", "dlm.prophet", "dlm.credit",
              "dlm.freedave", "dlm.adablock", "dlm.dcd", "dlm.r2", "dlm.ccd", "dlm.ete"]
+ZOO = ("zoo:ar-small", "zoo:dlm-small")
 # every block-based method with blocks of 16, as the zoo's card (the Makefile's DLM_BLOCKS)
 BLOCKS = {m: {"block_length": 16} for m in ["dlm.baseline", *DIFFUSION] if m not in ("dlm.dcd", "dlm.adablock")}
 
@@ -93,16 +96,20 @@ def _sync(device: torch.device) -> None:
 
 
 def random_llama(plan: Plan, device: torch.device, dtype: torch.dtype) -> fastdecode.CausalLM:
-    """A randomly initialised Llama built directly on the device (no download, no host copy), in exact mode where
-    `load` would turn it on (CUDA in low precision)."""
+    """A randomly initialised Llama built directly on the device (no download, no host copy), in exact mode with CUDA
+    graphs where `load` would turn them on (CUDA in low precision)."""
     torch.manual_seed(0)
     with torch.device(device):
         module = LlamaForCausalLM(LlamaConfig(**plan.shape)).to(dtype).eval()
     module.config.eos_token_id = None  # random weights: generate the full budget, never stop early
     module.generation_config.eos_token_id = None
     module.generation_config.pad_token_id = 0
+    # the smoke run on the CPU asks for exact mode at a small width and the capture-free graphs (the same static
+    # buffers), so that every engine variant runs its own path there too
+    exact = Exact(8, 256) if plan is SMOKE else exact_mode(None, device, dtype)
+    graphs = "replay" if plan is SMOKE else graphs_mode(None, device, exact)
     return fastdecode.CausalLM(module, name=f"random:{'tinyllama-1.1b' if plan.shape is TINYLLAMA else 'tiny'}",
-                               exact=exact_mode(None, device, dtype))
+                               exact=exact, graphs=graphs)
 
 
 def repeated_prompt(plan: Plan, vocab: int) -> list[int]:
@@ -125,24 +132,65 @@ def static_compile(model: fastdecode.CausalLM, prompt: list[int], new: int, comp
     return run
 
 
+# the engine's runs: (row method, method run, exact mode on, CUDA graphs on); the variants of ar.greedy measure what
+# exact mode and CUDA graphs each cost or save on one copy of the weights
+ENGINE_RUNS = (("ar.greedy", "ar.greedy", True, True), ("ar.greedy:graphs=false", "ar.greedy", True, False),
+               ("ar.greedy:exact=false", "ar.greedy", False, False), ("hf.greedy", "hf.greedy", True, True),
+               ("spec.suffix", "spec.suffix", True, True), ("spec.pld", "spec.pld", True, True))
+
+
+@contextlib.contextmanager
+def setting(model: fastdecode.CausalLM, exact: bool, graphs: bool) -> Iterator[None]:
+    """Exact mode and CUDA graphs on or off for the block, as loaded outside it."""
+    saved = model.exact, model.graphs
+    model.exact = saved[0] if exact else None
+    model.graphs = saved[1] if exact and graphs else None
+    try:
+        yield
+    finally:
+        model.exact, model.graphs = saved
+
+
+def attention_kernels(model: fastdecode.CausalLM, prompt: list[int]) -> dict[str, Any]:
+    """Which attention kernels a short generation launches (CUDA: torch's profiler; the issue asks whether the
+    memory-efficient kernel replaced cuDNN's), with graphs off so that every kernel is seen."""
+    if model.device.type != "cuda":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    with setting(model, True, False), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fastdecode.generate(model, prompt, "ar.greedy", max_new_tokens=4)
+    names = sorted({e.key for e in prof.key_averages()
+                    if any(w in e.key.lower() for w in ("attention", "fmha", "flash", "cudnn", "sdpa", "softmax"))})
+    return {"attention_kernels": names[:20]}
+
+
 def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], say: Callable[[str], None]) -> None:
     model = random_llama(plan, device, torch.bfloat16 if device.type == "cuda" or plan is FULL else torch.float32)
     prompt = repeated_prompt(plan, model.vocab_size)
     runners: dict[str, Callable[[], tuple[list[int], int]]] = {}
-    for method in ("ar.greedy", "hf.greedy", "spec.suffix", "spec.pld"):
-        def run(method=method) -> tuple[list[int], int]:
+    for name, method, exact, graphs in ENGINE_RUNS:
+        def run(method=method, exact=exact, graphs=graphs) -> tuple[list[int], int]:
             # a fresh memory each time: spec.suffix must not remember the previous repetition's output
-            r = fastdecode.generate(model, prompt, method, max_new_tokens=plan.new, memory=DrafterMemory())
+            with setting(model, exact, graphs):
+                r = fastdecode.generate(model, prompt, method, max_new_tokens=plan.new, memory=DrafterMemory())
             return r.token_ids, r.stats.forwards
-        runners[method] = run
+        runners[name] = run
     hf_static = static_compile(model, prompt, plan.new, plan.compile)
     runners["hf.static_compile"] = lambda: (ids := hf_static(), len(ids))
     rows = []
     for name, run in runners.items():  # warm-up (and compilation)
         t = time.perf_counter()
-        run()
+        try:
+            run()
+        except Exception as e:  # one broken runner must not cost the others' rows on a lent device
+            say(f"engine warm-up {name} FAILED: {type(e).__name__}: {e}")
+            runners[name] = None  # type: ignore[assignment]
+            continue
         say(f"engine warm-up {name}: {time.perf_counter() - t:.1f} s")
+    runners = {k: v for k, v in runners.items() if v is not None}
     base: list[int] | None = None
+    settings = {n: (e, g) for n, _, e, g in ENGINE_RUNS}
     for rep in range(plan.reps):
         for name, run in runners.items():
             _sync(device)
@@ -152,7 +200,11 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
             wall = time.perf_counter() - t
             if name == "ar.greedy":
                 base = ids
-            rows.append(engine_row(meta, model, name, rep, ids, forwards, wall, base, plan, len(prompt)))
+            row = engine_row(meta, model, name, rep, ids, forwards, wall, base, plan, len(prompt))
+            exact, graphs = settings.get(name, (False, False))
+            row["exact"] = model.exact.width if exact and model.exact is not None else None
+            row["params"]["graphs"] = bool(exact and graphs and model.graphs is not None)
+            rows.append(row)
     with out.open("a") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
@@ -160,6 +212,10 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
         mine = [r for r in rows if r["method"] == name]
         rate = sum(r["new_tokens"] for r in mine) / sum(r["wall_s"] for r in mine)
         say(f"engine {name}: {rate:.1f} tokens/s, equal to ar.greedy {sum(r['score'] for r in mine):.0f}/{len(mine)}")
+    probe = {**attention_kernels(model, prompt[:64]),
+             "graphs": dict(model.graphs.stats) if model.graphs is not None else None}
+    out.with_name("engine-probe.json").write_text(json.dumps(probe, indent=1) + "\n")
+    say(f"engine probe: {probe}")
 
 
 def engine_row(meta: dict[str, Any], model: fastdecode.CausalLM, method: str, rep: int, ids: list[int],
@@ -193,10 +249,12 @@ def suite_of(name: str, one_task: bool) -> Suite | str:
 
 
 def zoo(plan: Plan, device: torch.device, dtype: str, exact: bool | Exact | None, out: Path, command: str,
-        say: Callable[[str], None], time_left: Callable[[], bool]) -> None:
+        say: Callable[[str], None], time_left: Callable[[], bool], models: list[str]) -> None:
     load = {"device": str(device), "dtype": dtype, **({} if exact is None else {"exact": exact})}
     for model, draft, methods, suites in (("zoo:ar-small", "zoo:ar-tiny", plan.lossless, plan.ar_suites),
                                           ("zoo:dlm-small", None, plan.diffusion, plan.dlm_suites)):
+        if model not in models:
+            continue
         names = {m.partition(":")[0] for m in methods} | {"ar.greedy", "dlm.baseline"}
         params = {m: p for m, p in plan.zoo_params.items() if m in names}
         for suite, limit in suites:
@@ -216,6 +274,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-s", type=float, default=360.0,
                     help="no bench run starts after this many seconds (one run takes up to about two minutes)")
     ap.add_argument("--stages", nargs="+", default=["engine", "bfloat16", "float32", "bfloat16-noexact"])
+    ap.add_argument("--models", nargs="+", default=list(ZOO), choices=list(ZOO),
+                    help="the zoo models of the zoo stages (a device call that carries one model at a time)")
     args = ap.parse_args(argv)
     plan = SMOKE if args.smoke else FULL
     device = pick_device(args.device or ("cpu" if args.smoke else "cuda"))
@@ -237,11 +297,11 @@ def main(argv: list[str] | None = None) -> None:
         "engine": lambda: engine(plan, device, out / "engine.jsonl", meta, say),
         # exact mode is the CUDA default in bfloat16; the smoke run on the CPU asks for it, at a small width
         "bfloat16": lambda: zoo(plan, device, "bfloat16", Exact(8, 256) if args.smoke else None,
-                                out / "zoo-bfloat16.jsonl", command, say, time_left),
+                                out / "zoo-bfloat16.jsonl", command, say, time_left, args.models),
         "float32": lambda: zoo(plan, device, "float32", None, out / "zoo-float32.jsonl", command, say,
-                               time_left),
+                               time_left, args.models),
         "bfloat16-noexact": lambda: zoo(plan, device, "bfloat16", False, out / "zoo-bfloat16-noexact.jsonl",
-                                        command, say, time_left),
+                                        command, say, time_left, args.models),
     }
     for name in args.stages:
         if name not in stages:

@@ -14,6 +14,8 @@ key/value layers and says so through `can_rollback()`.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -42,6 +44,7 @@ class _Layer(CacheLayerMixin):
         self.values = value_states.new_zeros(B, value_states.shape[1], cap, value_states.shape[-1])
         self.device = key_states.device
         self.is_initialized = True
+        self.owner.moved()
 
     def _grow(self, capacity: int) -> None:
         for name in ("keys", "values"):
@@ -49,6 +52,7 @@ class _Layer(CacheLayerMixin):
             new = old.new_zeros(*old.shape[:2], capacity, old.shape[-1])
             new[:, :, : old.shape[2]] = old
             setattr(self, name, new)
+        self.owner.moved()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         if not self.is_initialized:
@@ -109,6 +113,10 @@ class KVCache(CacheBase, Cache):
         self._write: torch.Tensor | None = None
         self._width = 0
         self._watchers: dict[int, int] = {}  # reader -> first column (re)written since it last asked
+        # CUDA graphs of forwards over this cache (models/graphs.py), by (batch, width, key length); they read the
+        # storage in place, so every reallocation of it bumps `storage_version`, which drops them
+        self.graphs: dict[tuple[int, int, int], Any] = {}
+        self.storage_version = 0
 
     def written_since(self, reader: int) -> int:
         """The first column written (or rewritten after a rollback) since `reader` last asked (0 the first time):
@@ -172,6 +180,7 @@ class KVCache(CacheBase, Cache):
                 assert layer.keys is not None and layer.values is not None
                 layer.keys, layer.values = fit(layer.keys), fit(layer.values)
         self.positions, self.valid = fit(self.positions), fit(self.valid)
+        self.moved()
         self.lengths = self.lengths[:keep] + [0] * (batch - keep)
         self.batch = batch
         self._seen = self.length
@@ -214,6 +223,7 @@ class KVCache(CacheBase, Cache):
         self.positions = torch.cat([self.positions, self.positions.new_zeros(self.batch, grow)], dim=1)
         self.valid = torch.cat([self.valid, self.valid.new_zeros(self.batch, grow)], dim=1)
         self.capacity = capacity  # layers grow on their next update
+        self.moved()
 
     # -- one forward -------------------------------------------------------------------------------------------------
     def begin(
@@ -261,6 +271,36 @@ class KVCache(CacheBase, Cache):
         """The forward is over: transformers' length queries see the new entries."""
         self._seen = self.length
         self._start, self._write = None, None
+
+    # -- what a captured forward needs (models/graphs.py) -------------------------------------------------------------
+    def moved(self) -> None:
+        """The storage was reallocated: graphs that read the old addresses are dropped (and their memory freed)."""
+        self.storage_version += 1
+        self.graphs.clear()
+
+    def storage_ready(self) -> bool:
+        """Every layer's storage is allocated at the cache's capacity: a forward reallocates nothing."""
+        return all(
+            isinstance(layer, _Layer) and layer.is_initialized and layer.keys is not None
+            and layer.keys.shape[2] == self.capacity for layer in self.layers
+        )
+
+    def write_columns(self) -> torch.Tensor:
+        """`[B, T]`: the columns the current forward's new keys go to (between `begin` and `end`)."""
+        if self._write is None:
+            raise RuntimeError("no forward is under way: call begin() first")
+        return self._write
+
+    @contextlib.contextmanager
+    def scattered(self, write: torch.Tensor) -> Iterator[None]:
+        """Inside the block the layers scatter the new keys to the columns `write` `[B, T]` (a captured forward's
+        static buffer) instead of the current forward's own, even where every row starts at one column."""
+        saved = self._start, self._write
+        self._start, self._write = None, write
+        try:
+            yield
+        finally:
+            self._start, self._write = saved
 
 
 class DynamicKVCache(CacheBase):

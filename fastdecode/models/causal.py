@@ -16,6 +16,7 @@ from ..cache import DynamicKVCache, KVCache
 from .base import ModelAdapter
 from .capabilities import check_sparse_attention, layer_types
 from .exact import Exact, chunk_past, pad_block
+from .graphs import Graphs, Mode
 from .hidden import captured, collect, layer_list, wanted
 from .native import native_forward
 
@@ -44,7 +45,8 @@ class CausalOutput:
 class CausalLM(ModelAdapter):
     kind = "causal"
 
-    def __init__(self, *args, native: bool = True, exact: Exact | None = None, **kwargs) -> None:
+    def __init__(self, *args, native: bool = True, exact: Exact | None = None, graphs: Mode | None = None,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
         params = inspect.signature(self.model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
@@ -65,6 +67,9 @@ class CausalLM(ModelAdapter):
         self.native = native_forward(self.model) if native and self.preallocated else None
         # exact mode (models/exact.py): every cached forward at one width over the whole storage; None = off
         self.exact: Exact | None = exact if self.preallocated else None
+        # CUDA graphs of the direct forward in exact mode (models/graphs.py); None = every forward eager
+        self.graphs: Graphs | None = (Graphs(self.native, graphs) if graphs and self.native is not None
+                                      and self.exact is not None else None)
 
     def new_cache(self, batch: int = 1, capacity: int = 0) -> KVCache | DynamicKVCache:
         """A cache for `batch` rows; `capacity` columns are allocated at once (more are added in chunks)."""
@@ -214,7 +219,11 @@ class CausalLM(ModelAdapter):
             if sparse is not None:
                 sparse.begin(cache, plan)
         try:
-            if self.native is not None:
+            if (self.graphs is not None and block is not None and cache is not None and sparse is None
+                    and not picked and isinstance(cache, KVCache) and cache.full_width):
+                logits, states = self.graphs(input_ids, positions, cache, plan)  # an exact-mode block: one shape
+                layers = ()
+            elif self.native is not None:
                 logits, states, layers = self.native(input_ids, positions, cache, plan, num_logits, picked)
             else:
                 with self._attention(), attention.planned(plan), self._capture(picked) as found:

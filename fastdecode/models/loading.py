@@ -25,6 +25,7 @@ from . import mdlm  # noqa: F401  (registers the zoo's diffusion architecture wi
 from .causal import CausalLM
 from .diffusion import MaskedDiffusionLM
 from .exact import exact_mode
+from .graphs import graphs_mode
 from .guided import ImageLM
 from .image import read_image_spec
 
@@ -252,6 +253,7 @@ def load(
     dtype: str | torch.dtype | None = None,
     trust_remote_code: bool = False,
     exact: bool | int | None = None,
+    graphs: bool | str | None = None,
 ) -> CausalLM | MaskedDiffusionLM:
     """Load model and tokenizer from a local Hugging Face folder or `zoo:NAME`.
 
@@ -260,7 +262,8 @@ def load(
     stays off unless asked: checkpoints such as LLaDA and Dream ship their own modelling code and need it.
     `exact` (causal models): every cached forward at one shape, so lossless methods equal their baseline token for
     token in low precision (models/exact.py, docs/gpu.md); None turns it on for CUDA in bfloat16/float16, an int
-    sets the block width.
+    sets the block width. `graphs` (causal models): CUDA graphs of exact mode's forwards (models/graphs.py); None
+    turns them on wherever exact mode is on CUDA, False off.
     """
     if kind is not None and kind not in KINDS:
         raise ModelLoadError(f"kind must be 'causal' or 'diffusion', not {kind!r} "
@@ -307,10 +310,12 @@ def load(
     tokenizer = _load_tokenizer(folder, trust_remote_code)
     name = str(source)
     if kind == "causal":
+        fixed = exact_mode(exact, dev, dt)
+        mode = graphs_mode(graphs, dev, fixed)
         image = read_image_spec(folder)  # image.json: a class-conditional image model (models/image.py)
         if image is not None:
-            return ImageLM(model, tokenizer, name, exact=exact_mode(exact, dev, dt), image=image)
-        return CausalLM(model, tokenizer, name, exact=exact_mode(exact, dev, dt))
+            return ImageLM(model, tokenizer, name, exact=fixed, graphs=mode, image=image)
+        return CausalLM(model, tokenizer, name, exact=fixed, graphs=mode)
     return MaskedDiffusionLM(model, tokenizer, name, mask_token_id=_mask_token_id(cfg, tokenizer, folder),
                              shifted=_shifted(cfg, model_type))
 

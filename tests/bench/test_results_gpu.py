@@ -25,8 +25,16 @@ def _tool():
 def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys):
     _tool().main(["--smoke", "--out", str(tmp_path), "--stages", "engine", "bfloat16"])
     engine = [json.loads(line) for line in (tmp_path / "engine.jsonl").read_text().splitlines()]
-    assert {r["method"] for r in engine} == {"ar.greedy", "hf.greedy", "hf.static_compile", "spec.suffix", "spec.pld"}
+    assert {r["method"] for r in engine} == {"ar.greedy", "ar.greedy:graphs=false", "ar.greedy:exact=false",
+                                             "hf.greedy", "hf.static_compile", "spec.suffix", "spec.pld"}
     assert all(r["dtype"] == "float32" and r["machine"]["device"] == "cpu" and r["new_tokens"] == 12 for r in engine)
+    flags = {r["method"]: (r["exact"], r["params"].get("graphs")) for r in engine}
+    assert flags["ar.greedy"] == (8, True) and flags["ar.greedy:graphs=false"] == (8, False)
+    assert flags["ar.greedy:exact=false"] == (None, False)
+    # float32: every ar.greedy variant (graphs, eager exact mode, plain) and the lossless methods give one output
+    assert all(r["equal_to_baseline"] for r in engine if r["method"] != "hf.static_compile")
+    probe = json.loads((tmp_path / "engine-probe.json").read_text())
+    assert probe["graphs"]["replays"] > 0 and probe["graphs"]["captures"] > 0
     zoo = [json.loads(line) for line in (tmp_path / "zoo-bfloat16.jsonl").read_text().splitlines()]
     ar = [r for r in zoo if r["model"] == "zoo:ar-small"]
     assert {r["method"] for r in ar} == {"ar.greedy", "spec.pld", "spec.suffix"}

@@ -1,0 +1,88 @@
+"""CUDA graphs of exact mode's forwards (models/graphs.py): the captured path gives the eager path's tokens, captures
+once per cache and batch, and captures again when the cache's storage moves. On the CPU the graphs run in "replay"
+mode (the same static buffers, without capturing); with FASTDECODE_TEST_DEVICE=cuda they are captured."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastdecode
+from fastdecode.ar.driver import ARSession
+from fastdecode.ar.greedy import GreedyConfig
+from fastdecode.errors import ParameterError
+from fastdecode.models.graphs import graphs_mode
+
+PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
+METHODS = [("ar.greedy", {}), ("spec.pld", {}), ("spec.suffix", {}), ("spec.suffix", {"tree": True}),
+           ("spec.draft_model", {"num_draft_tokens": 5})]
+
+
+@pytest.fixture(scope="module")
+def mode(device) -> str:
+    return "cuda" if device.type == "cuda" else "replay"
+
+
+@pytest.fixture(scope="module")
+def pair(causal_dir, load_model, mode):
+    """The same weights in bfloat16 exact mode (width 8), eager and graphed."""
+    eager = load_model(causal_dir, dtype="bfloat16", exact=8, graphs=False)
+    graphed = load_model(causal_dir, dtype="bfloat16", exact=8, graphs=mode)
+    return eager, graphed
+
+
+@pytest.mark.parametrize(("method", "params"), METHODS)
+def test_graphed_forwards_give_the_eager_tokens(pair, method, params):
+    eager, graphed = pair
+    before = dict(graphed.graphs.stats)
+    for model in (eager, graphed):
+        kw = {"draft": model} if method == "spec.draft_model" else {}
+        out = fastdecode.generate(model, PROMPTS, method, max_new_tokens=40, **params, **kw)
+        if model is eager:
+            want = [r.token_ids for r in out]
+        else:
+            assert [r.token_ids for r in out] == want
+    # the graphs ran: captured per cache, then replayed at every later forward
+    assert graphed.graphs.stats["captures"] > before["captures"]
+    assert graphed.graphs.stats["replays"] > graphed.graphs.stats["captures"] - before["captures"]
+    assert eager.graphs is None
+
+
+def test_a_cache_captures_once_and_again_when_its_storage_moves(pair):
+    _, graphed = pair
+    stats = graphed.graphs.stats
+    ids = graphed.tokenizer(PROMPTS[0], return_tensors="pt").input_ids.to(graphed.device)
+    cfg = GreedyConfig(max_new_tokens=30)
+    session = ARSession(graphed, cfg, slots=2)
+    start = dict(stats)
+    session.join(ids)  # a one-chunk prefill: the storage is allocated eagerly
+    for _ in range(5):
+        session.step()
+    assert stats["captures"] - start["captures"] == 1 and stats["replays"] - start["replays"] == 4
+    version = session.cache.storage_version
+    slot = session.join(ids)[0]  # a second row: the cache grows to two rows (new storage): the next forward captures
+    assert session.cache.storage_version > version
+    mid = dict(stats)
+    late: list[int] = []
+    while picked := session.step():
+        late += [token for s, _, token, _ in picked if s == slot]
+    assert stats["captures"] - mid["captures"] == 1  # one capture for the two rows, replayed to the end
+    # the row that joined late writes the tokens of a run of its own
+    assert late == fastdecode.generate(graphed, PROMPTS[0], "ar.greedy", max_new_tokens=30).token_ids
+
+
+def test_graphs_need_exact_mode_and_say_how():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert graphs_mode(None, cuda, object()) == "cuda"
+    assert graphs_mode(None, cuda, None) is None  # float32 on CUDA: exact mode off, so no graphs
+    assert graphs_mode(None, cpu, object()) is None
+    assert graphs_mode(False, cuda, object()) is None
+    assert graphs_mode("replay", cpu, object()) == "replay"
+    with pytest.raises(ParameterError, match="CUDA device"):
+        graphs_mode(True, cpu, object())
+    with pytest.raises(ParameterError, match="exact=True"):
+        graphs_mode(True, cuda, None)
+    with pytest.raises(ParameterError, match="exact=True"):
+        graphs_mode("replay", cpu, None)
+    with pytest.raises(ParameterError, match="graphs="):
+        graphs_mode("sometimes", cpu, object())
