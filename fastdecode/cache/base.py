@@ -44,6 +44,12 @@ class CacheBase(ABC):
         tree masks, ragged rows and sparse attention rules need; otherwise the model's own masks are used."""
         return False
 
+    def graphable(self) -> bool:
+        """Whether a forward over the cache can be a captured CUDA graph (models/graphs.py): every forward attends
+        over the whole storage at fixed addresses (exact mode's cache), and the cache offers `graphs`,
+        `storage_version`, `storage_ready`, `write_columns` and `scattered`."""
+        return False
+
     # -- rollback ----------------------------------------------------------------------------------------------------
     @abstractmethod
     def crop_rows(self, lengths: list[int]) -> None:

@@ -136,6 +136,9 @@ class KVCache(CacheBase, Cache):
     def plans_attention(self) -> bool:
         return True
 
+    def graphable(self) -> bool:
+        return self.full_width
+
     # -- lengths -----------------------------------------------------------------------------------------------------
     @property
     def lengths(self) -> list[int]:

@@ -220,7 +220,7 @@ class CausalLM(ModelAdapter):
                 sparse.begin(cache, plan)
         try:
             if (self.graphs is not None and block is not None and cache is not None and sparse is None
-                    and not picked and isinstance(cache, KVCache) and cache.full_width):
+                    and not picked and cache.graphable()):
                 logits, states = self.graphs(input_ids, positions, cache, plan)  # an exact-mode block: one shape
                 layers = ()
             elif self.native is not None:
