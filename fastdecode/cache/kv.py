@@ -15,6 +15,7 @@ key/value layers and says so through `can_rollback()`.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -90,6 +91,25 @@ class _Layer(CacheLayerMixin):
         self.owner.crop(0)
 
 
+# Graphs no longer used (their cache moved its storage or died), kept alive until the graph code's next call frees
+# them (`free_retired_graphs`). Destroying a CUDA graph is not allowed while any stream captures one, and a cache can
+# die at any moment (Python's garbage collector), e.g. while torch.compile's own CUDA graphs are being captured.
+_RETIRED: list[Any] = []
+
+
+def retire_graphs(graphs: dict[Any, Any]) -> None:
+    """Move every graph of `graphs` to the retired list (no CUDA call: safe at any moment) and empty it."""
+    _RETIRED.extend(graphs.values())
+    graphs.clear()
+
+
+def free_retired_graphs() -> int:
+    """Destroy the retired graphs (call where no capture is under way); returns how many there were."""
+    n = len(_RETIRED)
+    _RETIRED.clear()
+    return n
+
+
 class KVCache(CacheBase, Cache):
     """Preallocated key/value storage for `batch` rows, with per-row lengths; see the module docstring.
 
@@ -117,6 +137,7 @@ class KVCache(CacheBase, Cache):
         # storage in place, so every reallocation of it bumps `storage_version`, which drops them
         self.graphs: dict[tuple[int, int, int], Any] = {}
         self.storage_version = 0
+        weakref.finalize(self, retire_graphs, self.graphs)  # a dying cache retires its graphs, never destroys them
 
     def written_since(self, reader: int) -> int:
         """The first column written (or rewritten after a rollback) since `reader` last asked (0 the first time):
@@ -277,9 +298,9 @@ class KVCache(CacheBase, Cache):
 
     # -- what a captured forward needs (models/graphs.py) -------------------------------------------------------------
     def moved(self) -> None:
-        """The storage was reallocated: graphs that read the old addresses are dropped (and their memory freed)."""
+        """The storage was reallocated: graphs that read the old addresses are retired (`retire_graphs`)."""
         self.storage_version += 1
-        self.graphs.clear()
+        retire_graphs(self.graphs)
 
     def storage_ready(self) -> bool:
         """Every layer's storage is allocated at the cache's capacity: a forward reallocates nothing."""

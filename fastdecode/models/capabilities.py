@@ -95,12 +95,21 @@ def uses_alibi(model: Any) -> bool:
     return bool(getattr(config, "alibi", False)) or getattr(config, "position_embedding_type", None) == "alibi"
 
 
+_WINDOWED = ("sliding_attention", "hybrid_sliding", "chunked_attention")
+
+
 def sliding_windows(model: Any) -> dict[int, int]:
     """{layer index: window} of every sliding-window (or chunked) attention layer; {} when all attend in full."""
     try:
         types, kwargs = get_layer_types_and_kwargs(_text_config(model))
     except (AttributeError, KeyError, TypeError, ValueError):
         return {}
+    if isinstance(kwargs, dict):
+        # transformers before 5.2x: one dict for every layer, whose window applies to the windowed layer types
+        window = kwargs.get("sliding_window")
+        if window is None:
+            return {}
+        return {i: int(window) for i, t in enumerate(types) if t in _WINDOWED}
     return {i: int(kw["sliding_window"]) for i, kw in enumerate(kwargs) if kw.get("sliding_window") is not None}
 
 

@@ -18,7 +18,9 @@ What a graph holds fixed, and what each replay copies in:
 - outputs: the logits `[B, W, V]` and the last hidden states, cloned after the replay (the next replay overwrites
   the static ones).
 
-The graphs live on the cache (`KVCache.graphs`), so they are freed with it; each has its own memory pool. The first
+The graphs live on the cache (`KVCache.graphs`); each has its own memory pool. A cache that dies or moves its storage
+retires them, and the next graphed forward destroys them: destroying a graph while another stream captures one (the
+garbage collector can free a cache during torch.compile's own captures) invalidates that capture. The first
 forward over a new cache runs eagerly (it allocates the storage); the second captures (a warm-up run on a side stream,
 then the capture) and every later one replays. What is not graphed runs the direct forward as before: sparse
 attention rules, forwards that ask for layer outputs, models without the direct forward, exact mode off.
@@ -37,6 +39,7 @@ from typing import Any, Literal
 import torch
 
 from .. import attention
+from ..cache.kv import free_retired_graphs, retire_graphs
 from ..errors import ParameterError
 
 Mode = Literal["cuda", "replay"]
@@ -53,7 +56,7 @@ class _Entry:
     version: int  # the cache's storage_version at capture
     outputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits [B, W, V], hidden [B, W, H])
     graph: Any = None  # torch.cuda.CUDAGraph (mode "cuda")
-    body: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None  # mode "replay"
+    body: Callable[[Any], tuple[torch.Tensor, torch.Tensor]] | None = None  # mode "replay": run(cache)
     replays: int = 0
 
 
@@ -74,13 +77,14 @@ class Graphs:
         """The logits `[B, W, V]` and last hidden states `[B, W, H]` of one exact-mode forward whose plan the cache
         has just made (`KVCache.begin`); the new keys and values are written to the cache as the direct forward
         would."""
+        free_retired_graphs()
         B, W = ids.shape
         K = plan.allow.shape[-1]
         key = (B, W, K)
         version = cache.storage_version
         entry = cache.graphs.get(key)
-        if entry is not None and entry.version != version:  # (`KVCache.moved` clears them; a check all the same)
-            cache.graphs.clear()
+        if entry is not None and entry.version != version:  # (`KVCache.moved` retires them; a check all the same)
+            retire_graphs(cache.graphs)
             entry = None
         if entry is None:
             if not cache.storage_ready():
@@ -94,17 +98,18 @@ class Graphs:
             entry.positions.copy_(positions)
             entry.allow.copy_(plan.allow)
             entry.write.copy_(cache.write_columns())
-            self._replay(entry)
+            self._replay(entry, cache)
         assert entry.outputs is not None
         logits, hidden = entry.outputs
         return logits.clone(), hidden.clone()
 
-    def _body(self, entry: _Entry, cache: Any, K: int) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    def _body(self, entry: _Entry, K: int) -> Callable[[Any], tuple[torch.Tensor, torch.Tensor]]:
         """One forward over the entry's static buffers: the cache writes at `entry.write` (scattered) and the plan
-        reads the cache's positions in place."""
+        reads the cache's positions in place. The cache is an argument, not a closure variable: the cache holds its
+        entries, which must not hold it back."""
         native = self.native
 
-        def run() -> tuple[torch.Tensor, torch.Tensor]:
+        def run(cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
             plan = attention.Plan(allow=entry.allow, q_pos=entry.positions, k_pos=cache.positions[:, :K])
             with cache.scattered(entry.write):
                 logits, hidden, _ = native(entry.ids, entry.positions, cache, plan, None, None)
@@ -114,33 +119,33 @@ class Graphs:
     def _capture(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, plan: attention.Plan,
                  key: tuple[int, int, int], version: int) -> _Entry:
         entry = _Entry(ids.clone(), positions.clone(), plan.allow.clone(), cache.write_columns().clone(), version)
-        body = self._body(entry, cache, key[2])
+        body = self._body(entry, key[2])
         if self.mode == "replay":
             entry.body = body
-            entry.outputs = body()
+            entry.outputs = body(cache)
         else:
             # warm up on a side stream (lazy initialisations such as cuBLAS workspaces must not be captured); the
             # warm-up writes the same keys and values to the same columns as the replay after the capture
             stream = torch.cuda.Stream(device=ids.device)
             stream.wait_stream(torch.cuda.current_stream(ids.device))
             with torch.cuda.stream(stream):
-                body()
+                body(cache)
             torch.cuda.current_stream(ids.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                entry.outputs = body()
+                entry.outputs = body(cache)
             entry.graph = graph
             graph.replay()  # the capture recorded the kernels without running them
         self.stats["captures"] += 1
         cache.graphs[key] = entry
         return entry
 
-    def _replay(self, entry: _Entry) -> None:
+    def _replay(self, entry: _Entry, cache: Any) -> None:
         if entry.graph is not None:
             entry.graph.replay()
         else:
             assert entry.body is not None
-            entry.outputs = entry.body()
+            entry.outputs = entry.body(cache)
         entry.replays += 1
         self.stats["replays"] += 1
 

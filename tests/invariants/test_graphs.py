@@ -4,12 +4,16 @@ mode (the same static buffers, without capturing); with FASTDECODE_TEST_DEVICE=c
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
 import fastdecode
 from fastdecode.ar.driver import ARSession
 from fastdecode.ar.greedy import GreedyConfig
+from fastdecode.cache import kv
+from fastdecode.cache.kv import free_retired_graphs
 from fastdecode.errors import ParameterError
 from fastdecode.models.graphs import graphs_mode
 
@@ -86,3 +90,19 @@ def test_graphs_need_exact_mode_and_say_how():
         graphs_mode("replay", cpu, None)
     with pytest.raises(ParameterError, match="graphs="):
         graphs_mode("sometimes", cpu, object())
+
+
+def test_a_dead_cache_retires_its_graphs_until_the_next_graphed_forward(pair):
+    """A cache can die while another stream captures (torch.compile's graphs): its graphs are only retired then, and
+    destroyed at the next graphed forward."""
+    _, graphed = pair
+    gc.collect()  # caches of earlier tests
+    free_retired_graphs()
+    fastdecode.generate(graphed, PROMPTS[0], "ar.greedy", max_new_tokens=12)
+    gc.collect()
+    first = len(kv._RETIRED)
+    assert first >= 1  # the generation's cache died: its graph waits
+    fastdecode.generate(graphed, PROMPTS[1], "ar.greedy", max_new_tokens=12)
+    gc.collect()
+    assert len(kv._RETIRED) == first  # the first generation's graphs were freed; the second's wait
+    assert free_retired_graphs() == first and not kv._RETIRED

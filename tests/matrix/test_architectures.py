@@ -13,6 +13,7 @@ import functools
 import pytest
 import torch
 import transformers as T
+from transformers.cache_utils import get_layer_types_and_kwargs
 
 import fastdecode
 import fastdecode.registry
@@ -294,3 +295,15 @@ def test_chosen_layers_equal_transformers_hidden_states(name):
         ref = m.model(input_ids=ids, output_hidden_states=True).hidden_states[0 if name in ("mamba", "mamba2") else 1]
     assert len(out.layers) == 2 and out.layers[1].shape == (1, len(PROMPT), m.config.hidden_size)
     torch.testing.assert_close(out.layers[0], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_sliding_windows_reads_the_one_dict_of_older_transformers(monkeypatch):
+    """transformers 5.17 (the GPU machine's) returns one kwargs dict for every layer, 5.2x one dict per layer: both
+    give the same windows."""
+    gemma = model("gemma3")
+    types, per_layer = get_layer_types_and_kwargs(caps._text_config(gemma))
+    shared = per_layer if isinstance(per_layer, dict) else next(kw for kw in per_layer if kw.get("sliding_window"))
+    monkeypatch.setattr(caps, "get_layer_types_and_kwargs", lambda config: (types, dict(shared)))
+    assert caps.sliding_windows(gemma) == {0: WINDOW}
+    monkeypatch.setattr(caps, "get_layer_types_and_kwargs", lambda config: (["full_attention"] * len(types), {}))
+    assert caps.sliding_windows(gemma) == {}
