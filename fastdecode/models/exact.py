@@ -108,7 +108,7 @@ def chunk_past(
     stored at each row's `lengths[b] + [0, start)`: what `past` said of the older columns, and `visible` of the
     earlier chunks. None when that is every stored column (a causal block with no `past`)."""
     B = visible.shape[0]
-    causal = bool(visible[:, start:end, :start].all())
+    causal = start == 0 or bool(visible[:, start:end, :start].all())  # (no earlier chunk: no device round trip)
     if past is None and causal:
         return None
     C = max(max(lengths) + start, past.shape[-1] if past is not None else 0)
