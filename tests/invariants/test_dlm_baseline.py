@@ -78,7 +78,7 @@ def model_logits(model):
     whatever the model's device: the canvas goes to the model, the logits come back."""
     def fn(x, attention_mask):
         mask = None if attention_mask is None else attention_mask.to(model.device)
-        logits = model.forward(x.to(model.device), mask).float().cpu().clone()  # [B, T, V]
+        logits = model.forward(x.to(model.device), mask).cpu().clone()  # [B, T, V]
         logits[..., model.mask_token_id] = -1e9
         return logits
     return fn
