@@ -83,9 +83,11 @@ def device() -> torch.device:
 
 @pytest.fixture(scope="session")
 def to_device(device):
-    """Move a module (or a model adapter's module) a test builds itself to the test device; returns it."""
+    """Move a module (or a model adapter's module) a test builds itself to the test device; returns it.
+    A torch module moves whole: a transformers `...ForCausalLM` has a `.model` too (its backbone, without the
+    output head), so only a non-module (an adapter) is unwrapped."""
     def move(obj):
-        module = getattr(obj, "model", obj)
+        module = obj if isinstance(obj, torch.nn.Module) else obj.model
         module.to(device)
         return obj
     return move

@@ -74,9 +74,11 @@ def llada_generate(logits_fn, prompt: torch.Tensor, attention_mask: torch.Tensor
 def model_logits(model):
     """The tiny model as LLaDA's loop sees it: full-canvas logits, MASK never predicted (a trained LLaDA never
     predicts it; the random tiny model would, so the model, not the loop, is given that property). The logit is
-    finite, as a real model's, so that guidance's difference of two logits stays a number."""
+    finite, as a real model's, so that guidance's difference of two logits stays a number. The loop runs on the CPU
+    whatever the model's device: the canvas goes to the model, the logits come back."""
     def fn(x, attention_mask):
-        logits = model.forward(x, attention_mask).clone()
+        mask = None if attention_mask is None else attention_mask.to(model.device)
+        logits = model.forward(x.to(model.device), mask).cpu().clone()  # [B, T, V]
         logits[..., model.mask_token_id] = -1e9
         return logits
     return fn

@@ -30,10 +30,10 @@ def kw(name: str, **extra) -> dict:
 def padded_canvas(model, seed: int, row: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Two random 12-column canvases, `row` left-padded by `pad` columns."""
     torch.manual_seed(seed)
-    canvas = torch.randint(4, model.vocab_size, (2, 12))
+    canvas = torch.randint(4, model.vocab_size, (2, 12))  # drawn on the CPU: the same canvases on every device
     attention = torch.ones(2, 12, dtype=torch.long)
     attention[row, :pad] = 0
-    return canvas, attention
+    return canvas.to(model.device), attention.to(model.device)
 
 
 @pytest.mark.parametrize("shifted", [False, True])
@@ -43,7 +43,7 @@ def test_partial_forward_with_exact_cached_kv_equals_the_full_forward(diffusion,
     full = model.forward(canvas, attention)
     logits, kv = model.forward_columns(canvas, attention, None, None)
     assert torch.equal(logits, full)  # the caching full forward is the plain one
-    cols = torch.tensor([[5, 6, 7, 11], [4, 9, 9, 10]])  # duplicates are allowed (padding)
+    cols = torch.tensor([[5, 6, 7, 11], [4, 9, 9, 10]], device=model.device)  # duplicates are allowed (padding)
     part, kv2 = model.forward_columns(canvas, attention, cols, kv)
     expected = full.gather(1, cols[..., None].expand(-1, -1, full.shape[-1]))
     torch.testing.assert_close(part, expected, rtol=1e-5, atol=1e-5)
@@ -58,20 +58,21 @@ def test_logits_at_some_columns_equal_those_of_the_full_forward(diffusion, shift
     model = MaskedDiffusionLM(diffusion.model, mask_token_id=3, shifted=shifted)
     canvas, attention = padded_canvas(model, seed=1, row=0, pad=3)
     full = model.forward(canvas, attention)
-    at = torch.tensor([[0, 6, 7, 7], [8, 9, 10, 11]])
+    at = torch.tensor([[0, 6, 7, 7], [8, 9, 10, 11]], device=model.device)
     want = full.gather(1, at[..., None].expand(-1, -1, full.shape[-1]))
     torch.testing.assert_close(model.forward(canvas, attention, at=at), want, rtol=1e-5, atol=1e-5)
     logits, kv = model.forward_columns(canvas, attention, None, None, at=at)
     torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
-    part, _ = model.forward_columns(canvas, attention, torch.tensor([[6, 7], [9, 11]]), kv, at=at)
+    part, _ = model.forward_columns(canvas, attention, torch.tensor([[6, 7], [9, 11]], device=model.device), kv,
+                                  at=at)
     torch.testing.assert_close(part, want, rtol=1e-5, atol=1e-5)
 
 
 def test_a_shifted_model_recomputes_each_needed_column_once(diffusion, monkeypatch):
     """Scoring columns 6..9 of a shifted model needs outputs 5..8 and fresh K/V of 6..9: columns 5..9, once each."""
     model = MaskedDiffusionLM(diffusion.model, mask_token_id=3, shifted=True)
-    canvas = torch.randint(4, model.vocab_size, (1, 12))
-    attention = torch.ones(1, 12, dtype=torch.long)
+    canvas = torch.randint(4, model.vocab_size, (1, 12)).to(model.device)
+    attention = torch.ones(1, 12, dtype=torch.long, device=model.device)
     _, kv = model.forward_columns(canvas, attention, None, None)
     seen = []
     real = model.model.forward
@@ -81,18 +82,18 @@ def test_a_shifted_model_recomputes_each_needed_column_once(diffusion, monkeypat
         return real(*args, **kw)
 
     monkeypatch.setattr(model.model, "forward", wrapped)
-    cols = torch.tensor([[6, 7, 8, 9]])
+    cols = torch.tensor([[6, 7, 8, 9]], device=model.device)
     model.forward_columns(canvas, attention, cols, kv)
     assert seen == [[[5, 6, 7, 8, 9]]]
 
 
 def test_a_stale_cache_reads_old_kv_for_columns_it_does_not_recompute(diffusion):
-    canvas = torch.randint(4, diffusion.vocab_size, (1, 10))
-    attention = torch.ones(1, 10, dtype=torch.long)
+    canvas = torch.randint(4, diffusion.vocab_size, (1, 10)).to(diffusion.device)
+    attention = torch.ones(1, 10, dtype=torch.long, device=diffusion.device)
     _, kv = diffusion.forward_columns(canvas, attention, None, None)
     changed = canvas.clone()
     changed[0, 2] = 3  # column 2 changes but is not recomputed: its old K/V stay in use
-    cols = torch.tensor([[6, 7]])
+    cols = torch.tensor([[6, 7]], device=diffusion.device)
     stale, _ = diffusion.forward_columns(changed, attention, cols, kv)
     fresh = diffusion.forward(changed, attention)[:, 6:8]
     unchanged = diffusion.forward(canvas, attention)[:, 6:8]

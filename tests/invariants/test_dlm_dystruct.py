@@ -57,14 +57,15 @@ def test_canvas_grow_appends_masks_and_keeps_the_born_columns(diffusion_dir):
     model = fastdecode.load(diffusion_dir)
     batch = encode_batch(model, ["ab", "abc"], 16)
     canvas = Canvas(model, batch, 16, start=4)
-    rows = torch.arange(2)
+    dev = model.device
+    rows = torch.arange(2, device=dev)
     canvas.x[0, canvas.P] = 7
     before = canvas.x.clone()
-    grew = canvas.grow(rows, torch.tensor([8, 2]))  # row 1 asks for less: a canvas never shrinks
+    grew = canvas.grow(rows, torch.tensor([8, 2], device=dev))  # row 1 asks for less: a canvas never shrinks
     assert grew.tolist() == [0] and canvas.size.tolist() == [8, 4]
     assert torch.equal(canvas.x, before)  # the unborn columns were masks already: growing writes nothing
-    assert canvas.grow(rows, torch.tensor([99, 99])).tolist() == [0, 1] and canvas.size.tolist() == [16, 16]
-    x, attention = canvas.visible(rows, torch.tensor([1, 1]))
+    assert canvas.grow(rows, torch.tensor([99, 99], device=dev)).tolist() == [0, 1] and canvas.size.tolist() == [16, 16]
+    x, attention = canvas.visible(rows, torch.tensor([1, 1], device=dev))
     assert x.shape[1] == canvas.P + 16 and bool(attention[:, canvas.P:].all())
 
 
@@ -72,17 +73,19 @@ def test_a_grown_row_is_refreshed_and_the_others_keep_their_cache(diffusion_dir)
     model = fastdecode.load(diffusion_dir)
     cfg = ThresholdConfig(max_new_tokens=16, cache="dual")
     forward = Forwarder(model, cfg, 2, "dlm.threshold")
-    x = torch.full((2, 10), model.mask_token_id)
-    attention = torch.ones(2, 10, dtype=torch.long)
-    lo, hi, z = torch.tensor([4, 4]), torch.tensor([6, 6]), torch.zeros(2, dtype=torch.long)
-    forward(x, attention, torch.arange(2), lo, hi, z, z)
+    dev = model.device
+    x = torch.full((2, 10), model.mask_token_id, device=dev)
+    attention = torch.ones(2, 10, dtype=torch.long, device=dev)
+    lo, hi = torch.tensor([4, 4], device=dev), torch.tensor([6, 6], device=dev)
+    z = torch.zeros(2, dtype=torch.long, device=dev)
+    forward(x, attention, torch.arange(2, device=dev), lo, hi, z, z)
     forward.keep()
-    forward.grow(torch.tensor([1]))
+    forward.grow(torch.tensor([1], device=dev))
     assert forward.has_cache.tolist() == [True, False]
-    wide = torch.full((2, 14), model.mask_token_id)
-    att = torch.ones(2, 14, dtype=torch.long)
+    wide = torch.full((2, 14), model.mask_token_id, device=dev)
+    att = torch.ones(2, 14, dtype=torch.long, device=dev)
     att[0, 10:] = 0  # row 0 did not grow: the appended columns are hidden from it
-    out = forward(wide, att, torch.arange(2), lo, hi, z, z + 1)
+    out = forward(wide, att, torch.arange(2, device=dev), lo, hi, z, z + 1)
     forward.keep()
     assert out.shape[:2] == (2, 2) and forward.kv[0][0].shape[2] == 14 and bool(forward.has_cache.all())
 
@@ -98,13 +101,14 @@ class Scripted(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_):
         B, L = input_ids.shape
-        V = self.config.vocab_size
-        shown = attention_mask[:, self.P:].sum(-1) if attention_mask is not None else torch.full((B,), L - self.P)
-        j = torch.arange(L) - self.P  # [L] generated offset of each column
+        V, dev = self.config.vocab_size, input_ids.device
+        shown = (attention_mask[:, self.P:].sum(-1) if attention_mask is not None
+                 else torch.full((B,), L - self.P, device=dev))
+        j = torch.arange(L, device=dev) - self.P  # [L] generated offset of each column
         want = torch.where(j[None, :] < self.length, 10 + j[None, :].clamp(min=0) % 40, 1).expand(B, L)
         fits = (shown >= self.length + 2)[:, None]  # room for the EOS and one pad
         want = torch.where(fits, want, 10 + j[None, :].clamp(min=0) % 40)
-        logits = torch.zeros(B, L, V).scatter_(-1, want[..., None], 20.0)
+        logits = torch.zeros(B, L, V, device=dev).scatter_(-1, want[..., None], 20.0)
         return SimpleNamespace(logits=logits)
 
 
@@ -155,7 +159,7 @@ def test_causal_toy_is_what_the_growth_test_needs(diffusion_dir):
     """The growth test's premise: on the causal toy a column's logits ignore every later column."""
     model = sharpened(diffusion_dir, causal=True)
     assert isinstance(model.model, Causal)
-    x = torch.randint(4, 50, (1, 12))
+    x = torch.randint(4, 50, (1, 12)).to(model.device)
     short = model.forward(x[:, :8])
     long = model.forward(x)
     assert torch.allclose(short, long[:, :8], atol=1e-5)

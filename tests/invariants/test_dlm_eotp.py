@@ -38,9 +38,10 @@ class Causal(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_):
         B, L = input_ids.shape
-        keys = torch.ones(B, L, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-        allowed = torch.ones(L, L, dtype=torch.bool).tril()[None, None] & keys[:, None, None, :]
-        allowed |= torch.eye(L, dtype=torch.bool)[None, None]  # a padding column sees itself, never NaN
+        dev = input_ids.device
+        keys = torch.ones(B, L, dtype=torch.bool, device=dev) if attention_mask is None else attention_mask.bool()
+        allowed = torch.ones(L, L, dtype=torch.bool, device=dev).tril()[None, None] & keys[:, None, None, :]
+        allowed |= torch.eye(L, dtype=torch.bool, device=dev)[None, None]  # a padding column sees itself, never NaN
         positions = (keys.long().cumsum(-1) - 1).clamp(min=0)
         return self.inner(input_ids=input_ids, attention_mask=allowed, position_ids=positions)
 

@@ -60,8 +60,10 @@ def prophet_generate(logits_fn, prompt: torch.Tensor, steps: int, gen_length: in
 
 
 def model_logits(model):
+    """The model as the reference loop sees it; the loop runs on the CPU whatever the model's device."""
     def fn(x, attention_mask):
-        logits = model.forward(x, attention_mask).clone()
+        mask = None if attention_mask is None else attention_mask.to(model.device)
+        logits = model.forward(x.to(model.device), mask).cpu().clone()  # [B, T, V]
         logits[..., model.mask_token_id] = -1e9  # the model never predicts MASK, as a trained LLaDA
         return logits
     return fn

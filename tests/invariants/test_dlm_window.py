@@ -25,11 +25,12 @@ def canvases(model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     later = x.clone()
     P = len(prompt)
     later[0, P : P + 2] = later[0, : 2]
-    return x, later, torch.ones_like(x), P
+    dev = model.device
+    return x.to(dev), later.to(dev), torch.ones_like(x, device=dev), P
 
 
 def step(fw: Forwarder, x, attention, P: int, index: int, lo: int = 0, hi: int = 4) -> torch.Tensor:
-    one = lambda v: torch.tensor([v])  # noqa: E731
+    one = lambda v: torch.tensor([v], device=x.device)  # noqa: E731
     out = fw(x, attention, one(0), one(P + lo), one(P + hi), one(lo // 4), one(index))
     fw.keep()
     return out
@@ -48,8 +49,9 @@ def test_the_far_field_never_reaches_a_logit_between_full_forwards(diffusion):
             gen = torch.Generator().manual_seed(0)
             fw.kv = [(k.clone(), v.clone()) for k, v in fw.kv]
             for k, v in fw.kv:
-                k[:, :, cols] = torch.randn(k[:, :, cols].shape, generator=gen)
-                v[:, :, cols] = torch.randn(v[:, :, cols].shape, generator=gen)
+                # drawn on the CPU (the same noise on every device), written where the cache lives
+                k[:, :, cols] = torch.randn(k[:, :, cols].shape, generator=gen).to(k.device)
+                v[:, :, cols] = torch.randn(v[:, :, cols].shape, generator=gen).to(v.device)
         fresh.append(step(fw, later, attention, P, 1))  # a cheap step
     plain, far, window = fresh
     assert torch.equal(far, plain)  # pruned: the far field's K/V are never read

@@ -9,7 +9,7 @@ import torch
 def greedy_steps(model, cache, token, pos, n):
     tokens, logits = [], []
     for _ in range(n):
-        out = model.forward(token.view(1, 1), torch.tensor([[pos]]), cache)[:, -1]
+        out = model.forward(token.view(1, 1), torch.tensor([[pos]], device=model.device), cache)[:, -1]
         token = out.argmax(-1)
         tokens.append(int(token))
         logits.append(out)
@@ -18,24 +18,26 @@ def greedy_steps(model, cache, token, pos, n):
 
 
 def test_trim_then_regenerate_is_identical(causal):
-    ids = torch.tensor([causal.encode("the quick brown fox")])
+    dev = causal.device
+    ids = torch.tensor([causal.encode("the quick brown fox")], device=dev)
     L = ids.shape[1]
     cache = causal.new_cache()
-    first = causal.forward(ids, torch.arange(L)[None], cache)[:, -1].argmax(-1)
+    first = causal.forward(ids, torch.arange(L, device=dev)[None], cache)[:, -1].argmax(-1)
     assert cache.length == L and cache.can_rollback()
     tokens_a, logits_a = greedy_steps(causal, cache, first, L, 8)
     assert cache.length == L + 8
     cache.trim(5)
     assert cache.length == L + 3
-    tokens_b, logits_b = greedy_steps(causal, cache, torch.tensor(tokens_a[2]), L + 3, 5)
+    tokens_b, logits_b = greedy_steps(causal, cache, torch.tensor(tokens_a[2], device=dev), L + 3, 5)
     assert tokens_b == tokens_a[3:]
     torch.testing.assert_close(logits_b, logits_a[3:], rtol=0, atol=0)
 
 
 def test_trim_everything_and_crop(causal):
-    ids = torch.tensor([causal.encode("abc")])
+    dev = causal.device
+    ids = torch.tensor([causal.encode("abc")], device=dev)
     cache = causal.new_cache()
-    causal.forward(ids, torch.arange(ids.shape[1])[None], cache)
+    causal.forward(ids, torch.arange(ids.shape[1], device=dev)[None], cache)
     cache.crop(1)
     assert cache.length == 1
     cache.trim(1)
@@ -43,8 +45,9 @@ def test_trim_everything_and_crop(causal):
 
 
 def test_trim_out_of_range_is_refused(causal):
+    dev = causal.device
     cache = causal.new_cache()
-    causal.forward(torch.tensor([[5, 6]]), torch.tensor([[0, 1]]), cache)
+    causal.forward(torch.tensor([[5, 6]], device=dev), torch.tensor([[0, 1]], device=dev), cache)
     try:
         cache.trim(3)
     except ValueError as e:
@@ -55,13 +58,14 @@ def test_trim_out_of_range_is_refused(causal):
 
 def test_cache_is_allocated_once_and_grows_in_chunks(causal):
     """Storage is preallocated; a run longer than the capacity grows it once per chunk and keeps every entry."""
-    ids = torch.tensor([causal.encode("the quick brown fox jumps")])
+    dev = causal.device
+    ids = torch.tensor([causal.encode("the quick brown fox jumps")], device=dev)
     L = ids.shape[1]
     small = causal.new_cache(capacity=L + 2)
     small.chunk = 4
     big = causal.new_cache(capacity=256)
-    first = causal.forward(ids, torch.arange(L)[None], small)[:, -1].argmax(-1)
-    causal.forward(ids, torch.arange(L)[None], big)
+    first = causal.forward(ids, torch.arange(L, device=dev)[None], small)[:, -1].argmax(-1)
+    causal.forward(ids, torch.arange(L, device=dev)[None], big)
     storage = big.layers[0].keys
     tokens_small, logits_small = greedy_steps(causal, small, first, L, 9)
     tokens_big, logits_big = greedy_steps(causal, big, first, L, 9)
@@ -74,32 +78,35 @@ def test_cache_is_allocated_once_and_grows_in_chunks(causal):
 def test_rows_roll_back_independently(causal):
     """Two rows in one cache, each rolled back by its own count (ragged acceptance), then fed the same next tokens,
     give the logits each would give alone."""
+    dev = causal.device
     prompts = [causal.encode("the quick brown"), causal.encode("def add(a, b):")]
     alone = []
     for p in prompts:
         cache = causal.new_cache()
-        causal.forward(torch.tensor([p]), torch.arange(len(p))[None], cache)
-        alone.append(causal.forward(torch.tensor([[7, 8]]), torch.tensor([[len(p), len(p) + 1]]), cache)[0])
+        causal.forward(torch.tensor([p], device=dev), torch.arange(len(p), device=dev)[None], cache)
+        after = torch.tensor([[len(p), len(p) + 1]], device=dev)
+        alone.append(causal.forward(torch.tensor([[7, 8]], device=dev), after, cache)[0])
     cache = causal.new_cache(batch=2)
     width = max(map(len, prompts))
-    ids = torch.tensor([[2] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[2] * (width - len(p)) + p for p in prompts], device=dev)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=dev)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     causal.forward(ids, pos, cache, mask)
     # a draft of 3 junk tokens per row, then row 0 keeps 1 of them and row 1 none
-    starts = torch.tensor(cache.next_positions())[:, None]
-    causal.forward(torch.tensor([[9, 10, 11], [12, 13, 14]]), starts + torch.arange(3), cache)
+    starts = torch.tensor(cache.next_positions(), device=dev)[:, None]
+    causal.forward(torch.tensor([[9, 10, 11], [12, 13, 14]], device=dev), starts + torch.arange(3, device=dev), cache)
     cache.crop_rows([width + 1, width])
     assert cache.lengths == [width + 1, width]
     # row 0 then has one junk token (9) at its next position; feed row 0 [7, 8] after it, row 1 [7, 8] directly
-    positions = torch.tensor(cache.next_positions())[:, None] + torch.arange(2)
-    out = causal.forward(torch.tensor([[7, 8], [7, 8]]), positions, cache)
+    positions = torch.tensor(cache.next_positions(), device=dev)[:, None] + torch.arange(2, device=dev)
+    out = causal.forward(torch.tensor([[7, 8], [7, 8]], device=dev), positions, cache)
     torch.testing.assert_close(out[1], alone[1], rtol=1e-5, atol=1e-5)
     ref = causal.new_cache()
     p = prompts[0]
-    causal.forward(torch.tensor([p + [9]]), torch.arange(len(p) + 1)[None], ref)
-    torch.testing.assert_close(out[0], causal.forward(torch.tensor([[7, 8]]), torch.tensor([[len(p) + 1, len(p) + 2]]),
-                                                     ref)[0], rtol=1e-5, atol=1e-5)
+    causal.forward(torch.tensor([p + [9]], device=dev), torch.arange(len(p) + 1, device=dev)[None], ref)
+    after = torch.tensor([[len(p) + 1, len(p) + 2]], device=dev)
+    torch.testing.assert_close(out[0], causal.forward(torch.tensor([[7, 8]], device=dev), after, ref)[0],
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_batched_speculative_rows_share_one_forward_per_step(causal):

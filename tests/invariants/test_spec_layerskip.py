@@ -160,8 +160,8 @@ def test_seeded_sampling_repeats_and_seeds_differ(deep):
 
 
 def test_the_model_is_unchanged_after_runs_and_errors(deep):
-    ids = torch.tensor([deep.encode(PROMPTS[3])])
-    pos = torch.arange(ids.shape[1])[None]
+    ids = torch.tensor([deep.encode(PROMPTS[3])], device=deep.device)
+    pos = torch.arange(ids.shape[1], device=deep.device)[None]
     owner, name = decoder_layers(deep.model)
     layers = getattr(owner, name)
     before = deep.forward(ids, pos)

@@ -34,12 +34,12 @@ def test_sampling_runs_and_repeats_with_its_seed(causal):
 
 
 @pytest.mark.parametrize("total, width", [(16, 4), (5, 3), (64, 10)])
-def test_the_tree_is_within_budget_and_well_formed(causal, total, width):
+def test_the_tree_is_within_budget_and_well_formed(causal, to_device, total, width):
     cfg = MedusaSpecConfig(total_tokens=total, width=width)
-    head = MedusaHead.untrained(causal)
+    head = to_device(MedusaHead.untrained(causal))
     drafter = MedusaDrafter(causal, head, cfg)
     assert drafter.propose(torch.tensor([5, 6]), 8).tokens.numel() == 0  # no hidden state yet: nothing to draft
-    drafter.hidden = torch.randn(causal.config.hidden_size)
+    drafter.hidden = torch.randn(causal.config.hidden_size).to(causal.device)  # [H] where the target's would be
     draft = drafter.propose(torch.tensor([5, 6]), 8)  # 4 levels: w nodes, then w² each
     assert draft.parents is not None and draft.tokens.numel() == min(total, width + 3 * width**2)
     check_tree(draft.tokens.tolist(), draft.parents)

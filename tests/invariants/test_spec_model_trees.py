@@ -120,8 +120,8 @@ def test_rsd_tree_shape_and_forwards(causal):
 
 def reference_children(model, path: list[int], width: int) -> tuple[list[int], list[float]]:
     """The `width` likeliest next tokens after `path` and their log-probabilities, from one plain forward."""
-    ids = torch.tensor(path)[None]
-    logq = model.forward(ids, torch.arange(len(path))[None])[0, -1].log_softmax(-1)
+    ids = torch.tensor(path, device=model.device)[None]
+    logq = model.forward(ids, torch.arange(len(path), device=model.device)[None])[0, -1].log_softmax(-1)
     top = logq.topk(width)
     return top.indices.tolist(), top.values.tolist()
 
@@ -178,7 +178,7 @@ def test_rsd_sampled_draft_carries_q(small_draft):
     drafter = RSDDrafter(small_draft, RSDConfig(branches="3,2", temperature=1.0, top_k=5), g)
     d = drafter.propose(torch.tensor(small_draft.encode("the quick")), 10)
     assert d.probs.shape == (9, small_draft.vocab_size)
-    torch.testing.assert_close(d.probs.sum(-1), torch.ones(9))
+    torch.testing.assert_close(d.probs.sum(-1), torch.ones(9, device=d.probs.device))
     assert (d.probs > 0).sum(-1).max() <= 5  # the target's processors apply to q
     check_tree(d.tokens.tolist(), d.parents)
     for i, p in enumerate(d.parents):

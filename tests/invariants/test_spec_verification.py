@@ -71,7 +71,8 @@ def test_a_drafter_that_needs_hidden_states_gets_those_of_every_fed_token(causal
     events = run(causal, drafter, prompt)
     assert [t for e in events for _, t in e.tokens[0]] == out  # asking for features changes no token
     with torch.inference_mode():
-        ref = causal.model(input_ids=torch.tensor([prompt + out]), output_hidden_states=True).hidden_states[-1][0]
+        ids = torch.tensor([prompt + out], device=causal.device)
+        ref = causal.model(input_ids=ids, output_hidden_states=True).hidden_states[-1][0]
     fed = len(prompt)  # context tokens the target has seen after the step
     for step, (n, v) in enumerate(drafter.seen):
         P = n - fed if step else n  # the first forward feeds the whole prompt
@@ -92,7 +93,8 @@ def test_a_drafter_that_asks_for_layers_gets_them_for_every_fed_token(causal, tr
     events = run(causal, drafter, prompt)
     assert [t for e in events for _, t in e.tokens[0]] == out  # asking for layers changes no token
     with torch.inference_mode():
-        states = causal.model(input_ids=torch.tensor([prompt + out]), output_hidden_states=True).hidden_states
+        ids = torch.tensor([prompt + out], device=causal.device)
+        states = causal.model(input_ids=ids, output_hidden_states=True).hidden_states
     fed = len(prompt)
     for step, (n, v) in enumerate(drafter.seen):
         P = n - fed if step else n

@@ -21,6 +21,11 @@ def test_loaded_and_built_models_are_on_the_switched_device(causal, causal_dir, 
     assert fastdecode.load(causal_dir, dtype="bfloat16").dtype == torch.bfloat16
     built = to_device(torch.nn.Linear(2, 2))
     assert built.weight.device.type == device.type
+    # a transformers ...ForCausalLM has a `.model` (its backbone) too: the whole module moves, output head included
+    hf = to_device(type(causal.model)(causal.model.config))
+    adapter = to_device(fastdecode.CausalLM(type(causal.model)(causal.model.config)))
+    for module in (hf, adapter.model):
+        assert {p.device.type for p in module.parameters()} == {device.type}
 
 
 def _pytest(device: str) -> subprocess.CompletedProcess[str]:
