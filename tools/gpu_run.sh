@@ -16,12 +16,12 @@ py=${PYTHON:-python3}
 transformers.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee "$out/log.txt"
 case $part in
 ar)
-  timeout 260 $py tools/results_gpu.py --out "$out" --budget-s 170 --stages engine bfloat16 \
+  timeout 300 $py tools/results_gpu.py --out "$out" --reps 2 --budget-s 230 --stages engine bfloat16 bfloat16-nographs \
     --models zoo:ar-small 2>&1 | tee -a "$out/log.txt"
-  FASTDECODE_TEST_DEVICE=cuda timeout 170 $py -m pytest -v -p no:cacheprovider --durations=10 tests/invariants \
+  FASTDECODE_TEST_DEVICE=cuda timeout 180 $py -m pytest -v -p no:cacheprovider --durations=10 tests/invariants \
     tests/unit/test_device_switch.py --ignore=tests/invariants/test_spec_dlm_draft.py > "$out/pytest.txt" 2>&1
   tail -5 "$out/pytest.txt" | tee -a "$out/log.txt"
-  timeout 90 $py tools/results_gpu.py --out "$out" --budget-s 45 --stages float32 bfloat16-noexact \
+  timeout 60 $py tools/results_gpu.py --out "$out" --budget-s 30 --stages bfloat16-noexact float32 \
     --models zoo:ar-small 2>&1 | tee -a "$out/log.txt"
   ;;
 dlm)

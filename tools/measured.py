@@ -32,6 +32,8 @@ Keys:
                   (each of those files measures its own baseline; `--show FILE` lists every configuration's terms)
   image-table:DIR  the last `fastdecode bench-image` run in docs/results/image/DIR/metrics.jsonl: each method's
                   forwards per image, FD, class accuracy, batch-1 speed-up and grid of samples
+  gpu:FILE|STAT|SUITE|MODEL|LABEL[|REF]   as learned:, from a GPU run's docs/results/gpu/FILE.jsonl
+                  (`make results-gpu`; MODEL as the report heads it, e.g. `zoo:ar-small · bfloat16 exact`)
   learned-table:FILE   that file's table: every configuration's τ, speed-up, acceptance per draft position, draft
                   forwards a step, c and v
   cost:STEM|WIDTH|FIELD  a causal model's cached forward over WIDTH new tokens, from docs/results/cost/STEM.jsonl
@@ -221,14 +223,16 @@ def figure(table: dict, spec: str) -> str:
 
 
 LEARNED = ROOT / "docs" / "results" / "learned"
+GPU = ROOT / "docs" / "results" / "gpu"
 
 
 @functools.cache
-def learned_table(stem: str) -> Table:
-    """A trained drafter's bench file, apart from the top-level rows (each file measures its own baseline)."""
-    path = LEARNED / f"{stem}.jsonl"
+def learned_table(stem: str, folder: Path = LEARNED) -> Table:
+    """A trained drafter's bench file (or a GPU run's), apart from the top-level rows (each file measures its own
+    baseline)."""
+    path = folder / f"{stem}.jsonl"
     if not path.exists():
-        raise SystemExit(f"no {path.relative_to(ROOT)}: the learned: key names a file of docs/results/learned/")
+        raise SystemExit(f"no {path.relative_to(ROOT)}: the key names a file of {folder.relative_to(ROOT)}/")
     return file_table(path)
 
 
@@ -243,9 +247,9 @@ def file_table(path: Path) -> Table:
     return table
 
 
-def learned_text(spec: str) -> str:
+def learned_text(spec: str, folder: Path = LEARNED) -> str:
     stem, _, fig = spec.partition("|")
-    return figure(learned_table(stem), fig)
+    return figure(learned_table(stem, folder), fig)
 
 
 def learned_table_text(stem: str) -> str:
@@ -481,6 +485,8 @@ def render(key: str, table: dict) -> str:
         return figure(table, label)
     if kind == "learned":
         return learned_text(label)
+    if kind == "gpu":
+        return learned_text(label, GPU)
     if kind == "learned-table":
         return learned_table_text(label)
     if kind == "image-table":

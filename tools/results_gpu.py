@@ -262,8 +262,10 @@ def suite_of(name: str, one_task: bool) -> Suite | str:
 
 
 def zoo(plan: Plan, device: torch.device, dtype: str, exact: bool | Exact | None, out: Path, command: str,
-        say: Callable[[str], None], time_left: Callable[[], bool], models: list[str]) -> None:
-    load = {"device": str(device), "dtype": dtype, **({} if exact is None else {"exact": exact})}
+        say: Callable[[str], None], time_left: Callable[[], bool], models: list[str],
+        graphs: bool | None = None) -> None:
+    load = {"device": str(device), "dtype": dtype, **({} if exact is None else {"exact": exact}),
+            **({} if graphs is None else {"graphs": graphs})}
     for model, draft, methods, suites in (("zoo:ar-small", "zoo:ar-tiny", plan.lossless, plan.ar_suites),
                                           ("zoo:dlm-small", None, plan.diffusion, plan.dlm_suites)):
         if model not in models:
@@ -287,7 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-s", type=float, default=360.0,
                     help="no bench run starts after this many seconds (one run takes up to about two minutes)")
     ap.add_argument("--reps", type=int, default=None, help="timed generations of each engine runner (default 3)")
-    ap.add_argument("--stages", nargs="+", default=["engine", "bfloat16", "float32", "bfloat16-noexact"])
+    ap.add_argument("--stages", nargs="+", default=["engine", "bfloat16", "float32", "bfloat16-noexact",
+                                                         "bfloat16-nographs"])
     ap.add_argument("--models", nargs="+", default=list(ZOO), choices=list(ZOO),
                     help="the zoo models of the zoo stages (a device call that carries one model at a time)")
     args = ap.parse_args(argv)
@@ -316,6 +319,10 @@ def main(argv: list[str] | None = None) -> None:
                                 out / "zoo-bfloat16.jsonl", command, say, time_left, args.models),
         "float32": lambda: zoo(plan, device, "float32", None, out / "zoo-float32.jsonl", command, say,
                                time_left, args.models),
+        # exact mode without CUDA graphs: whether a method's identity in bfloat16 depends on the capture
+        "bfloat16-nographs": lambda: zoo(plan, device, "bfloat16", Exact(8, 256) if args.smoke else None,
+                                         out / "zoo-bfloat16-nographs.jsonl", command, say, time_left, args.models,
+                                         graphs=False),
         "bfloat16-noexact": lambda: zoo(plan, device, "bfloat16", False, out / "zoo-bfloat16-noexact.jsonl",
                                         command, say, time_left, args.models),
     }

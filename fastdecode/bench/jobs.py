@@ -65,9 +65,11 @@ def machine(device: torch.device) -> dict[str, Any]:
 
 def precision(target: ModelAdapter) -> dict[str, Any]:
     """The target's dtype and exact mode (its block width, or None: off), which decide whether a lossless method can
-    be told identical to its baseline (in low precision outside exact mode the rows report agreement instead)."""
+    be told identical to its baseline (in low precision outside exact mode the rows report agreement instead), and
+    whether its exact-mode forwards run as CUDA graphs (models/graphs.py)."""
     exact = getattr(target, "exact", None)
-    return {"dtype": str(target.dtype).removeprefix("torch."), "exact": exact.width if exact is not None else None}
+    return {"dtype": str(target.dtype).removeprefix("torch."), "exact": exact.width if exact is not None else None,
+            "graphs": getattr(target, "graphs", None) is not None}
 
 
 def cpu_name() -> str:
