@@ -67,6 +67,9 @@ DtypeOpt = Annotated[
 ExactOpt = Annotated[Optional[bool], typer.Option(
     "--exact/--no-exact", help="Every forward at one shape, so lossless methods equal their baseline token for "
     "token in bfloat16/float16 (default: on for CUDA in low precision; docs/gpu.md).")]
+GraphsOpt = Annotated[Optional[bool], typer.Option(
+    "--graphs/--no-graphs", help="CUDA graphs of exact mode's forwards (default: on wherever exact mode is on CUDA; "
+    "docs/gpu.md).")]
 ThreadsOpt = Annotated[Optional[int], typer.Option(
     help="torch CPU threads (default: 1 for a model under 50 M parameters on the CPU, else torch's choice; "
     "docs/cli.md); recorded in bench's rows.")]
@@ -90,6 +93,7 @@ def generate(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     exact: ExactOpt = None,
+    graphs: GraphsOpt = None,
     constraint_json_schema: Annotated[Optional[str], typer.Option(
         help="Output must be JSON matching the JSON schema in this file.")] = None,
     constraint_regex: Annotated[Optional[str], typer.Option(help="Output must match this regular expression.")] = None,
@@ -131,7 +135,7 @@ def generate(
     _use_threads(model, threads, device)
     with err.status(f"loading {model}"):
         m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                            **_exact_kwargs(exact))
+                            **_exact_kwargs(exact, graphs))
         d = (fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code)
              if draft else None)
     if image_out is not None and getattr(m, "image", None) is None:
@@ -258,9 +262,10 @@ def _check_threads(threads: int | None) -> None:
         raise ArgumentError(f"--threads must be at least 1, not {threads}.")
 
 
-def _exact_kwargs(exact: bool | None) -> dict[str, bool]:
-    """`load`'s exact= from --exact/--no-exact (neither: the device's default, so load is called as before)."""
-    return {} if exact is None else {"exact": exact}
+def _exact_kwargs(exact: bool | None, graphs: bool | None = None) -> dict[str, bool]:
+    """`load`'s exact= and graphs= from --exact/--no-exact and --graphs/--no-graphs (neither: the device's default,
+    so load is called as before)."""
+    return {**({} if exact is None else {"exact": exact}), **({} if graphs is None else {"graphs": graphs})}
 
 
 def _command(name: str, *args: str, **options) -> str:
@@ -337,6 +342,7 @@ def bench(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     exact: ExactOpt = None,
+    graphs: GraphsOpt = None,
 ) -> None:
     """Run methods on a suite's test items, one generation at a time, one JSONL row each (resumable)."""
     import fastdecode
@@ -351,8 +357,10 @@ def bench(
     command = _command("bench", suite=suite, model=model, draft=draft, methods=methods, param=param, limit=limit,
                        seeds=seeds, out=out_path, threads=threads, kind=kind, device=device, dtype=dtype,
                        no_warmup=not warmup, trust_remote_code=trust_remote_code, ray=ray, ray_workers=ray_workers,
-                       exact=exact is True, no_exact=exact is False)
-    load_kwargs = {"device": device, "dtype": dtype, "trust_remote_code": trust_remote_code, **_exact_kwargs(exact)}
+                       exact=exact is True, no_exact=exact is False,
+                       graphs=graphs is True, no_graphs=graphs is False)
+    load_kwargs = {"device": device, "dtype": dtype, "trust_remote_code": trust_remote_code,
+                   **_exact_kwargs(exact, graphs)}
     with _progress_bar() as bar:
         task = bar.add_task(f"loading {model}", total=None)
 
@@ -362,7 +370,7 @@ def bench(
         try:
             # --kind is the target's (a draft's kind is detected): load the target here when it is given
             target = (fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                                      **_exact_kwargs(exact))
+                                      **_exact_kwargs(exact, graphs))
                       if kind else model)
             summary = run_bench(suite, target, methods, out_path, draft=draft, params=split_params(param), seeds=seeds,
                                 limit=limit, warmup=warmup, command=command, load_kwargs=load_kwargs,

@@ -388,3 +388,11 @@ def test_bench_into_a_read_only_folder_is_one_line_after_the_model_loads(cli_mai
     captured = capsys.readouterr()
     one_error_line(captured.err, f"{out}: Permission denied")  # no progress bar drawn before it, no empty line
     assert captured.out == ""
+
+
+def test_graphs_flag_reaches_load_and_its_refusal_says_how_to_fix_it(cli_main, capsys):
+    """--graphs asks for CUDA graphs: on the CPU `load` refuses with the fix; --no-graphs is the CPU default."""
+    assert cli_main("generate", "-m", "zoo:ar-tiny", "-p", "ab", "--param", "max_new_tokens=2", "--graphs") != 0
+    err = capsys.readouterr().err
+    assert "graphs=True captures CUDA graphs" in err and "CUDA device" in err
+    assert cli_main("generate", "-m", "zoo:ar-tiny", "-p", "ab", "--param", "max_new_tokens=2", "--no-graphs") == 0
