@@ -39,7 +39,7 @@ from typing import Any, Literal
 import torch
 
 from .. import attention
-from ..cache.kv import free_retired_graphs, retire_graphs
+from ..cache.kv import free_retired_graphs
 from ..errors import ParameterError
 
 Mode = Literal["cuda", "replay"]
@@ -53,11 +53,9 @@ class _Entry:
     positions: torch.Tensor  # [B, W] long
     allow: torch.Tensor  # [B, W, K] bool
     write: torch.Tensor  # [B, W] long: the cache columns of the new keys
-    version: int  # the cache's storage_version at capture
     outputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits [B, W, V], hidden [B, W, H])
     graph: Any = None  # torch.cuda.CUDAGraph (mode "cuda")
     body: Callable[[Any], tuple[torch.Tensor, torch.Tensor]] | None = None  # mode "replay": run(cache)
-    replays: int = 0
 
 
 class Graphs:
@@ -81,18 +79,14 @@ class Graphs:
         B, W = ids.shape
         K = plan.allow.shape[-1]
         key = (B, W, K)
-        version = cache.storage_version
-        entry = cache.graphs.get(key)
-        if entry is not None and entry.version != version:  # (`KVCache.moved` retires them; a check all the same)
-            retire_graphs(cache.graphs)
-            entry = None
+        entry = cache.graphs.get(key)  # (a cache that moved its storage has retired its graphs: `KVCache.moved`)
         if entry is None:
             if not cache.storage_ready():
                 # the first forward allocates the storage: run it eagerly, capture at the next one
                 self.stats["eager"] += 1
                 logits, hidden, _ = self.native(ids, positions, cache, plan, None, None)
                 return logits, hidden
-            entry = self._capture(ids, positions, cache, plan, key, version)
+            entry = self._capture(ids, positions, cache, plan, key)
         else:
             entry.ids.copy_(ids)
             entry.positions.copy_(positions)
@@ -117,8 +111,8 @@ class Graphs:
         return run
 
     def _capture(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, plan: attention.Plan,
-                 key: tuple[int, int, int], version: int) -> _Entry:
-        entry = _Entry(ids.clone(), positions.clone(), plan.allow.clone(), cache.write_columns().clone(), version)
+                 key: tuple[int, int, int]) -> _Entry:
+        entry = _Entry(ids.clone(), positions.clone(), plan.allow.clone(), cache.write_columns().clone())
         body = self._body(entry, key[2])
         if self.mode == "replay":
             entry.body = body
@@ -146,7 +140,6 @@ class Graphs:
         else:
             assert entry.body is not None
             entry.outputs = entry.body(cache)
-        entry.replays += 1
         self.stats["replays"] += 1
 
 
