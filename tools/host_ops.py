@@ -46,6 +46,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=32, help="exact mode's width")
     args = ap.parse_args()
     model = fastdecode.load(args.model, device="cpu", dtype="bfloat16", exact=args.width, graphs="replay")
+    if not isinstance(model, fastdecode.CausalLM):
+        raise SystemExit(f"{args.model} is not a causal LM: the count is of ar.greedy's decode steps")
     count = _Count()
     replay = graphs.Graphs._replay
 
