@@ -15,7 +15,12 @@ DD2 has no public code (arXiv 2510.21003: the abstract, and docs/image-dd.md for
   log sigma); trained by denoising score matching on G's (detached) outputs.
 - **Update** (DMD-style, per position): G's loss 0.5 |x^ - sg(x^ - g)|^2 with g = (D_psi - D_real) / mean|x^ - D_real|
   (DMD's normalisation of the score difference), sigma log-uniform in [sigma_min, sigma_max]; `psi_steps` psi updates
-  per G update. AdamW on both.
+  per G update, after `psi_warmup` updates of psi alone (so that psi follows G before G follows psi). AdamW on both.
+  `norm` says over what the mean |x^ - D_real| runs: `sample` (every position and dimension of a row, as DMD does
+  over an image) or `position` (each position's own d dimensions: the first shipped DD2's choice, which gives the
+  positions where G already sits on a code a large weight).
+- **Regression** (`reg_weight`, DMD's regression loss): optionally DD1's loss on the teacher's noise -> codes pairs
+  at one step, added to G's loss, which anchors G to the teacher's map while the score term matches distributions.
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ from ..errors import ParameterError
 from ..heads import load_head, save_head
 from ..heads.dd import DDNet
 from ..image.dd import dd_sample, noise
-from .dd1 import lr_at
-from .ddstate import Report, clear_state, load_state, save_state
+from .dd1 import dd1_loss, lr_at
+from .ddstate import Report, clear_state, load_state, save_state, teacher_pairs
 
 LOG = "train_log.jsonl"
 
@@ -55,10 +60,17 @@ class DD2Training:
     sigma_max: float = 2.0
     checkpoint_every: int = 25
     eval_rows: int = 256  # rows for the card's teacher likelihood of samples
+    norm: str = "position"  # the mean |x^ - D_real| of DMD's normalisation: over a "sample" or each "position"
+    psi_warmup: int = 0  # psi updates alone before the first generator update
+    reg_weight: float = 0.0  # DMD's regression loss: DD1's one-step loss on the teacher's pairs, this weight
+    pairs: int = 20000  # teacher (noise, codes) pairs for the regression loss (cached; see train/ddstate.py)
+    map_steps: int = 12  # the map's RK4 steps for those pairs (as DD1's)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.psi_steps < 1 or self.batch < 1 or not 0 < self.sigma_min < self.sigma_max:
             raise ParameterError(f"need steps, psi_steps, batch >= 1 and 0 < sigma_min < sigma_max; got {self}")
+        if self.norm not in ("sample", "position") or self.psi_warmup < 0 or self.reg_weight < 0 or self.pairs < 1:
+            raise ParameterError(f"need norm sample|position, psi_warmup >= 0, reg_weight >= 0, pairs >= 1; got {self}")
 
 
 def mixture_denoiser(logp: Tensor, codebook: Tensor, x: Tensor, sigma: Tensor) -> Tensor:
@@ -162,15 +174,18 @@ def train_dd2(teacher: Any, out: Path, init: str | None = None, seed: int = 0, c
     record = load_state(out, modules, opts, identity) or {"step": 0, "log": [], "elapsed_s": 0.0}
     log: list[dict] = record["log"]
     began = time.perf_counter() - record["elapsed_s"]
-    for step in range(record["step"], cfg.steps):
+    pairs = teacher_pairs(teacher, cfg.pairs, seed, cfg.map_steps) if cfg.reg_weight > 0 else None
+    total = cfg.psi_warmup + cfg.steps
+    for step in range(record["step"], total):
         gen = torch.Generator().manual_seed(seed * 7919 + step)  # every draw of a step from (seed, step): resumable
+        g_step = step - cfg.psi_warmup  # < 0 while psi warms up alone
         for group in opt_g.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        metrics = _step(teacher, net, psi, codebook, opt_g, opt_p, cfg, gen)
+            group["lr"] = lr_at(max(g_step, 0), cfg)
+        metrics = _step(teacher, net, psi, codebook, opt_g, opt_p, cfg, gen, pairs, g_step >= 0)
         log.append({"step": step, **{k: round(v, 5) for k, v in metrics.items()}})
         if report is not None:
-            report("train", step + 1, cfg.steps, metrics)
-        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+            report("train", step + 1, total, metrics)
+        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < total:
             save_state(out, modules, opts, {"identity": identity, "step": step + 1, "log": log,
                                             "elapsed_s": time.perf_counter() - began})
     train_s = time.perf_counter() - began
@@ -186,11 +201,12 @@ def train_dd2(teacher: Any, out: Path, init: str | None = None, seed: int = 0, c
 
 
 def _step(teacher: Any, net: DDNet, psi: ScoreNet, codebook: Tensor, opt_g: torch.optim.Optimizer,
-          opt_p: torch.optim.Optimizer, cfg: DD2Training, gen: torch.Generator) -> dict[str, float]:
-    """psi_steps updates of psi on fresh G samples, then one update of G; the losses as metrics."""
+          opt_p: torch.optim.Optimizer, cfg: DD2Training, gen: torch.Generator,
+          pairs: tuple[Tensor, Tensor, Tensor] | None = None, update_g: bool = True) -> dict[str, float]:
+    """psi_steps updates of psi on fresh G samples, then (`update_g`) one update of G; the losses as metrics."""
     image = teacher.image
     psi_loss = torch.zeros(())
-    for _ in range(cfg.psi_steps):
+    for _ in range(cfg.psi_steps if update_g else 1):
         labels = image.K + torch.randint(image.C, (cfg.batch,), generator=gen)
         with torch.no_grad():
             x0, q = generator_out(net, labels, noise(cfg.batch, image.tokens, image.d, gen))
@@ -202,6 +218,8 @@ def _step(teacher: Any, net: DDNet, psi: ScoreNet, codebook: Tensor, opt_g: torc
         psi_loss.backward()
         torch.nn.utils.clip_grad_norm_(psi.parameters(), 1.0)
         opt_p.step()
+    if not update_g:
+        return {"loss": 0.0, "psi": float(psi_loss.detach()), "gap": 0.0, "reg": 0.0}
     labels = image.K + torch.randint(image.C, (cfg.batch,), generator=gen)
     x0, q = generator_out(net, labels, noise(cfg.batch, image.tokens, image.d, gen))
     sigma = sample_sigma((cfg.batch, image.tokens, 1), cfg, gen)
@@ -210,12 +228,18 @@ def _step(teacher: Any, net: DDNet, psi: ScoreNet, codebook: Tensor, opt_g: torc
         real = mixture_denoiser(teacher_logp(teacher, labels, q), codebook, xs, sigma)
         logp, hidden = psi.prefix(torch.cat([labels[:, None], q], dim=1))
         fake = psi.denoise(logp, hidden, codebook, xs, sigma)
-        scale = (x0 - real).abs().mean(-1, keepdim=True).clamp_min(1e-4)  # [B, n, 1]
+        over = (1, 2) if cfg.norm == "sample" else (2,)
+        scale = (x0 - real).abs().mean(over, keepdim=True).clamp_min(1e-4)  # [B, 1, 1] or [B, n, 1]
         grad = (fake - real) / scale
     g_loss = 0.5 * ((x0 - (x0 - grad).detach()) ** 2).sum(-1).mean()
+    reg = torch.zeros(())
+    if pairs is not None:
+        idx = torch.randint(pairs[0].shape[0], (cfg.batch,), generator=gen)
+        reg, _ = dd1_loss(net, pairs[0][idx], pairs[1][idx], pairs[2][idx], torch.zeros(cfg.batch, dtype=torch.long),
+                          1.0)
     opt_g.zero_grad(set_to_none=True)
-    g_loss.backward()
+    (g_loss + cfg.reg_weight * reg).backward()
     torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
     opt_g.step()
     gap = float((fake - real).norm(dim=-1).mean())
-    return {"loss": float(g_loss.detach()), "psi": float(psi_loss.detach()), "gap": gap}
+    return {"loss": float(g_loss.detach()), "psi": float(psi_loss.detach()), "gap": gap, "reg": float(reg.detach())}

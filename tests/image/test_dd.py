@@ -114,8 +114,13 @@ def test_mixture_denoiser_is_the_posterior_mean() -> None:
     assert torch.allclose(mixture_denoiser(logp, codebook, x, sigma)[0, 0], expected, atol=1e-6)
 
 
-def test_dd2_trains_and_resumes(guided, tmp_path, monkeypatch) -> None:
-    cfg = DD2Training(steps=2, psi_steps=1, batch=4, checkpoint_every=1, eval_rows=8, warmup=1)
+@pytest.mark.parametrize("extra", [{}, {"norm": "sample", "psi_warmup": 1, "reg_weight": 0.5, "pairs": 8}])
+def test_dd2_trains_and_resumes(guided, tmp_path, monkeypatch, extra) -> None:
+    """Interrupted after a checkpoint and resumed, DD2 ends where an uninterrupted run ends: with the first shipped
+    recipe, and with psi's warm-up (a checkpoint falls inside it), DMD's per-sample normalisation and the
+    regression term on the teacher's pairs."""
+    monkeypatch.setenv("FASTDECODE_CACHE", str(tmp_path / "cache"))
+    cfg = DD2Training(steps=2, psi_steps=1, batch=4, checkpoint_every=1, eval_rows=8, warmup=1, **extra)
     whole = train_dd2(guided, tmp_path / "whole", seed=4, cfg=cfg)
     real = __import__("fastdecode.train.dd2", fromlist=["save_state"]).save_state
 
@@ -129,6 +134,9 @@ def test_dd2_trains_and_resumes(guided, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr("fastdecode.train.dd2.save_state", real)
     resumed = train_dd2(guided, tmp_path / "resumed", seed=4, cfg=cfg)
     assert resumed["final"] == whole["final"] and whole["teacher_nll_per_token"] > 0
+    assert (whole["final"]["reg"] > 0) == (cfg.reg_weight > 0)
+    log = [json.loads(line) for line in (tmp_path / "whole" / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) == cfg.psi_warmup + cfg.steps and all(row["loss"] == 0 for row in log[: cfg.psi_warmup])
     net = load_head(tmp_path / "whole")
     assert isinstance(net, DDNet) and net.config.second == 0 and net.config.init == "teacher"
 
