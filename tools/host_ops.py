@@ -35,7 +35,7 @@ class _Count(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.on:
             ours = [f for f in traceback.extract_stack() if "/fastdecode/" in f.filename]
-            self.by_line[f"{ours[-1].filename.split('fastdecode/')[-1]}:{ours[-1].lineno}" if ours else "?"] += 1
+            self.by_line[(f"{ours[-1].filename.split('fastdecode/')[-1]}:{ours[-1].lineno}" if ours else "?") + f" {func}"] += 1
         return func(*args, **(kwargs or {}))
 
 
