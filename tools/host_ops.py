@@ -5,6 +5,11 @@ body (`fastdecode.models.host_ops.HostOps`), and prints the mean per step, the d
 line of fastdecode and the operation of each.
 
     python tools/host_ops.py --model zoo:ar-small --steps 10
+    python tools/host_ops.py --model zoo:ar-small --spec spec.suffix spec.draft_model --draft zoo:ar-tiny
+
+`--spec` counts whole generations of speculative methods instead (40 new tokens, the prompt's prefill included) and
+prints operations and reads per target forward; `.tolist()` of a CPU tensor counts as a read (on the CPU a read
+cannot be told from host work), so the reads are an upper bound of what a GPU would synchronise on.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import fastdecode  # noqa: E402
 from fastdecode.ar.driver import ARSession  # noqa: E402
 from fastdecode.ar.greedy import GreedyConfig  # noqa: E402
 from fastdecode.models.host_ops import HostOps  # noqa: E402
+from fastdecode.speculative.model_chain import ModelChainDrafter  # noqa: E402
 
 
 def main() -> None:
@@ -26,10 +32,14 @@ def main() -> None:
     ap.add_argument("--model", default="zoo:ar-small")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--width", type=int, default=32, help="exact mode's width")
+    ap.add_argument("--spec", nargs="+", default=[], help="speculative methods to count instead of ar.greedy steps")
+    ap.add_argument("--draft", default="zoo:ar-tiny", help="the draft model of spec.draft_model")
     args = ap.parse_args()
     model = fastdecode.load(args.model, device="cpu", dtype="bfloat16", exact=args.width, graphs="replay")
     if not isinstance(model, fastdecode.CausalLM):
         raise SystemExit(f"{args.model} is not a causal LM: the count is of ar.greedy's decode steps")
+    if args.spec:
+        return spec(model, args)
     session = ARSession(model, GreedyConfig(max_new_tokens=args.steps + 8), slots=1)
     session.join(model.tokenizer("def add(a, b):\n", return_tensors="pt").input_ids)
     for _ in range(3):  # prefill, capture, first replay
@@ -41,6 +51,25 @@ def main() -> None:
           f"{count.reads / args.steps:.1f} device-to-host reads per step")
     for line, n in count.by_line.most_common():
         print(f"{n / args.steps:6.1f}  {line}")
+
+
+def spec(model: fastdecode.CausalLM, args: argparse.Namespace) -> None:
+    """Operations and reads per target forward of whole generations of `args.spec`; a draft model's chain both ways
+    (`read_each_token`: True is the CPU's per-token stop, False the GPU's single read)."""
+    draft = fastdecode.load(args.draft, device="cpu", dtype="bfloat16", exact=args.width, graphs="replay")
+    prompt = "def fib(n):\n"
+    for method in args.spec:
+        kw = {"draft": draft, "num_draft_tokens": 4} if method == "spec.draft_model" else {}
+        for each in (True, False) if method == "spec.draft_model" else (None,):
+            ModelChainDrafter.read_each_token = each
+            fastdecode.generate(model, prompt, method, max_new_tokens=8, **kw)  # warm-up: capture the graphs
+            with HostOps() as count:
+                out = fastdecode.generate(model, prompt, method, max_new_tokens=40, **kw)
+            f = out.stats.forwards
+            name = method if each is None else f"{method} (read_each_token={each})"
+            print(f"{name}: {f} target forwards, {count.ops / f:.1f} operations and {count.reads / f:.2f} reads "
+                  "per forward outside the captured forwards")
+    ModelChainDrafter.read_each_token = None
 
 
 if __name__ == "__main__":
