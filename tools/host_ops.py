@@ -7,9 +7,10 @@ line of fastdecode and the operation of each.
     python tools/host_ops.py --model zoo:ar-small --steps 10
     python tools/host_ops.py --model zoo:ar-small --spec spec.suffix spec.draft_model --draft zoo:ar-tiny
 
-`--spec` counts whole generations of speculative methods instead (40 new tokens, the prompt's prefill included) and
-prints operations and reads per target forward; `.tolist()` of a CPU tensor counts as a read (on the CPU a read
-cannot be told from host work), so the reads are an upper bound of what a GPU would synchronise on.
+`--spec` counts speculative methods instead: a generation of 40 new tokens less one of 8 on the same prompt (so the
+prefill, the eager first forward and the capture cancel out), per target forward between them; `.tolist()` of a CPU
+tensor counts as a read (on the CPU a read cannot be told from host work), so the reads are an upper bound of what a
+GPU would synchronise on.
 """
 
 from __future__ import annotations
@@ -62,13 +63,16 @@ def spec(model: fastdecode.CausalLM, args: argparse.Namespace) -> None:
         kw = {"draft": draft, "num_draft_tokens": 4} if method == "spec.draft_model" else {}
         for each in (True, False) if method == "spec.draft_model" else (None,):
             ModelChainDrafter.read_each_token = each
-            fastdecode.generate(model, prompt, method, max_new_tokens=8, **kw)  # warm-up: capture the graphs
-            with HostOps() as count:
-                out = fastdecode.generate(model, prompt, method, max_new_tokens=40, **kw)
-            f = out.stats.forwards
+            runs = []
+            for new_tokens in (8, 40):  # the same prefix: the difference is 32 tokens' steps, without the prefill
+                with HostOps() as count:
+                    out = fastdecode.generate(model, prompt, method, max_new_tokens=new_tokens, **kw)
+                runs.append((count.ops, count.reads, out.stats.forwards))
+            (ops8, reads8, f8), (ops40, reads40, f40) = runs
+            f = f40 - f8
             name = method if each is None else f"{method} (read_each_token={each})"
-            print(f"{name}: {f} target forwards, {count.ops / f:.1f} operations and {count.reads / f:.2f} reads "
-                  "per forward outside the captured forwards")
+            print(f"{name}: {f} target forwards, {(ops40 - ops8) / f:.1f} operations and {(reads40 - reads8) / f:.2f} "
+                  "reads per forward outside the captured forwards")
     ModelChainDrafter.read_each_token = None
 
 
