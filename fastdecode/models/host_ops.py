@@ -75,7 +75,7 @@ class HostOps(TorchDispatchMode):
             finally:
                 self._paused -= 1
 
-        torch.Tensor.tolist = tolist  # type: ignore[method-assign]
+        torch.Tensor.tolist = tolist  # type: ignore[assignment]
         try:
             yield
         finally:
@@ -92,7 +92,7 @@ class HostOps(TorchDispatchMode):
             finally:
                 self._paused -= 1
 
-        Graphs._replay = replay  # type: ignore[method-assign]
+        Graphs._replay = replay  # type: ignore[assignment]
         try:
             yield
         finally:
