@@ -1,42 +1,31 @@
 """Count the torch operations a decode step runs outside its captured forward (docs/gpu.md, "Measured on an NVIDIA
 H200"): the host work that CUDA graphs do not remove. Runs `ar.greedy` steps of a model in exact mode with the
 capture-free graphs (`graphs="replay"`) on the CPU, counting every dispatched operation except those of the graph's
-body, and prints the mean per step with the line of fastdecode that issued each.
+body (`fastdecode.models.host_ops.HostOps`), and prints the mean per step, the device-to-host reads per step, and the
+line of fastdecode and the operation of each.
 
     python tools/host_ops.py --model zoo:ar-small --steps 10
+    python tools/host_ops.py --model zoo:ar-small --spec spec.suffix spec.draft_model --draft zoo:ar-tiny
+
+`--spec` counts speculative methods instead: a generation of 40 new tokens less one of 8 on the same prompt (so the
+prefill, the eager first forward and the capture cancel out), per target forward between them; `.tolist()` of a CPU
+tensor counts as a read (on the CPU a read cannot be told from host work), so the reads are an upper bound of what a
+GPU would synchronise on.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import traceback
-from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
 import fastdecode  # noqa: E402
 from fastdecode.ar.driver import ARSession  # noqa: E402
 from fastdecode.ar.greedy import GreedyConfig  # noqa: E402
-from fastdecode.models import graphs  # noqa: E402
-
-
-class _Count(TorchDispatchMode):
-    """Every dispatched operation while `on`, by the fastdecode line that issued it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.by_line: Counter[str] = Counter()
-        self.on = True
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.on:
-            ours = [f for f in traceback.extract_stack() if "/fastdecode/" in f.filename]
-            self.by_line[f"{ours[-1].filename.split('fastdecode/')[-1]}:{ours[-1].lineno}" if ours else "?"] += 1
-        return func(*args, **(kwargs or {}))
+from fastdecode.models.host_ops import HostOps  # noqa: E402
+from fastdecode.speculative.model_chain import ModelChainDrafter  # noqa: E402
 
 
 def main() -> None:
@@ -44,31 +33,47 @@ def main() -> None:
     ap.add_argument("--model", default="zoo:ar-small")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--width", type=int, default=32, help="exact mode's width")
+    ap.add_argument("--spec", nargs="+", default=[], help="speculative methods to count instead of ar.greedy steps")
+    ap.add_argument("--draft", default="zoo:ar-tiny", help="the draft model of spec.draft_model")
     args = ap.parse_args()
     model = fastdecode.load(args.model, device="cpu", dtype="bfloat16", exact=args.width, graphs="replay")
     if not isinstance(model, fastdecode.CausalLM):
         raise SystemExit(f"{args.model} is not a causal LM: the count is of ar.greedy's decode steps")
-    count = _Count()
-    replay = graphs.Graphs._replay
-
-    def uncounted(self, entry, cache):  # the graph's body is one launch on a GPU: not host work
-        count.on = False
-        try:
-            return replay(self, entry, cache)
-        finally:
-            count.on = True
-
-    graphs.Graphs._replay = uncounted  # type: ignore[method-assign]
+    if args.spec:
+        return spec(model, args)
     session = ARSession(model, GreedyConfig(max_new_tokens=args.steps + 8), slots=1)
     session.join(model.tokenizer("def add(a, b):\n", return_tensors="pt").input_ids)
     for _ in range(3):  # prefill, capture, first replay
         session.step()
-    with count:
+    with HostOps() as count:
         for _ in range(args.steps):
             session.step()
-    print(f"{sum(count.by_line.values()) / args.steps:.1f} operations per step outside the captured forward")
+    print(f"{count.ops / args.steps:.1f} operations per step outside the captured forward, "
+          f"{count.reads / args.steps:.1f} device-to-host reads per step")
     for line, n in count.by_line.most_common():
         print(f"{n / args.steps:6.1f}  {line}")
+
+
+def spec(model: fastdecode.CausalLM, args: argparse.Namespace) -> None:
+    """Operations and reads per target forward of whole generations of `args.spec`; a draft model's chain both ways
+    (`read_each_token`: True is the CPU's per-token stop, False the GPU's single read)."""
+    draft = fastdecode.load(args.draft, device="cpu", dtype="bfloat16", exact=args.width, graphs="replay")
+    prompt = "def fib(n):\n"
+    for method in args.spec:
+        kw = {"draft": draft, "num_draft_tokens": 4} if method == "spec.draft_model" else {}
+        for each in (True, False) if method == "spec.draft_model" else (None,):
+            ModelChainDrafter.read_each_token = each
+            runs = []
+            for new_tokens in (8, 40):  # the same prefix: the difference is 32 tokens' steps, without the prefill
+                with HostOps() as count:
+                    out = fastdecode.generate(model, prompt, method, max_new_tokens=new_tokens, **kw)
+                runs.append((count.ops, count.reads, out.stats.forwards))
+            (ops8, reads8, f8), (ops40, reads40, f40) = runs
+            f = f40 - f8
+            name = method if each is None else f"{method} (read_each_token={each})"
+            print(f"{name}: {f} target forwards, {(ops40 - ops8) / f:.1f} operations and {(reads40 - reads8) / f:.2f} "
+                  "reads per forward outside the captured forwards")
+    ModelChainDrafter.read_each_token = None
 
 
 if __name__ == "__main__":

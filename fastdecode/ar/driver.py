@@ -232,6 +232,12 @@ class ARSession:
         if not any(feeds) or self._fed is None:
             return
         model = self.model
+        if all(feeds) and self.cache is not None and self.cache.ragged():
+            # every slot runs (the common step): no padding to mask or keep, three tensor operations here
+            self.logits = model.forward(self._fed[:, None], self.next_pos, self.cache, sparse=self.sparse)[:, -1]
+            self.next_pos = self.next_pos + 1
+            self._feeds = [False] * self.size
+            return
         device = model.device
         real = torch.tensor(feeds, dtype=torch.bool, device=device)
         token = torch.where(real, self._fed, model.pad_token_id)

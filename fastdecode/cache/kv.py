@@ -262,34 +262,59 @@ class KVCache(CacheBase, Cache):
         Each row's lengths advance by T; roll back what the caller does not keep with `crop_rows`.
         """
         B, T = positions.shape
+        base = self.advance(B, T)
+        device = self.positions.device
+        starts = torch.tensor(base, dtype=torch.long, device=device)
+        positions = positions.to(device)
+        allow, cols = self.place(starts, positions, visible.to(device), real.to(device),
+                                 None if past is None else past.to(device))
+        self._start = base[0] if all(n == base[0] for n in base) else None
+        self._write = cols
+        return Plan(allow=allow, q_pos=positions, k_pos=self.positions[:, : self._width])
+
+    def advance(self, B: int, T: int) -> list[int]:
+        """The host half of `begin`: room for `T` more columns per row, the key width of the forward, each row's
+        lengths advanced by T; returns the lengths before (the rows' first new columns). No tensor is touched unless
+        the storage grows, so a captured forward (models/graphs.py) can do the device half (`place`) itself."""
         if B != self.batch:
             raise ValueError(f"a cache built for {self.batch} rows got a forward over {B}")
         base = self.lengths
         width = max(base) + T
         self._reserve(width)
-        if self.full_width:
-            width = self.capacity
-        device = self.positions.device
-        starts = torch.tensor(base, dtype=torch.long, device=device)
-        cols = starts[:, None] + torch.arange(T, device=device)  # [B, T]
-        self.positions.scatter_(1, cols, positions.to(device))
-        self.valid.scatter_(1, cols, real.to(device))
-        self._start = base[0] if all(n == base[0] for n in base) else None
-        self._write, self._width, self._seen = cols, width, max(base)
+        self._width = self.capacity if self.full_width else width
+        self._seen = max(base)
         for reader, first in self._watchers.items():
             self._watchers[reader] = min(first, min(base))
+        self.lengths = [n + T for n in base]
+        return base
 
+    def place(
+        self,
+        starts: torch.Tensor,  # [B] long: each row's first new column (its length before the forward)
+        positions: torch.Tensor,  # [B, T] long
+        visible: torch.Tensor,  # [B, T, T] bool
+        real: torch.Tensor,  # [B, T] bool
+        past: torch.Tensor | None,  # [B, T, C] bool, C <= the forward's key width
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device half of `begin` (after `advance`): the new tokens' positions and real flags stored at their
+        columns, and the attention plan's `allow` `[B, T, K]` with those columns `[B, T]`. Only device operations
+        on fixed shapes, so a CUDA graph can capture it."""
+        B, T = positions.shape
+        width = self._width
+        device = self.positions.device
+        cols = starts[:, None] + torch.arange(T, device=device)  # [B, T]
+        self.positions.scatter_(1, cols, positions)
+        self.valid.scatter_(1, cols, real)
         k = torch.arange(width, device=device)
         stored = self.valid[:, :width] & (k[None] < starts[:, None])  # [B, K] stored real tokens
         eye = torch.eye(T, dtype=torch.bool, device=device)
-        new = (visible.to(device) & real.to(device)[:, None, :]) | eye  # [B, T, T]
+        new = (visible & real[:, None, :]) | eye  # [B, T, T]
         allow = stored[:, None, :].expand(B, T, width).clone()  # [B, T, K]
         if past is not None:  # e.g. a draft tree whose earlier levels are stored: a node sees only its ancestors
             C = past.shape[-1]
-            allow[:, :, :C] &= past.to(device)
+            allow[:, :, :C] &= past
         allow.scatter_(2, cols[:, None, :].expand(B, T, T), new)
-        self.lengths = [n + T for n in base]
-        return Plan(allow=allow, q_pos=positions.to(device), k_pos=self.positions[:, :width])
+        return allow, cols
 
     def end(self) -> None:
         """The forward is over: transformers' length queries see the new entries."""
@@ -302,18 +327,23 @@ class KVCache(CacheBase, Cache):
         self.storage_version += 1
         retire_graphs(self.graphs)
 
+    def ready_for(self, T: int) -> bool:
+        """Room for `T` more columns per row (grown now if needed) and the storage allocated at that capacity: a
+        forward of T tokens reallocates nothing, so a captured one can run."""
+        self._reserve(max(self.lengths) + T)
+        return self.storage_ready()
+
+    @property
+    def key_width(self) -> int:
+        """The key columns the current forward attends over (set by `advance`)."""
+        return self._width
+
     def storage_ready(self) -> bool:
         """Every layer's storage is allocated at the cache's capacity: a forward reallocates nothing."""
         return all(
             isinstance(layer, _Layer) and layer.is_initialized and layer.keys is not None
             and layer.keys.shape[2] == self.capacity for layer in self.layers
         )
-
-    def write_columns(self) -> torch.Tensor:
-        """`[B, T]`: the columns the current forward's new keys go to (between `begin` and `end`)."""
-        if self._write is None:
-            raise RuntimeError("no forward is under way: call begin() first")
-        return self._write
 
     @contextlib.contextmanager
     def scattered(self, write: torch.Tensor) -> Iterator[None]:

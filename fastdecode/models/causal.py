@@ -163,33 +163,59 @@ class CausalLM(ModelAdapter):
             logits, states = out.logits, out.hidden_states[-1] if asked else None
         if num_logits is not None:
             logits = logits[:, -num_logits:]
+        if logits.dtype != torch.float32:  # (exact mode's graphs return float32 logits: no operation then)
+            logits = logits.float()
         if asked:
-            return CausalOutput(logits.float(), states, layers)
-        return logits.float()
+            return CausalOutput(logits, states, layers)
+        return logits
 
     def _exact(self, input_ids, positions, cache, attention_mask, visible, kwargs, sparse, picked):
         """The forward in exact mode: chunks of `exact.width` tokens from the block's start, the last padded to the
-        width and its padding dropped from the cache; outputs cover the block's own tokens only."""
+        width and its padding dropped from the cache; outputs cover the block's own tokens only. With CUDA graphs a
+        chunk runs captured (`Graphs.run`, which pads it inside the graph); a plain causal block of real tokens (no
+        mask, no `visible`: a decode step) then builds no mask tensor on the host at all."""
         assert self.exact is not None
         B, T = input_ids.shape
         W = self.exact.width
-        real, vis, past = _new_block(attention_mask, visible, B, T, input_ids.device)
+        graphed = self.graphs is not None and sparse is None and not picked and cache.graphable()
+        want_hidden = "output_hidden_states" in kwargs
+        plain = attention_mask is None and visible is None
+        block = None if graphed and plain else _new_block(attention_mask, visible, B, T, input_ids.device)
         lengths = list(cache.lengths)
         parts: list[tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]] = []
         try:
             for start in range(0, T, W):
                 end = min(start + W, T)
-                seen = chunk_past(lengths, start, end, vis, past)
-                ids, pos, rl, vs, ps = pad_block(self.exact, input_ids[:, start:end], positions[:, start:end],
-                                                 real[:, start:end], vis[:, start:end, start:end], seen,
-                                                 self.pad_token_id)
-                logits, states, layers = self._planned(ids, pos, cache, None, None, kwargs, None, sparse, picked,
-                                                       block=(rl, vs, ps))
                 n = end - start
+                out = None
+                if graphed:
+                    assert self.graphs is not None
+                    chunk = None if block is None else (
+                        block[0][:, start:end], block[1][:, start:end, start:end],
+                        chunk_past(lengths, start, end, block[1], block[2]))
+                    one = T <= W  # (a whole block needs no slice: a decode step runs no view either)
+                    out = self.graphs.run(input_ids if one else input_ids[:, start:end],
+                                          positions if one else positions[:, start:end], cache, chunk, W,
+                                          self.pad_token_id, want_hidden)
+                if out is not None:
+                    logits, states, layers = out[0], out[1], ()
+                else:
+                    if block is None:
+                        block = _new_block(attention_mask, visible, B, T, input_ids.device)
+                    real, vis, past = block
+                    seen = chunk_past(lengths, start, end, vis, past)
+                    ids, pos, rl, vs, ps = pad_block(self.exact, input_ids[:, start:end], positions[:, start:end],
+                                                     real[:, start:end], vis[:, start:end, start:end], seen,
+                                                     self.pad_token_id)
+                    logits, states, layers = self._planned(ids, pos, cache, None, None, kwargs, None, sparse, picked,
+                                                           block=(rl, vs, ps))
+                    states = states if want_hidden else None  # (as the graphed chunks: chunks concatenate)
+                    if n < W:
+                        logits, states = logits[:, :n], None if states is None else states[:, :n]
+                        layers = tuple(x[:, :n] for x in layers)
                 if n < W:
                     cache.crop_rows([length - (W - n) for length in cache.lengths])
-                parts.append((logits[:, :n], None if states is None else states[:, :n],
-                              tuple(x[:, :n] for x in layers)))
+                parts.append((logits, states, layers))
         except BaseException:
             cache.crop_rows(lengths)  # the chunks written before the failure go too
             raise
@@ -219,11 +245,7 @@ class CausalLM(ModelAdapter):
             if sparse is not None:
                 sparse.begin(cache, plan)
         try:
-            if (self.graphs is not None and block is not None and cache is not None and sparse is None
-                    and not picked and cache.graphable()):
-                logits, states = self.graphs(input_ids, positions, cache, plan)  # an exact-mode block: one shape
-                layers = ()
-            elif self.native is not None:
+            if self.native is not None:
                 logits, states, layers = self.native(input_ids, positions, cache, plan, num_logits, picked)
             else:
                 with self._attention(), attention.planned(plan), self._capture(picked) as found:

@@ -7,16 +7,25 @@ addresses, which exact mode (models/exact.py) already gives: every cached forwar
 query tokens over the cache's whole storage, so a decode step, a verification block and a chunk of a prefill are one
 computation on different inputs, and one graph serves them all.
 
-What a graph holds fixed, and what each replay copies in:
+What a graph holds fixed, and what each replay copies in (the host work per step: issue #30 measured 7.6 ms a
+step on an H200 against ~2 ms of GPU work, so every operation outside the graph counts):
 
-- inputs copied into static buffers before each replay: the token ids and positions `[B, W]`, the attention plan's
-  `allow` mask `[B, W, K]` and the cache columns the new keys are written to `[B, W]` (always scattered: the start
-  column of a plain slice would be baked into the graph);
-- read in place: the cache's key/value storage and its positions `[B, K]` (the plan's key positions), whose addresses
-  stay the same until the cache reallocates them (`KVCache.moved`: a grown, resized or newly initialised cache drops
-  its graphs and captures again);
-- outputs: the logits `[B, W, V]` and the last hidden states, cloned after the replay (the next replay overwrites
-  the static ones).
+- copied into static buffers before each replay: the block's token ids and positions `[B, T]` (unpadded: exact
+  mode's padding to `W` is made inside the graph) and `meta` `[B, 2]`, each row's first new cache column and the
+  block's length T, in one small host-to-device copy;
+- the attention plan is built inside the graph (`KVCache.place`) from `meta` and the block's `real` `[B, W]`,
+  `visible` `[B, W, W]` and `past` `[B, W, K]` buffers; a plain causal block of real tokens (a decode step, a chain
+  verification, a prefill without padding) copies none of them: the buffers keep the plain block's values, and the
+  graph masks what lies past T;
+- read in place: the cache's key/value storage, positions and valid flags, whose addresses stay the same until the
+  cache reallocates them (`KVCache.moved`: a grown, resized or newly initialised cache drops its graphs and captures
+  again); the new keys are always scattered (the start column of a plain slice would be baked into the graph);
+- outputs: the float32 logits `[B, W, V]` and the last hidden states; the block's T rows are cloned after the
+  replay (the next replay overwrites the static ones).
+
+Padding rows (T to W) differ from the eager path's in their position (the eager path repeats the last one) only
+where a row's own output is concerned: no real row sees a padding column, and every row of a block is computed
+independently, so the real rows' outputs are the eager ones.
 
 The graphs live on the cache (`KVCache.graphs`); each has its own memory pool. A cache that dies or moves its storage
 retires them, and the next graphed forward destroys them: destroying a graph while another stream captures one (the
@@ -49,13 +58,30 @@ Mode = Literal["cuda", "replay"]
 class _Entry:
     """One captured forward: its static inputs and outputs, and how to run it again."""
 
-    ids: torch.Tensor  # [B, W] long
-    positions: torch.Tensor  # [B, W] long
-    allow: torch.Tensor  # [B, W, K] bool
-    write: torch.Tensor  # [B, W] long: the cache columns of the new keys
-    outputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits [B, W, V], hidden [B, W, H])
+    meta: torch.Tensor  # [B, 2] long: each row's first new column, the block's length T
+    ids: torch.Tensor  # [B, W] long (the first T are the block's)
+    positions: torch.Tensor  # [B, W] long (the first T are the block's)
+    real: torch.Tensor  # [B, W] bool
+    visible: torch.Tensor  # [B, W, W] bool
+    past: torch.Tensor  # [B, W, K] bool: all True when the block has no `past`
+    plain: bool = True  # `real` and `visible` hold a plain causal block of real tokens
+    past_all: bool = True  # `past` is all True
+    outputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits [B, W, V] float32, hidden [B, W, H])
     graph: Any = None  # torch.cuda.CUDAGraph (mode "cuda")
     body: Callable[[Any], tuple[torch.Tensor, torch.Tensor]] | None = None  # mode "replay": run(cache)
+
+    @staticmethod
+    def empty(B: int, W: int, K: int, device: torch.device) -> _Entry:
+        causal = torch.ones(W, W, dtype=torch.bool, device=device).tril()
+        return _Entry(meta=torch.ones(B, 2, dtype=torch.long, device=device),
+                      ids=torch.zeros(B, W, dtype=torch.long, device=device),
+                      positions=torch.zeros(B, W, dtype=torch.long, device=device),
+                      real=torch.ones(B, W, dtype=torch.bool, device=device),
+                      visible=causal[None].expand(B, W, W).clone(),
+                      past=torch.ones(B, W, K, dtype=torch.bool, device=device))
+
+
+Block = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]  # (real [B, T], visible [B, T, T], past [B, T, C])
 
 
 class Graphs:
@@ -70,61 +96,107 @@ class Graphs:
         self.mode: Mode = mode
         self.stats = {"captures": 0, "replays": 0, "eager": 0}
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any,
-                 plan: attention.Plan) -> tuple[torch.Tensor, torch.Tensor]:
-        """The logits `[B, W, V]` and last hidden states `[B, W, H]` of one exact-mode forward whose plan the cache
-        has just made (`KVCache.begin`); the new keys and values are written to the cache as the direct forward
-        would."""
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, block: Block | None, width: int,
+            pad_id: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """One exact-mode forward of `ids` `[B, T]` (T <= `width`) after `cache`'s rows, padded to `width` inside the
+        graph: the float32 logits `[B, T, V]` and (if `hidden`) the last hidden states `[B, T, H]`. `block` None
+        is a plain causal block of real tokens seeing every stored column, else `(real, visible, past)` as
+        `KVCache.begin` takes them. The cache holds `width` new columns per row afterwards (the caller crops the
+        padding). None, with the cache untouched, where the storage is not allocated yet: the caller runs the
+        eager forward (which allocates it), and the next call captures."""
         free_retired_graphs()
-        B, W = ids.shape
-        K = plan.allow.shape[-1]
-        key = (B, W, K)
+        B, T = ids.shape
+        if not cache.ready_for(width):
+            self.stats["eager"] += 1
+            return None
+        base = cache.advance(B, width)
+        K = cache.key_width
+        key = (B, width, K)
         entry = cache.graphs.get(key)  # (a cache that moved its storage has retired its graphs: `KVCache.moved`)
-        if entry is None:
-            if not cache.storage_ready():
-                # the first forward allocates the storage: run it eagerly, capture at the next one
-                self.stats["eager"] += 1
-                logits, hidden, _ = self.native(ids, positions, cache, plan, None, None)
-                return logits, hidden
-            entry = self._capture(ids, positions, cache, plan, key)
-        else:
+        try:
+            fresh = entry is None
+            if entry is None:
+                entry = _Entry.empty(B, width, K, ids.device)
+            self._load(entry, ids, positions, base, block)
+            if fresh:
+                self._capture(entry, cache, key, pad_id)
+            else:
+                self._replay(entry, cache)
+        except BaseException:
+            cache.crop_rows(base)
+            raise
+        finally:
+            cache.end()
+        assert entry.outputs is not None
+        logits, states = entry.outputs
+        return logits[:, :T].clone(), states[:, :T].clone() if hidden else None
+
+    @staticmethod
+    def _load(entry: _Entry, ids: torch.Tensor, positions: torch.Tensor, base: list[int], block: Block | None) -> None:
+        """Copy one block into the entry's static buffers; a plain block after a plain one copies ids, positions
+        and `meta` only."""
+        T = ids.shape[1]
+        entry.meta.copy_(torch.tensor([[n, T] for n in base], dtype=torch.long))
+        if T == entry.ids.shape[1]:
             entry.ids.copy_(ids)
             entry.positions.copy_(positions)
-            entry.allow.copy_(plan.allow)
-            entry.write.copy_(cache.write_columns())
-            self._replay(entry, cache)
-        assert entry.outputs is not None
-        logits, hidden = entry.outputs
-        return logits.clone(), hidden.clone()
+        else:
+            entry.ids[:, :T].copy_(ids)
+            entry.positions[:, :T].copy_(positions)
+        if block is None:
+            if not entry.plain:
+                entry.real.fill_(True)
+                entry.visible.copy_(torch.ones_like(entry.visible[0]).tril())
+                entry.plain = True
+            if not entry.past_all:
+                entry.past.fill_(True)
+                entry.past_all = True
+            return
+        real, visible, past = block
+        entry.real[:, :T].copy_(real)
+        entry.visible[:, :T, :T].copy_(visible)
+        entry.plain = False
+        if past is not None or not entry.past_all:
+            entry.past.fill_(True)
+        if past is not None:
+            entry.past[:, :T, : past.shape[-1]].copy_(past)
+        entry.past_all = past is None
 
-    def _body(self, entry: _Entry, K: int) -> Callable[[Any], tuple[torch.Tensor, torch.Tensor]]:
-        """One forward over the entry's static buffers: the cache writes at `entry.write` (scattered) and the plan
-        reads the cache's positions in place. The cache is an argument, not a closure variable: the cache holds its
+    def _body(self, entry: _Entry, K: int, pad_id: int) -> Callable[[Any], tuple[torch.Tensor, torch.Tensor]]:
+        """One forward over the entry's static buffers: the block padded to W, its attention plan and cache columns
+        (`KVCache.place`), the forward. The cache is an argument, not a closure variable: the cache holds its
         entries, which must not hold it back."""
         native = self.native
 
         def run(cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            plan = attention.Plan(allow=entry.allow, q_pos=entry.positions, k_pos=cache.positions[:, :K])
-            with cache.scattered(entry.write):
-                logits, hidden, _ = native(entry.ids, entry.positions, cache, plan, None, None)
-            return logits, hidden
+            W = entry.ids.shape[1]
+            n = entry.meta[:, 1:]  # [B, 1] the block's length
+            inside = torch.arange(W, device=n.device)[None] < n  # [B, W] the block, not its padding
+            ids = torch.where(inside, entry.ids, pad_id)  # [B, W]
+            positions = torch.where(inside, entry.positions, entry.positions.gather(1, n - 1))  # [B, W]
+            real = entry.real & inside
+            visible = entry.visible & inside[:, :, None] & inside[:, None, :]  # [B, W, W]
+            allow, cols = cache.place(entry.meta[:, 0], positions, visible, real, entry.past)
+            plan = attention.Plan(allow=allow, q_pos=positions, k_pos=cache.positions[:, :K])
+            with cache.scattered(cols):
+                logits, hidden, _ = native(ids, positions, cache, plan, None, None)
+            return logits.float(), hidden
         return run
 
-    def _capture(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, plan: attention.Plan,
-                 key: tuple[int, int, int]) -> _Entry:
-        entry = _Entry(ids.clone(), positions.clone(), plan.allow.clone(), cache.write_columns().clone())
-        body = self._body(entry, key[2])
+    def _capture(self, entry: _Entry, cache: Any, key: tuple[int, int, int], pad_id: int) -> None:
+        body = self._body(entry, key[2], pad_id)
         if self.mode == "replay":
             entry.body = body
             entry.outputs = body(cache)
         else:
+            device = entry.ids.device
             # warm up on a side stream (lazy initialisations such as cuBLAS workspaces must not be captured); the
             # warm-up writes the same keys and values to the same columns as the replay after the capture
-            stream = torch.cuda.Stream(device=ids.device)
-            stream.wait_stream(torch.cuda.current_stream(ids.device))
+            stream = torch.cuda.Stream(device=device)
+            stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
                 body(cache)
-            torch.cuda.current_stream(ids.device).wait_stream(stream)
+            torch.cuda.current_stream(device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 entry.outputs = body(cache)
@@ -132,7 +204,6 @@ class Graphs:
             graph.replay()  # the capture recorded the kernels without running them
         self.stats["captures"] += 1
         cache.graphs[key] = entry
-        return entry
 
     def _replay(self, entry: _Entry, cache: Any) -> None:
         if entry.graph is not None:

@@ -258,6 +258,7 @@ class _Block:
     positions: torch.Tensor  # [T_b] long
     visible: torch.Tensor  # [T_b, T_b] bool
     pending: int  # P: context tokens the cache has not seen (the first P of `tokens`)
+    chain: bool = False  # `visible` is plain causal (a chain draft, no side tokens)
 
 
 class _Group:
@@ -306,8 +307,12 @@ class _Group:
         live = [r.drafter for r, blk in zip(self.rows, blocks, strict=True) if blk is not None]
         asked = tuple(dict.fromkeys(i for d in live for i in d.hidden_layers))  # intermediate layers any row reads
         needs: bool | tuple[int, ...] = asked or any(d.needs_hidden for d in live)
-        fwd = model.forward(inp.to(device), pos.to(device), self.cache, real.to(device), num_logits=T - first,
-                            visible=vis.to(device), hidden=needs, sparse=self.sparse)
+        # every row a chain of the same length: a plain causal block of real tokens, which needs no mask (with CUDA
+        # graphs no mask is copied to the device then: docs/gpu.md, "Host work per step")
+        plain = all(blk is not None and blk.chain and blk.tokens.numel() == T for blk in blocks)
+        fwd = model.forward(inp.to(device), pos.to(device), self.cache, None if plain else real.to(device),
+                            num_logits=T - first, visible=None if plain else vis.to(device), hidden=needs,
+                            sparse=self.sparse)
         # [B, T - first, V], [B, T, H], {layer: [B, T, H]}
         logits, hidden, layers = ((fwd.logits, fwd.hidden, dict(zip(asked, fwd.layers, strict=True)))
                                   if isinstance(fwd, CausalOutput) else (fwd, None, {}))
@@ -397,7 +402,8 @@ class _Row:
         side = draft.side
         tokens = torch.cat([self.ids[n - P : n], draft.tokens.cpu()] + ([side.tokens.cpu()] if side else []))
         if draft.parents is None and side is None:  # a chain: plain causal attention
-            return _Block(tokens, torch.arange(n - P, n + k), torch.ones(P + k, P + k, dtype=torch.bool).tril(), P)
+            return _Block(tokens, torch.arange(n - P, n + k), torch.ones(P + k, P + k, dtype=torch.bool).tril(), P,
+                          chain=True)
         offsets = (
             torch.tensor(depths(draft.parents), dtype=torch.long) if draft.parents is not None
             else torch.arange(1, k + 1)

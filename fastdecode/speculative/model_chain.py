@@ -30,6 +30,10 @@ class ModelChainDrafter(BaseDrafter):
     context: `propose` feeds the context the cache has not seen, then each drafted token; `observe` drops the
     rejected drafts from the cache. Subclasses choose the draft length and wrap the loop (`draft_chain`)."""
 
+    # whether a greedy chain reads each token as it comes (and stops at an end of text): None = on the CPU only
+    # (`draft_chain`); tests set False to run the GPU's path on the CPU
+    read_each_token: bool | None = None
+
     def __init__(
         self, model: CausalLM, cfg: SpecConfig, generator: torch.Generator | None, confidence_stop: float = 0.0
     ) -> None:
@@ -45,11 +49,22 @@ class ModelChainDrafter(BaseDrafter):
         return self.draft_chain(context, k)
 
     def draft_chain(self, context: torch.Tensor, k: int) -> Draft:
-        """At most k tokens after `context`; stops early at an end of text or an unsure token."""
+        """At most k tokens after `context`; ends at an end of text, or early at an unsure token.
+
+        Greedy on a GPU without `confidence_stop`, the loop reads nothing from the device: it drafts k tokens and cuts
+        the chain after its first end of text at the single read of the drafted tokens (on a GPU each read is a
+        synchronisation, issue #30; the forwards past an end of text are the price, paid only in that step). An
+        unsure token's stop decides the next forward, so with `confidence_stop` (or when sampling, see `each`)
+        every token is read as it comes."""
         n = context.numel()
         device = self.model.device
         feed = context[self.cache.length :].to(device)  # context the cache has not seen (>= 1 token)
         pos = torch.arange(self.cache.length, n, device=device)
+        # read every token as it comes where a stop decides the next forward, where drafting on would draw from
+        # the shared generator (a sampled draft past its end would change the run's later draws), and on the CPU,
+        # where a read costs nothing and a forward past the end of text does (`read_each_token`)
+        on_cpu = device.type == "cpu" if self.read_each_token is None else self.read_each_token
+        each = bool(self.confidence_stop) or not self.cfg.greedy or on_cpu
         tokens, probs = [], []
         for _ in range(k):
             logits = self.model.forward(feed[None], pos[None], self.cache, num_logits=1)[0, -1]  # [V]
@@ -57,17 +72,21 @@ class ModelChainDrafter(BaseDrafter):
             x, q = pick_token(logits, self.cfg, self.generator)
             tokens.append(x)
             probs.append(q)
-            if int(x) in self.eos:  # nothing after an end of text can be emitted: drafting on would waste forwards
-                break
-            if self.confidence_stop and float(logits.softmax(-1).max()) < self.confidence_stop:
-                break
+            if each:  # a read per token
+                if int(x) in self.eos or (self.confidence_stop
+                                          and float(logits.softmax(-1).max()) < self.confidence_stop):
+                    break
             feed, pos = x.view(1), pos[-1:] + 1
-        self._base, self._drafted = n, len(tokens)
         if not tokens:
+            self._base, self._drafted = n, 0
             return Draft.empty()
-        # [k, V]; pick_token gives q for every token (sampling) or for none (greedy)
-        q = torch.stack(cast(list[torch.Tensor], probs)) if probs[0] is not None else None
-        return Draft(torch.stack(tokens).cpu(), q)
+        drafted = torch.stack(tokens).cpu()  # [m] the step's read of its drafts
+        # nothing after an end of text can be emitted: the chain ends with it
+        m = next((i + 1 for i, t in enumerate(drafted.tolist()) if t in self.eos), len(tokens))
+        self._base, self._drafted = n, m
+        # [m, V]; pick_token gives q for every token (sampling) or for none (greedy)
+        q = torch.stack(cast(list[torch.Tensor], probs[:m])) if probs[0] is not None else None
+        return Draft(drafted[:m], q)
 
     def observe(self, verification: Verification) -> None:
         if self._drafted == 0:

@@ -16,6 +16,7 @@ from fastdecode.speculative.drafters.draft_model import DraftModelConfig, ModelD
 from fastdecode.speculative.drafters.recycling import RecyclingConfig, template_nodes
 from fastdecode.speculative.driver import speculative
 from fastdecode.speculative.memory import DrafterMemory, forget, memory_of
+from fastdecode.speculative.model_chain import ModelChainDrafter
 from fastdecode.speculative.tree import depths
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC abc the lazy dog jumps"]
@@ -311,7 +312,9 @@ def test_time_split_covers_drafting_and_verification(causal, other_draft):
 
 
 def test_model_drafters_stop_drafting_at_end_of_text(causal):
-    """A drafted EOS ends the draft: tokens after it could never be emitted, so drafting on wastes forwards."""
+    """A drafted EOS ends the draft: tokens after it could never be emitted. On the CPU drafting stops there (drafting
+    on wastes forwards); on a GPU the greedy loop reads no token until its end (each read is a synchronisation) and
+    cuts the chain at the one read, so the draft is the same and the forwards are the k asked."""
     eos = min(causal.eos_token_ids)
 
     class EosFirst:  # the tiny model, except that its second draft token is EOS
@@ -329,4 +332,22 @@ def test_model_drafters_stop_drafting_at_end_of_text(causal):
 
     drafter = ModelDrafter(EosFirst(), DraftModelConfig(num_draft_tokens=6), None)
     draft = drafter.propose(torch.tensor([0, 5, 6, 7]), 6)
-    assert draft.tokens.numel() == 2 and draft.tokens[-1] == eos and drafter.forwards == 2
+    assert draft.tokens.numel() == 2 and draft.tokens[-1] == eos
+    assert drafter.forwards == (2 if causal.device.type == "cpu" else 6)
+    # the GPU's path on any device: the same draft, cut at the one read, after the k forwards asked
+    cut = ModelDrafter(EosFirst(), DraftModelConfig(num_draft_tokens=6), None)
+    cut.read_each_token = False
+    draft = cut.propose(torch.tensor([0, 5, 6, 7]), 6)
+    assert draft.tokens.numel() == 2 and draft.tokens[-1] == eos and cut.forwards == 6
+    assert cut.cache.length == 4 + 5  # the context and the 5 fed drafts; `observe` drops the rejected ones
+    cut.observe(Verification(accepted=2, tokens=(), logits=torch.zeros(0), num_draft=2))
+    assert cut.cache.length == 4 + 1  # the context and x_1 (x_2, the EOS, was never fed)
+
+
+def test_draft_model_without_per_token_reads_equals_greedy(causal, other_draft, monkeypatch):
+    """spec.draft_model with the GPU's drafting loop (no read until the chain ends) is still ar.greedy's output."""
+    monkeypatch.setattr(ModelChainDrafter, "read_each_token", False)
+    want = [r.token_ids for r in fastdecode.generate(causal, PROMPTS, "ar.greedy", max_new_tokens=24)]
+    got = fastdecode.generate(causal, PROMPTS, "spec.draft_model", max_new_tokens=24, draft=other_draft,
+                              num_draft_tokens=5)
+    assert [r.token_ids for r in got] == want

@@ -1,0 +1,69 @@
+"""The host work of a greedy decode step in exact mode with graphs (issue #30, docs/gpu.md "Host work per step"): on
+a GPU every torch operation outside the captured forward is a launch or a dispatch, and every read of the device a
+synchronisation, so a step's count is guarded here. Run with `graphs="replay"` on the CPU (the same static buffers
+as the captured path, without capturing) and with captured graphs under FASTDECODE_TEST_DEVICE=cuda."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastdecode.ar.driver import ARSession
+from fastdecode.ar.greedy import GreedyConfig
+from fastdecode.models.host_ops import HostOps
+
+# what the decode step reached (tools/host_ops.py prints them by line): 3 copies into the graph's static buffers
+# (meta, ids, positions) with their views, the clone of the block's logits, the driver's position += 1 and argmax
+# with their views; 76 before the attention plan and the padding moved into the graph
+MAX_OPS = 13
+
+
+@pytest.fixture(scope="module")
+def graphed(causal_dir, load_model, device):
+    return load_model(causal_dir, dtype="bfloat16", exact=8, graphs="cuda" if device.type == "cuda" else "replay")
+
+
+def _counted_steps(model, prompts: list[str], steps: int) -> list[HostOps]:
+    """The counts of the decode steps in which every row was fed (no row had finished: a plain step)."""
+    batch = model.tokenizer(prompts, return_tensors="pt", padding=True)
+    session = ARSession(model, GreedyConfig(max_new_tokens=steps + 4), slots=len(prompts))
+    session.join(batch.input_ids, batch.attention_mask)
+    for _ in range(3):  # the prefill's pick, then the eager forward that allocates the storage, then the capture
+        session.step()
+    counts = []
+    for _ in range(steps):
+        with HostOps() as count:
+            picked = session.step()
+        if len(picked) < len(prompts) or any(fin for *_, fin in picked):
+            break  # a row ended (EOS): the next steps run the padded path
+        counts.append(count)
+    assert len(counts) >= 3, "the tiny model ended its rows too early to count plain steps"
+    return counts
+
+
+@pytest.mark.parametrize("prompts", [["def add(a, b):"], ["the quick brown fox", "Sort this"]])
+def test_a_greedy_step_runs_few_host_operations_and_reads_the_device_once(graphed, prompts):
+    for count in _counted_steps(graphed, prompts, steps=8):
+        assert count.ops <= MAX_OPS, f"{count.ops} operations outside the graph:\n" + "\n".join(
+            f"{n}  {line}" for line, n in count.by_line.most_common())
+        assert count.reads == 1, f"{count.reads} device-to-host reads in a greedy step (the picked tokens only)"
+
+
+def test_the_counter_sees_reads_and_skips_the_graph_body(graphed):
+    """The guard above is only as good as its counter: `.item()` and `.tolist()` are reads, and the replayed
+    forward's own operations are not counted (a step that replays runs far more than MAX_OPS operations)."""
+    x = torch.arange(3)
+    with HostOps() as count:
+        x.tolist()
+        x[0].item()
+    assert count.reads == 2
+    batch = graphed.tokenizer(["def add(a, b):"], return_tensors="pt")
+    session = ARSession(graphed, GreedyConfig(max_new_tokens=8), slots=1)
+    session.join(batch.input_ids)
+    for _ in range(3):
+        session.step()
+    replays = graphed.graphs.stats["replays"]
+    with HostOps() as count:
+        session.step()
+    assert graphed.graphs.stats["replays"] == replays + 1
+    assert 0 < count.ops <= MAX_OPS
