@@ -18,8 +18,14 @@ case $part in
 ar)
   timeout 300 $py tools/results_gpu.py --out "$out" --reps 2 --budget-s 230 --stages engine bfloat16 bfloat16-nographs \
     --models zoo:ar-small 2>&1 | tee -a "$out/log.txt"
-  FASTDECODE_TEST_DEVICE=cuda timeout 180 $py -m pytest -v -p no:cacheprovider --durations=10 tests/invariants \
-    tests/unit/test_device_switch.py --ignore=tests/invariants/test_spec_dlm_draft.py > "$out/pytest.txt" 2>&1
+  # the captured graphs first (their in-graph attention plan and the host-work guard have run only on the CPU)
+  FASTDECODE_TEST_DEVICE=cuda timeout 60 $py -m pytest -v -p no:cacheprovider tests/invariants/test_graphs.py \
+    tests/invariants/test_host_ops.py tests/invariants/test_exact_mode.py > "$out/pytest-graphs.txt" 2>&1
+  tail -5 "$out/pytest-graphs.txt" | tee -a "$out/log.txt"
+  FASTDECODE_TEST_DEVICE=cuda timeout 150 $py -m pytest -v -p no:cacheprovider --durations=10 tests/invariants \
+    tests/unit/test_device_switch.py --ignore=tests/invariants/test_spec_dlm_draft.py \
+    --ignore=tests/invariants/test_graphs.py --ignore=tests/invariants/test_host_ops.py \
+    --ignore=tests/invariants/test_exact_mode.py > "$out/pytest.txt" 2>&1
   tail -5 "$out/pytest.txt" | tee -a "$out/log.txt"
   timeout 60 $py tools/results_gpu.py --out "$out" --budget-s 30 --stages bfloat16-noexact float32 \
     --models zoo:ar-small 2>&1 | tee -a "$out/log.txt"
