@@ -48,21 +48,23 @@ LOG = "train_log.jsonl"
 
 @dataclass(frozen=True)
 class DD2Training:
-    """Every field settable with `--set NAME=VALUE`."""
+    """Every field settable with `--set NAME=VALUE`. The defaults are the shipped network's recipe (its card adds
+    `--set pairs=80000`, DD1's pairs); the first recipe, which widened DD1's gap (docs/results/image/dd2-ablation/), is
+    `--set norm=position --set psi_warmup=0 --set psi_steps=2 --set reg_weight=0 --set batch=32 --set warmup=20`."""
 
-    steps: int = 300  # generator updates
-    psi_steps: int = 2  # psi updates per generator update
-    batch: int = 32
+    steps: int = 1000  # generator updates (after psi's warm-up)
+    psi_steps: int = 4  # psi updates per generator update
+    batch: int = 16
     lr: float = 5e-5  # generator
     psi_lr: float = 2e-4
-    warmup: int = 20
+    warmup: int = 10
     sigma_min: float = 0.02
     sigma_max: float = 2.0
-    checkpoint_every: int = 25
-    eval_rows: int = 256  # rows for the card's teacher likelihood of samples
-    norm: str = "position"  # the mean |x^ - D_real| of DMD's normalisation: over a "sample" or each "position"
-    psi_warmup: int = 0  # psi updates alone before the first generator update
-    reg_weight: float = 0.0  # DMD's regression loss: DD1's one-step loss on the teacher's pairs, this weight
+    checkpoint_every: int = 100
+    eval_rows: int = 128  # rows for the card's teacher likelihood of samples
+    norm: str = "sample"  # the mean |x^ - D_real| of DMD's normalisation: over a "sample" or each "position"
+    psi_warmup: int = 100  # psi updates alone before the first generator update
+    reg_weight: float = 0.25  # DMD's regression loss: DD1's one-step loss on the teacher's pairs, this weight
     pairs: int = 20000  # teacher (noise, codes) pairs for the regression loss (cached; see train/ddstate.py)
     map_steps: int = 12  # the map's RK4 steps for those pairs (as DD1's)
 

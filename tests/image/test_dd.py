@@ -114,7 +114,8 @@ def test_mixture_denoiser_is_the_posterior_mean() -> None:
     assert torch.allclose(mixture_denoiser(logp, codebook, x, sigma)[0, 0], expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("extra", [{}, {"norm": "sample", "psi_warmup": 1, "reg_weight": 0.5, "pairs": 8}])
+@pytest.mark.parametrize("extra", [{"norm": "position", "psi_warmup": 0, "reg_weight": 0.0},
+                                   {"norm": "sample", "psi_warmup": 1, "reg_weight": 0.5, "pairs": 8}])
 def test_dd2_trains_and_resumes(guided, tmp_path, monkeypatch, extra) -> None:
     """Interrupted after a checkpoint and resumed, DD2 ends where an uninterrupted run ends: with the first shipped
     recipe, and with psi's warm-up (a checkpoint falls inside it), DMD's per-sample normalisation and the
