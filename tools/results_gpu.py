@@ -167,19 +167,80 @@ def attention_kernels(model: fastdecode.CausalLM, prompt: list[int]) -> dict[str
     return {"attention_kernels": names[:20]}
 
 
-def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], say: Callable[[str], None]) -> None:
+def step_probe(model: fastdecode.CausalLM, prompt: list[int], plan: Plan, out: Path,
+               say: Callable[[str], None]) -> dict[str, Any]:
+    """Where a graphed `ar.greedy` step goes (CUDA graphs on): the steady-state wall time of a step (a generation of
+    `plan.new` tokens less one of `plan.new // 4`, so the prefill, the eager first forward and the capture cancel
+    out), the device time of one replay (synchronised before and after, medians), and the capture of a new cache's
+    graph; the host's top operations by self CPU time over a short generation go to `engine-profile.txt`."""
+    if model.graphs is None:
+        return {}
+    from fastdecode.models.graphs import Graphs
+
+    def timed(new: int) -> float:
+        gc.collect()
+        _sync(model.device)
+        t = time.perf_counter()
+        fastdecode.generate(model, prompt, "ar.greedy", max_new_tokens=new)
+        _sync(model.device)
+        return time.perf_counter() - t
+
+    short = max(plan.new // 4, 2)
+    walls = [(timed(plan.new), timed(short)) for _ in range(2)]
+    step_ms = min(1e3 * (long - brief) / (plan.new - short) for long, brief in walls)
+    replays: list[float] = []
+    captures: list[float] = []
+    replay, capture = Graphs._replay, Graphs._capture
+
+    def timed_replay(self: Any, entry: Any, cache: Any) -> None:
+        _sync(model.device)
+        t = time.perf_counter()
+        replay(self, entry, cache)
+        _sync(model.device)
+        replays.append(time.perf_counter() - t)
+
+    def timed_capture(self: Any, *args: Any) -> None:
+        _sync(model.device)
+        t = time.perf_counter()
+        capture(self, *args)
+        _sync(model.device)
+        captures.append(time.perf_counter() - t)
+
+    Graphs._replay, Graphs._capture = timed_replay, timed_capture  # type: ignore[method-assign]
+    try:
+        timed(short)
+    finally:
+        Graphs._replay, Graphs._capture = replay, capture  # type: ignore[method-assign]
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fastdecode.generate(model, prompt, "ar.greedy", max_new_tokens=short)
+    (out.parent / "engine-profile.txt").write_text(
+        prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
+    replays.sort()
+    result = {"step_ms": round(step_ms, 3), "replay_ms": round(1e3 * replays[len(replays) // 2], 3),
+              "capture_ms": [round(1e3 * c, 1) for c in captures], "step_tokens": [short, plan.new]}
+    say(f"engine step: {result}")
+    return {"step": result}
+
+
+def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], say: Callable[[str], None],
+           only: list[str] | None = None) -> None:
     model = random_llama(plan, device, torch.bfloat16 if device.type == "cuda" or not plan.one_task else torch.float32)
     prompt = repeated_prompt(plan, model.vocab_size)
     runners: dict[str, Callable[[], tuple[list[int], int]]] = {}
     for name, method, exact, graphs in ENGINE_RUNS:
+        if only is not None and name not in only and name != "ar.greedy":
+            continue
         def run(method=method, exact=exact, graphs=graphs) -> tuple[list[int], int]:
             # a fresh memory each time: spec.suffix must not remember the previous repetition's output
             with setting(model, exact, graphs):
                 r = fastdecode.generate(model, prompt, method, max_new_tokens=plan.new, memory=DrafterMemory())
             return r.token_ids, r.stats.forwards
         runners[name] = run
-    hf_static = static_compile(model, prompt, plan.new, plan.compile)
-    runners["hf.static_compile"] = lambda: (ids := hf_static(), len(ids))
+    if only is None or "hf.static_compile" in only:
+        hf_static = static_compile(model, prompt, plan.new, plan.compile)
+        runners["hf.static_compile"] = lambda: (ids := hf_static(), len(ids))
     rows = []
     for name, run in runners.items():  # warm-up (and compilation)
         t = time.perf_counter()
@@ -225,7 +286,7 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
             continue
         rate = sum(r["new_tokens"] for r in mine) / sum(r["wall_s"] for r in mine)
         say(f"engine {name}: {rate:.1f} tokens/s, equal to ar.greedy {sum(r['score'] for r in mine):.0f}/{len(mine)}")
-    probe = {**attention_kernels(model, prompt[:64]),
+    probe = {**attention_kernels(model, prompt[:64]), **step_probe(model, prompt, plan, out, say),
              "graphs": dict(model.graphs.stats) if model.graphs is not None else None}
     out.with_name("engine-probe.json").write_text(json.dumps(probe, indent=1) + "\n")
     say(f"engine probe: {probe}")
@@ -268,7 +329,7 @@ def zoo(plan: Plan, device: torch.device, dtype: str, exact: bool | Exact | None
             **({} if graphs is None else {"graphs": graphs})}
     for model, draft, methods, suites in (("zoo:ar-small", "zoo:ar-tiny", plan.lossless, plan.ar_suites),
                                           ("zoo:dlm-small", None, plan.diffusion, plan.dlm_suites)):
-        if model not in models:
+        if model not in models or not methods:  # (--methods named none of this model's)
             continue
         names = {m.partition(":")[0] for m in methods} | {"ar.greedy", "dlm.baseline"}
         params = {m: p for m, p in plan.zoo_params.items() if m in names}
@@ -293,10 +354,18 @@ def main(argv: list[str] | None = None) -> None:
                                                          "bfloat16-nographs"])
     ap.add_argument("--models", nargs="+", default=list(ZOO), choices=list(ZOO),
                     help="the zoo models of the zoo stages (a device call that carries one model at a time)")
+    engine_runs = [n for n, *_ in ENGINE_RUNS] + ["hf.static_compile"]
+    ap.add_argument("--engine-runs", nargs="+", default=None, choices=engine_runs,
+                    help="the engine's runners (default all; ar.greedy, the baseline, always runs)")
+    ap.add_argument("--methods", nargs="+", default=None,
+                    help="the zoo's methods instead of the plan's (both models; the baseline always runs)")
     args = ap.parse_args(argv)
     plan = SMOKE if args.smoke else FULL
     if args.reps is not None:
         plan = dataclasses.replace(plan, reps=args.reps)
+    if args.methods is not None:
+        ar = tuple(m for m in args.methods if not m.startswith("dlm."))
+        plan = dataclasses.replace(plan, lossless=ar, diffusion=tuple(m for m in args.methods if m not in ar))
     device = pick_device(args.device or ("cpu" if args.smoke else "cuda"))
     if device.type == "cpu":
         torch.set_num_threads(1)
@@ -313,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
         return time.perf_counter() - start <= args.budget_s
 
     stages: dict[str, Callable[[], None]] = {
-        "engine": lambda: engine(plan, device, out / "engine.jsonl", meta, say),
+        "engine": lambda: engine(plan, device, out / "engine.jsonl", meta, say, args.engine_runs),
         # exact mode is the CUDA default in bfloat16; the smoke run on the CPU asks for it, at a small width
         "bfloat16": lambda: zoo(plan, device, "bfloat16", Exact(8, 256) if args.smoke else None,
                                 out / "zoo-bfloat16.jsonl", command, say, time_left, args.models),
