@@ -134,23 +134,33 @@ def static_compile(model: fastdecode.CausalLM, prompt: list[int], new: int, comp
     return run
 
 
-# the engine's runs: (row method, method run, exact mode on, CUDA graphs on); the variants of ar.greedy measure what
-# exact mode and CUDA graphs each cost or save on one copy of the weights
-ENGINE_RUNS = (("ar.greedy", "ar.greedy", True, True), ("ar.greedy:graphs=false", "ar.greedy", True, False),
-               ("ar.greedy:exact=false", "ar.greedy", False, False), ("hf.greedy", "hf.greedy", True, True),
-               ("spec.suffix", "spec.suffix", True, True), ("spec.pld", "spec.pld", True, True))
+# the engine's runs: (row method, method run, exact mode on, CUDA graphs on, fused elementwise kernels); the variants
+# of ar.greedy measure what exact mode, CUDA graphs and the fused kernels (`NativeForward.fuse`) each cost or save on
+# one copy of the weights. A fused run's `= base` is against `ar.greedy:fused=true` (the same setting)
+ENGINE_RUNS = (
+    ("ar.greedy", "ar.greedy", True, True, False), ("ar.greedy:graphs=false", "ar.greedy", True, False, False),
+    ("ar.greedy:exact=false", "ar.greedy", False, False, False), ("hf.greedy", "hf.greedy", True, True, False),
+    ("spec.suffix", "spec.suffix", True, True, False), ("spec.pld", "spec.pld", True, True, False),
+    ("ar.greedy:fused=true", "ar.greedy", True, True, True),
+    ("spec.suffix:fused=true", "spec.suffix", True, True, True),
+)
 
 
 @contextlib.contextmanager
-def setting(model: fastdecode.CausalLM, exact: bool, graphs: bool) -> Iterator[None]:
-    """Exact mode and CUDA graphs on or off for the block, as loaded outside it."""
+def setting(model: fastdecode.CausalLM, exact: bool, graphs: bool, fused: str | None = None) -> Iterator[None]:
+    """Exact mode, CUDA graphs and the fused kernels (`fused`: torch.compile's backend) on or off for the block, as
+    loaded outside it (unfused)."""
     saved = model.exact, model.graphs
     model.exact = saved[0] if exact else None
     model.graphs = saved[1] if exact and graphs else None
+    if fused and model.native is not None:
+        model.native.fuse(backend=fused)
     try:
         yield
     finally:
         model.exact, model.graphs = saved
+        if model.native is not None:
+            model.native.fuse(False)
 
 
 def attention_kernels(model: fastdecode.CausalLM, prompt: list[int]) -> dict[str, Any]:
@@ -168,7 +178,7 @@ def attention_kernels(model: fastdecode.CausalLM, prompt: list[int]) -> dict[str
 
 
 def step_probe(model: fastdecode.CausalLM, prompt: list[int], plan: Plan, out: Path,
-               say: Callable[[str], None]) -> dict[str, Any]:
+               say: Callable[[str], None], profile: bool = True) -> dict[str, Any]:
     """Where a graphed `ar.greedy` step goes (CUDA graphs on): the steady-state wall time of a step (a generation of
     `plan.new` tokens less one of `plan.new // 4`, so the prefill, the eager first forward and the capture cancel
     out), the device time of one replay (synchronised before and after, medians), and the capture of a new cache's
@@ -211,12 +221,14 @@ def step_probe(model: fastdecode.CausalLM, prompt: list[int], plan: Plan, out: P
         timed(short)
     finally:
         Graphs._replay, Graphs._capture = replay, capture  # type: ignore[method-assign]
-    from torch.profiler import ProfilerActivity, profile
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as profiler
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fastdecode.generate(model, prompt, "ar.greedy", max_new_tokens=short)
-    (out.parent / "engine-profile.txt").write_text(
-        prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
+        with profiler(activities=[ProfilerActivity.CPU]) as prof:
+            fastdecode.generate(model, prompt, "ar.greedy", max_new_tokens=short)
+        (out.parent / "engine-profile.txt").write_text(
+            prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
     replays.sort()
     result = {"step_ms": round(step_ms, 3), "replay_ms": round(1e3 * replays[len(replays) // 2], 3),
               "capture_ms": [round(1e3 * c, 1) for c in captures], "step_tokens": [short, plan.new]}
@@ -228,13 +240,17 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
            only: list[str] | None = None) -> None:
     model = random_llama(plan, device, torch.bfloat16 if device.type == "cuda" or not plan.one_task else torch.float32)
     prompt = repeated_prompt(plan, model.vocab_size)
+    backend = "eager" if plan.one_task else "inductor"  # the smoke run traces the fused functions without compiling
     runners: dict[str, Callable[[], tuple[list[int], int]]] = {}
-    for name, method, exact, graphs in ENGINE_RUNS:
-        if only is not None and name not in only and name != "ar.greedy":
+    if only is not None:  # the baselines always run: ar.greedy, and its fused run where a fused runner is asked for
+        only = [*only, "ar.greedy", *(["ar.greedy:fused=true"] if any(n.endswith(":fused=true") for n in only) else [])]
+    for name, method, exact, graphs, fused in ENGINE_RUNS:
+        if only is not None and name not in only:
             continue
-        def run(method=method, exact=exact, graphs=graphs) -> tuple[list[int], int]:
+
+        def run(method=method, exact=exact, graphs=graphs, fused=fused) -> tuple[list[int], int]:
             # a fresh memory each time: spec.suffix must not remember the previous repetition's output
-            with setting(model, exact, graphs):
+            with setting(model, exact, graphs, backend if fused else None):
                 r = fastdecode.generate(model, prompt, method, max_new_tokens=plan.new, memory=DrafterMemory())
             return r.token_ids, r.stats.forwards
         runners[name] = run
@@ -252,8 +268,8 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
             continue
         say(f"engine warm-up {name}: {time.perf_counter() - t:.1f} s")
     runners = {k: v for k, v in runners.items() if v is not None}
-    base: list[int] | None = None
-    settings = {n: (e, g) for n, _, e, g in ENGINE_RUNS}
+    bases: dict[bool, list[int]] = {}  # ar.greedy's tokens, unfused and fused
+    settings = {n: (e, g, f) for n, _, e, g, f in ENGINE_RUNS}
     failed: set[str] = set()
     for rep in range(plan.reps):
         for name, run in runners.items():
@@ -270,10 +286,12 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
                 continue
             _sync(device)
             wall = time.perf_counter() - t
-            if name == "ar.greedy":
-                base = ids
-            row = engine_row(meta, model, name, rep, ids, forwards, wall, base, plan, len(prompt))
-            exact, graphs = settings.get(name, (False, False))
+            exact, graphs, fused = settings.get(name, (False, False, False))
+            if name in ("ar.greedy", "ar.greedy:fused=true"):
+                bases[fused] = ids
+            row = engine_row(meta, model, name, rep, ids, forwards, wall, bases.get(fused), plan, len(prompt))
+            if fused:
+                row["params"]["fused"] = True
             row["exact"] = model.exact.width if exact and model.exact is not None else None
             row["params"]["graphs"] = bool(exact and graphs and model.graphs is not None)
             rows.append(row)
@@ -286,8 +304,11 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
             continue
         rate = sum(r["new_tokens"] for r in mine) / sum(r["wall_s"] for r in mine)
         say(f"engine {name}: {rate:.1f} tokens/s, equal to ar.greedy {sum(r['score'] for r in mine):.0f}/{len(mine)}")
-    probe = {**attention_kernels(model, prompt[:64]), **step_probe(model, prompt, plan, out, say),
-             "graphs": dict(model.graphs.stats) if model.graphs is not None else None}
+    probe = {**attention_kernels(model, prompt[:64]), **step_probe(model, prompt, plan, out, say)}
+    if "ar.greedy:fused=true" in runners:
+        with setting(model, True, True, backend):
+            probe["step_fused"] = step_probe(model, prompt, plan, out, say, profile=False).get("step")
+    probe["graphs"] = dict(model.graphs.stats) if model.graphs is not None else None
     out.with_name("engine-probe.json").write_text(json.dumps(probe, indent=1) + "\n")
     say(f"engine probe: {probe}")
 

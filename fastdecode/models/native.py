@@ -10,6 +10,13 @@ are exactly norm → attention (q/k/v/o projections, optional biases) → residu
 recognised by structure (`native_forward` returns None for anything else, which keeps the transformers path:
 quantised or adapter-wrapped projections, hooks on a layer at load time). Hooks registered after loading are not run
 by the direct forward: set `model.native = None` to keep them.
+
+`NativeForward.fuse()` (off by default) runs the layer's elementwise runs through `torch.compile`d functions (the
+two norms with the residual add before the second, the rotary products, SiLU times the up projection): the same
+operations, fused into a few kernels per layer. On a GPU in CUDA graphs a decode step of a small model is bound by the
+number of kernels, not by their work (issue #30), which is where this pays; its rounding differs from the unfused
+forward's (a fused norm keeps float32 inside), so it is a setting of its own: every forward of a generation must run
+with the same setting for exact mode's identity to hold, and the identity is with `ar.greedy` under the same setting.
 """
 
 from __future__ import annotations
@@ -62,6 +69,33 @@ def _swap_halves(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((x[..., half:], x[..., :half]), dim=-1)
 
 
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _swap_halves(x) * sin
+
+
+def _add_rms(h: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add, then the next norm: (the new residual stream, its normed copy)."""
+    h = h + out
+    return h, _rms(h, weight, eps)
+
+
+def _gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+@dataclass(frozen=True)
+class _Ops:
+    """The elementwise runs of a layer: the plain functions, or the same compiled (`NativeForward.fuse`)."""
+
+    rms: Any = _rms
+    rope: Any = _rope
+    add_rms: Any = _add_rms
+    gated: Any = _gated
+
+
+_PLAIN = _Ops()
+
+
 class NativeForward:
     """`forward(ids, positions, cache, plan)` for one supported model; see the module docstring."""
 
@@ -74,6 +108,25 @@ class NativeForward:
         self.norm, self.norm_eps = self.inner.norm.weight, float(self.inner.norm.variance_epsilon)
         self.lm_head = model.lm_head
         self._layers: dict[int, _Layer] = {}  # by id of the decoder layer module
+        self.ops = _PLAIN
+
+    @property
+    def fused(self) -> bool:
+        return self.ops is not _PLAIN
+
+    def fuse(self, on: bool = True, backend: Any = "inductor") -> None:
+        """Run the layers' elementwise runs as compiled functions (`on`), or the plain ones. Each function is compiled
+        for its shapes on first use (`dynamic=False`: exact mode gives every forward of a generation the same shapes,
+        so no forward switches kernels half-way); `backend` is `torch.compile`'s (`"eager"` traces without
+        generating kernels, as the CPU tests do). Graphs captured before the switch belong to caches of earlier
+        generations; a new cache captures the new setting."""
+        if not on:
+            self.ops = _PLAIN
+            return
+
+        def compiled(fn: Any) -> Any:
+            return torch.compile(fn, dynamic=False, fullgraph=True, backend=backend)
+        self.ops = _Ops(compiled(_rms), compiled(_rope), compiled(_add_rms), compiled(_gated))
 
     def _layer(self, layer: Any) -> _Layer:
         """What the forward reads of one decoder layer, collected once. The layer list is read at every forward, so a
@@ -104,26 +157,27 @@ class NativeForward:
         # each x's second half gives the same products exactly (a sign flip is exact)
         half = sin.shape[-1] // 2
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        ops = self.ops
         with attention.planned(plan):
             kept: dict[int, torch.Tensor] = {}
             for i, layer in enumerate(self.inner.layers[: self.count]):
                 L = self._layer(layer)
-                x = _rms(h, L.in_norm, L.in_eps)
+                x = ops.rms(h, L.in_norm, L.in_eps)
                 q = F.linear(x, L.q.weight, L.q.bias).view(B, T, -1, L.head_dim).transpose(1, 2)
                 k = F.linear(x, L.k.weight, L.k.bias).view(B, T, -1, L.head_dim).transpose(1, 2)
                 v = F.linear(x, L.v.weight, L.v.bias).view(B, T, -1, L.head_dim).transpose(1, 2)
-                q = q * cos + _swap_halves(q) * sin
-                k = k * cos + _swap_halves(k) * sin
+                q = ops.rope(q, cos, sin)
+                k = ops.rope(k, cos, sin)
                 if cache is not None:
                     k, v = cache.layers[L.index].update(k, v)  # type: ignore[union-attr]  # our own layers
                 out, _ = attention.attention(L.attn, q, k, v, None, scaling=L.scaling, sliding_window=L.window)
-                h = h + F.linear(out.reshape(B, T, -1).contiguous(), L.o.weight, L.o.bias)
-                x = _rms(h, L.post_norm, L.post_eps)
-                h = h + F.linear(F.silu(F.linear(x, L.gate.weight, L.gate.bias)) * F.linear(x, L.up.weight, L.up.bias),
-                                 L.down.weight, L.down.bias)
+                h, x = ops.add_rms(h, F.linear(out.reshape(B, T, -1).contiguous(), L.o.weight, L.o.bias), L.post_norm,
+                                   L.post_eps)
+                gated = ops.gated(F.linear(x, L.gate.weight, L.gate.bias), F.linear(x, L.up.weight, L.up.bias))
+                h = h + F.linear(gated, L.down.weight, L.down.bias)
                 if picked is not None and i in picked:
                     kept[i] = h  # a new tensor each layer (never written in place), so no copy is needed
-        h = _rms(h, self.norm, self.norm_eps)
+        h = ops.rms(h, self.norm, self.norm_eps)
         last = h if num_logits is None else h[:, -num_logits:]
         layers = tuple(kept[i] for i in picked) if picked else ()
         return F.linear(last, self.lm_head.weight, self.lm_head.bias), h, layers

@@ -26,7 +26,10 @@ def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys):
     _tool().main(["--smoke", "--out", str(tmp_path), "--stages", "engine", "bfloat16"])
     engine = [json.loads(line) for line in (tmp_path / "engine.jsonl").read_text().splitlines()]
     assert {r["method"] for r in engine} == {"ar.greedy", "ar.greedy:graphs=false", "ar.greedy:exact=false",
-                                             "hf.greedy", "hf.static_compile", "spec.suffix", "spec.pld"}
+                                             "hf.greedy", "hf.static_compile", "spec.suffix", "spec.pld",
+                                             "ar.greedy:fused=true", "spec.suffix:fused=true"}
+    assert {r["method"] for r in engine if r["params"].get("fused")} == {"ar.greedy:fused=true",
+                                                                           "spec.suffix:fused=true"}
     assert all(r["dtype"] == "float32" and r["machine"]["device"] == "cpu" and r["new_tokens"] == 12 for r in engine)
     flags = {r["method"]: (r["exact"], r["params"].get("graphs")) for r in engine}
     assert flags["ar.greedy"] == (8, True) and flags["ar.greedy:graphs=false"] == (8, False)
@@ -35,6 +38,9 @@ def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys):
     assert all(r["equal_to_baseline"] for r in engine if r["method"] != "hf.static_compile")
     probe = json.loads((tmp_path / "engine-probe.json").read_text())
     assert probe["graphs"]["replays"] > 0 and probe["graphs"]["captures"] > 0
+    # where a graphed step goes: its steady-state wall time and one replay's, unfused and fused
+    assert probe["step"]["step_ms"] > 0 and probe["step"]["replay_ms"] > 0 and probe["step_fused"]["replay_ms"] > 0
+    assert (tmp_path / "engine-profile.txt").read_text().strip()
     zoo = [json.loads(line) for line in (tmp_path / "zoo-bfloat16.jsonl").read_text().splitlines()]
     ar = [r for r in zoo if r["model"] == "zoo:ar-small"]
     assert {r["method"] for r in ar} == {"ar.greedy", "spec.pld", "spec.suffix"}
