@@ -40,6 +40,7 @@ SDPA_NAMES = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFIC
               "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}
 DEFAULT_SDPA = "flash,efficient,math"
 _sdpa_backends: list[SDPBackend] | None = [SDPA_NAMES[n] for n in DEFAULT_SDPA.split(",")]
+_grouped = False  # `use_grouped_attention`: fastdecode's own dense attention instead of SDPA
 DENSE = "dense"  # the `attention=` value of dense attention (no rule)
 
 _PLAN: ContextVar[Plan | None] = ContextVar("fastdecode_attention_plan", default=None)
@@ -172,6 +173,9 @@ def attention(
             scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
             out = gathered(query, key, value, mask, scale, selection.cols, selection.dense, selection.rotation)
             return out.transpose(1, 2).contiguous(), None
+    if _grouped and softcap is None and s_aux is None:
+        scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+        return grouped(query, key, value, mask, scale).transpose(1, 2).contiguous(), None
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
         key = key.repeat_interleave(groups, dim=1)
@@ -182,6 +186,46 @@ def attention(
     else:
         out = _eager(query, key, value, mask, scale, softcap, s_aux)
     return out.transpose(1, 2).contiguous(), None
+
+
+def grouped(
+    q: torch.Tensor,  # [B, Hq, Q, D]
+    k: torch.Tensor,  # [B, Hkv, K, D]
+    v: torch.Tensor,  # [B, Hkv, K, Dv]
+    mask: torch.Tensor,  # [B, 1, Q, K] bool
+    scale: float,
+) -> torch.Tensor:
+    """Dense attention in float32 as a few large operations: the query heads of each key/value head stacked into one
+    matrix (no copy of the keys and values per query head), scores, masked softmax and the weighted values in float32,
+    the result in the queries' dtype. `[B, Hq, Q, Dv]`.
+
+    Why (issue #30): in exact mode every forward attends over the cache's whole storage (2048 columns) with a boolean
+    mask, which on CUDA leaves SDPA the memory-efficient kernel: one thread block per head and 64 queries, walking
+    the columns one tile after another. On an H200 that kernel took 42 % of a 1.1B decode step's device time (111 us
+    a layer for 32 queries; `docs/results/gpu/2026-11-27/kernels-graphs.txt`) while the keys and values it reads take
+    about 1 us. Here the work spreads over the whole GPU, and the 32x-repeated keys and values are never written.
+    A row whose mask is all False gets a uniform average instead of NaN."""
+    B, Hq, Q, D = q.shape
+    Hkv, K = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    qg = q.reshape(B, Hkv, g * Q, D).to(torch.float32) * scale  # query head h serves key/value head h // g
+    scores = torch.matmul(qg, k.to(torch.float32).transpose(-1, -2))  # [B, Hkv, g * Q, K]
+    scores = scores.view(B, Hkv, g, Q, K).masked_fill(~mask[:, :, None], torch.finfo(torch.float32).min)
+    probs = scores.softmax(-1).view(B, Hkv, g * Q, K)
+    out = torch.matmul(probs, v.to(torch.float32))  # [B, Hkv, g * Q, Dv]
+    return out.view(B, Hq, Q, -1).to(q.dtype)
+
+
+def use_grouped_attention(on: bool) -> None:
+    """The switch for `grouped`: on, every dense attention of fastdecode's plan-driven forwards (no soft-capping, no
+    sinks, no sparse rule) runs it instead of SDPA, on every device; off (the default), SDPA. Its rounding differs
+    from SDPA's, so flip it between generations, never inside one (exact mode's identity holds within a setting)."""
+    global _grouped
+    _grouped = bool(on)
+
+
+def grouped_attention_on() -> bool:
+    return _grouped
 
 
 def gathered(

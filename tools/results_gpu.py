@@ -43,6 +43,7 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import fastdecode  # noqa: E402
+from fastdecode import attention  # noqa: E402
 from fastdecode.bench.harness import run_bench  # noqa: E402
 from fastdecode.bench.jobs import machine, precision, versions  # noqa: E402
 from fastdecode.bench.suites import Suite, get_suite  # noqa: E402
@@ -134,33 +135,45 @@ def static_compile(model: fastdecode.CausalLM, prompt: list[int], new: int, comp
     return run
 
 
-# the engine's runs: (row method, method run, exact mode on, CUDA graphs on, fused elementwise kernels); the variants
-# of ar.greedy measure what exact mode, CUDA graphs and the fused kernels (`NativeForward.fuse`) each cost or save on
-# one copy of the weights. A fused run's `= base` is against `ar.greedy:fused=true` (the same setting)
+# the engine's runs: (row method, method run, exact mode on, CUDA graphs on, fused elementwise kernels, grouped
+# attention); the variants of ar.greedy measure what exact mode, CUDA graphs, the fused kernels
+# (`NativeForward.fuse`) and fastdecode's own attention (`attention.use_grouped_attention`) each cost or save on one
+# copy of the weights. A run's `= base` is against ar.greedy's run with the same fused and grouped settings
 ENGINE_RUNS = (
-    ("ar.greedy", "ar.greedy", True, True, False), ("ar.greedy:graphs=false", "ar.greedy", True, False, False),
-    ("ar.greedy:exact=false", "ar.greedy", False, False, False), ("hf.greedy", "hf.greedy", True, True, False),
-    ("spec.suffix", "spec.suffix", True, True, False), ("spec.pld", "spec.pld", True, True, False),
-    ("ar.greedy:fused=true", "ar.greedy", True, True, True),
-    ("spec.suffix:fused=true", "spec.suffix", True, True, True),
+    ("ar.greedy", "ar.greedy", True, True, False, False),
+    ("ar.greedy:graphs=false", "ar.greedy", True, False, False, False),
+    ("ar.greedy:exact=false", "ar.greedy", False, False, False, False),
+    ("hf.greedy", "hf.greedy", True, True, False, False),
+    ("spec.suffix", "spec.suffix", True, True, False, False),
+    ("spec.pld", "spec.pld", True, True, False, False),
+    ("ar.greedy:fused=true", "ar.greedy", True, True, True, False),
+    ("spec.suffix:fused=true", "spec.suffix", True, True, True, False),
+    ("ar.greedy:grouped=true", "ar.greedy", True, True, False, True),
+    ("ar.greedy:fused=true,grouped=true", "ar.greedy", True, True, True, True),
+    ("spec.suffix:fused=true,grouped=true", "spec.suffix", True, True, True, True),
 )
+# the ar.greedy run each setting (fused, grouped) is compared with
+BASES = {(f, g): n for n, m, e, gr, f, g in ENGINE_RUNS if m == "ar.greedy" and e and gr}
 
 
 @contextlib.contextmanager
-def setting(model: fastdecode.CausalLM, exact: bool, graphs: bool, fused: str | None = None) -> Iterator[None]:
-    """Exact mode, CUDA graphs and the fused kernels (`fused`: torch.compile's backend) on or off for the block, as
-    loaded outside it (unfused)."""
+def setting(model: fastdecode.CausalLM, exact: bool, graphs: bool, fused: str | None = None,
+            grouped: bool = False) -> Iterator[None]:
+    """Exact mode, CUDA graphs, the fused kernels (`fused`: torch.compile's backend) and the grouped attention on or
+    off for the block, as loaded outside it (unfused, SDPA)."""
     saved = model.exact, model.graphs
     model.exact = saved[0] if exact else None
     model.graphs = saved[1] if exact and graphs else None
     if fused and model.native is not None:
         model.native.fuse(backend=fused)
+    attention.use_grouped_attention(grouped)
     try:
         yield
     finally:
         model.exact, model.graphs = saved
         if model.native is not None:
             model.native.fuse(False)
+        attention.use_grouped_attention(False)
 
 
 def attention_kernels(model: fastdecode.CausalLM, prompt: list[int]) -> dict[str, Any]:
@@ -242,15 +255,16 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
     prompt = repeated_prompt(plan, model.vocab_size)
     backend = "eager" if plan.one_task else "inductor"  # the smoke run traces the fused functions without compiling
     runners: dict[str, Callable[[], tuple[list[int], int]]] = {}
-    if only is not None:  # the baselines always run: ar.greedy, and its fused run where a fused runner is asked for
-        only = [*only, "ar.greedy", *(["ar.greedy:fused=true"] if any(n.endswith(":fused=true") for n in only) else [])]
-    for name, method, exact, graphs, fused in ENGINE_RUNS:
+    settings = {n: (e, g, f, gr) for n, _, e, g, f, gr in ENGINE_RUNS}
+    if only is not None:  # the baselines always run: ar.greedy, and its run in each setting asked for
+        only = [*only, "ar.greedy", *(BASES[settings[n][2:]] for n in only if n in settings)]
+    for name, method, exact, graphs, fused, grouped in ENGINE_RUNS:
         if only is not None and name not in only:
             continue
 
-        def run(method=method, exact=exact, graphs=graphs, fused=fused) -> tuple[list[int], int]:
+        def run(method=method, exact=exact, graphs=graphs, fused=fused, grouped=grouped) -> tuple[list[int], int]:
             # a fresh memory each time: spec.suffix must not remember the previous repetition's output
-            with setting(model, exact, graphs, backend if fused else None):
+            with setting(model, exact, graphs, backend if fused else None, grouped):
                 r = fastdecode.generate(model, prompt, method, max_new_tokens=plan.new, memory=DrafterMemory())
             return r.token_ids, r.stats.forwards
         runners[name] = run
@@ -268,8 +282,7 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
             continue
         say(f"engine warm-up {name}: {time.perf_counter() - t:.1f} s")
     runners = {k: v for k, v in runners.items() if v is not None}
-    bases: dict[bool, list[int]] = {}  # ar.greedy's tokens, unfused and fused
-    settings = {n: (e, g, f) for n, _, e, g, f in ENGINE_RUNS}
+    bases: dict[tuple[bool, bool], list[int]] = {}  # ar.greedy's tokens in each (fused, grouped) setting
     failed: set[str] = set()
     for rep in range(plan.reps):
         for name, run in runners.items():
@@ -286,12 +299,15 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
                 continue
             _sync(device)
             wall = time.perf_counter() - t
-            exact, graphs, fused = settings.get(name, (False, False, False))
-            if name in ("ar.greedy", "ar.greedy:fused=true"):
-                bases[fused] = ids
-            row = engine_row(meta, model, name, rep, ids, forwards, wall, bases.get(fused), plan, len(prompt))
+            exact, graphs, fused, grouped = settings.get(name, (False, False, False, False))
+            if name == BASES[fused, grouped]:
+                bases[fused, grouped] = ids
+            row = engine_row(meta, model, name, rep, ids, forwards, wall, bases.get((fused, grouped)), plan,
+                             len(prompt))
             if fused:
                 row["params"]["fused"] = True
+            if grouped:
+                row["params"]["grouped"] = True
             row["exact"] = model.exact.width if exact and model.exact is not None else None
             row["params"]["graphs"] = bool(exact and graphs and model.graphs is not None)
             rows.append(row)
@@ -305,9 +321,11 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
         rate = sum(r["new_tokens"] for r in mine) / sum(r["wall_s"] for r in mine)
         say(f"engine {name}: {rate:.1f} tokens/s, equal to ar.greedy {sum(r['score'] for r in mine):.0f}/{len(mine)}")
     probe = {**attention_kernels(model, prompt[:64]), **step_probe(model, prompt, plan, out, say)}
-    if "ar.greedy:fused=true" in runners:
-        with setting(model, True, True, backend):
-            probe["step_fused"] = step_probe(model, prompt, plan, out, say, profile=False).get("step")
+    for key, fused, grouped in (("step_fused", True, False), ("step_grouped", False, True),
+                                ("step_fused_grouped", True, True)):
+        if BASES[fused, grouped] in runners:
+            with setting(model, True, True, backend if fused else None, grouped):
+                probe[key] = step_probe(model, prompt, plan, out, say, profile=False).get("step")
     probe["graphs"] = dict(model.graphs.stats) if model.graphs is not None else None
     out.with_name("engine-probe.json").write_text(json.dumps(probe, indent=1) + "\n")
     say(f"engine probe: {probe}")

@@ -27,9 +27,14 @@ def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys):
     engine = [json.loads(line) for line in (tmp_path / "engine.jsonl").read_text().splitlines()]
     assert {r["method"] for r in engine} == {"ar.greedy", "ar.greedy:graphs=false", "ar.greedy:exact=false",
                                              "hf.greedy", "hf.static_compile", "spec.suffix", "spec.pld",
-                                             "ar.greedy:fused=true", "spec.suffix:fused=true"}
-    assert {r["method"] for r in engine if r["params"].get("fused")} == {"ar.greedy:fused=true",
-                                                                           "spec.suffix:fused=true"}
+                                             "ar.greedy:fused=true", "spec.suffix:fused=true",
+                                             "ar.greedy:grouped=true", "ar.greedy:fused=true,grouped=true",
+                                             "spec.suffix:fused=true,grouped=true"}
+    assert {r["method"] for r in engine if r["params"].get("fused")} == {
+        "ar.greedy:fused=true", "spec.suffix:fused=true", "ar.greedy:fused=true,grouped=true",
+        "spec.suffix:fused=true,grouped=true"}
+    assert {r["method"] for r in engine if r["params"].get("grouped")} == {
+        "ar.greedy:grouped=true", "ar.greedy:fused=true,grouped=true", "spec.suffix:fused=true,grouped=true"}
     assert all(r["dtype"] == "float32" and r["machine"]["device"] == "cpu" and r["new_tokens"] == 12 for r in engine)
     flags = {r["method"]: (r["exact"], r["params"].get("graphs")) for r in engine}
     assert flags["ar.greedy"] == (8, True) and flags["ar.greedy:graphs=false"] == (8, False)
@@ -39,7 +44,8 @@ def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys):
     probe = json.loads((tmp_path / "engine-probe.json").read_text())
     assert probe["graphs"]["replays"] > 0 and probe["graphs"]["captures"] > 0
     # where a graphed step goes: its steady-state wall time and one replay's, unfused and fused
-    assert probe["step"]["step_ms"] > 0 and probe["step"]["replay_ms"] > 0 and probe["step_fused"]["replay_ms"] > 0
+    assert probe["step"]["step_ms"] > 0 and probe["step"]["replay_ms"] > 0
+    assert all(probe[k]["replay_ms"] > 0 for k in ("step_fused", "step_grouped", "step_fused_grouped"))
     assert (tmp_path / "engine-profile.txt").read_text().strip()
     zoo = [json.loads(line) for line in (tmp_path / "zoo-bfloat16.jsonl").read_text().splitlines()]
     ar = [r for r in zoo if r["model"] == "zoo:ar-small"]
@@ -51,3 +57,16 @@ def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys):
     assert "## engine · random:tiny" in report and "## code · zoo:ar-small · bfloat16 exact" in report
     assert engine[0]["machine"]["device_name"] in report
     assert "skipped" not in capsys.readouterr().out  # nothing skipped for time
+
+
+def test_kernel_tables_smoke(tmp_path):
+    """tools/gpu_kernels.py on the CPU: one table of a step's operators per setting (the GPU run adds kernels)."""
+    spec = importlib.util.spec_from_file_location("gpu_kernels", TOOL.with_name("gpu_kernels.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--smoke", "--out", str(tmp_path), "--steps", "3"])
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {f"kernels-{n}.txt" for n in ("graphs", "graphs-fused-grouped", "graphs-grouped", "graphs-fused",
+                                                  "eager")}
+    assert "aten::mm" in (tmp_path / "kernels-graphs-fused-grouped.txt").read_text()
