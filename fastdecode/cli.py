@@ -70,6 +70,9 @@ ExactOpt = Annotated[Optional[bool], typer.Option(
 GraphsOpt = Annotated[Optional[bool], typer.Option(
     "--graphs/--no-graphs", help="CUDA graphs of exact mode's forwards (default: on wherever exact mode is on CUDA; "
     "docs/gpu.md).")]
+FusedOpt = Annotated[Optional[bool], typer.Option(
+    "--fused/--no-fused", help="The direct forward's elementwise runs compiled into fused kernels (torch.compile; "
+    "default: on with CUDA graphs on CUDA; docs/gpu.md).")]
 ThreadsOpt = Annotated[Optional[int], typer.Option(
     help="torch CPU threads (default: 1 for a model under 50 M parameters on the CPU, else torch's choice; "
     "docs/cli.md); recorded in bench's rows.")]
@@ -94,6 +97,7 @@ def generate(
     dtype: DtypeOpt = None,
     exact: ExactOpt = None,
     graphs: GraphsOpt = None,
+    fused: FusedOpt = None,
     constraint_json_schema: Annotated[Optional[str], typer.Option(
         help="Output must be JSON matching the JSON schema in this file.")] = None,
     constraint_regex: Annotated[Optional[str], typer.Option(help="Output must match this regular expression.")] = None,
@@ -135,7 +139,7 @@ def generate(
     _use_threads(model, threads, device)
     with err.status(f"loading {model}"):
         m = fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                            **_exact_kwargs(exact, graphs))
+                            **_exact_kwargs(exact, graphs, fused))
         d = (fastdecode.load(draft, device=m.device, dtype=m.dtype, trust_remote_code=trust_remote_code)
              if draft else None)
     if image_out is not None and getattr(m, "image", None) is None:
@@ -262,10 +266,11 @@ def _check_threads(threads: int | None) -> None:
         raise ArgumentError(f"--threads must be at least 1, not {threads}.")
 
 
-def _exact_kwargs(exact: bool | None, graphs: bool | None = None) -> dict[str, bool]:
-    """`load`'s exact= and graphs= from --exact/--no-exact and --graphs/--no-graphs (neither: the device's default,
-    so load is called as before)."""
-    return {**({} if exact is None else {"exact": exact}), **({} if graphs is None else {"graphs": graphs})}
+def _exact_kwargs(exact: bool | None, graphs: bool | None = None, fused: bool | None = None) -> dict[str, bool]:
+    """`load`'s exact=, graphs= and fused= from --exact/--no-exact, --graphs/--no-graphs and --fused/--no-fused (none:
+    the device's default, so load is called as before)."""
+    return {**({} if exact is None else {"exact": exact}), **({} if graphs is None else {"graphs": graphs}),
+            **({} if fused is None else {"fused": fused})}
 
 
 def _command(name: str, *args: str, **options) -> str:
@@ -343,6 +348,7 @@ def bench(
     dtype: DtypeOpt = None,
     exact: ExactOpt = None,
     graphs: GraphsOpt = None,
+    fused: FusedOpt = None,
 ) -> None:
     """Run methods on a suite's test items, one generation at a time, one JSONL row each (resumable)."""
     import fastdecode
@@ -358,9 +364,9 @@ def bench(
                        seeds=seeds, out=out_path, threads=threads, kind=kind, device=device, dtype=dtype,
                        no_warmup=not warmup, trust_remote_code=trust_remote_code, ray=ray, ray_workers=ray_workers,
                        exact=exact is True, no_exact=exact is False,
-                       graphs=graphs is True, no_graphs=graphs is False)
+                       graphs=graphs is True, no_graphs=graphs is False, fused=fused is True, no_fused=fused is False)
     load_kwargs = {"device": device, "dtype": dtype, "trust_remote_code": trust_remote_code,
-                   **_exact_kwargs(exact, graphs)}
+                   **_exact_kwargs(exact, graphs, fused)}
     with _progress_bar() as bar:
         task = bar.add_task(f"loading {model}", total=None)
 
@@ -370,7 +376,7 @@ def bench(
         try:
             # --kind is the target's (a draft's kind is detected): load the target here when it is given
             target = (fastdecode.load(model, kind=kind, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                                      **_exact_kwargs(exact, graphs))
+                                      **_exact_kwargs(exact, graphs, fused))
                       if kind else model)
             summary = run_bench(suite, target, methods, out_path, draft=draft, params=split_params(param), seeds=seeds,
                                 limit=limit, warmup=warmup, command=command, load_kwargs=load_kwargs,

@@ -13,12 +13,13 @@ from transformers import DynamicCache
 
 from .. import attention
 from ..cache import DynamicKVCache, KVCache
+from ..errors import ParameterError
 from .base import ModelAdapter
 from .capabilities import check_sparse_attention, layer_types
 from .exact import Exact, chunk_past, pad_block
 from .graphs import Graphs, Mode
 from .hidden import captured, collect, layer_list, wanted
-from .native import native_forward
+from .native import check_fused, fused_default, native_forward
 
 # layer types the preallocated cache serves (a sliding window is applied by the attention plan, keys are kept)
 _PREALLOCATED_LAYERS = {"full_attention", "sliding_attention"}
@@ -46,7 +47,7 @@ class CausalLM(ModelAdapter):
     kind = "causal"
 
     def __init__(self, *args, native: bool = True, exact: Exact | None = None, graphs: Mode | None = None,
-                 **kwargs) -> None:
+                 fused: bool | None = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         params = inspect.signature(self.model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
@@ -70,6 +71,16 @@ class CausalLM(ModelAdapter):
         # CUDA graphs of the direct forward in exact mode (models/graphs.py); None = every forward eager
         self.graphs: Graphs | None = (Graphs(self.native, graphs) if graphs and self.native is not None
                                       and self.exact is not None else None)
+        # the direct forward's elementwise runs compiled into fused kernels (models/native.py `fuse`); None = on with
+        # CUDA graphs on a CUDA device
+        fused = check_fused(fused)
+        if fused and self.native is None:
+            raise ParameterError(f"fused=True compiles the direct forward's kernels, which {type(self.model).__name__} "
+                                 "does not run (Llama-shaped decoders only): leave fused=None or False.")
+        if fused or (fused is None and self.native is not None
+                     and fused_default(self.device, self.graphs.mode if self.graphs else None)):
+            assert self.native is not None
+            self.native.fuse()
 
     def new_cache(self, batch: int = 1, capacity: int = 0) -> KVCache | DynamicKVCache:
         """A cache for `batch` rows; `capacity` columns are allocated at once (more are added in chunks)."""

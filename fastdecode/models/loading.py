@@ -28,6 +28,7 @@ from .exact import exact_mode
 from .graphs import graphs_mode
 from .guided import ImageLM
 from .image import read_image_spec
+from .native import check_fused
 
 # model_type -> whether logits are shifted by one (Dream) or at the same position (LLaDA)
 DIFFUSION_MODEL_TYPES = {"llada": False, "dream": True, mdlm.MDLMConfig.model_type: None}
@@ -254,6 +255,7 @@ def load(
     trust_remote_code: bool = False,
     exact: bool | int | None = None,
     graphs: bool | str | None = None,
+    fused: bool | None = None,
 ) -> CausalLM | MaskedDiffusionLM:
     """Load model and tokenizer from a local Hugging Face folder or `zoo:NAME`.
 
@@ -263,7 +265,9 @@ def load(
     `exact` (causal models): every cached forward at one shape, so lossless methods equal their baseline token for
     token in low precision (models/exact.py, docs/gpu.md); None turns it on for CUDA in bfloat16/float16, an int
     sets the block width. `graphs` (causal models): CUDA graphs of exact mode's forwards (models/graphs.py); None
-    turns them on wherever exact mode is on CUDA, False off.
+    turns them on wherever exact mode is on CUDA, False off. `fused` (causal models with the direct forward): the
+    layers' elementwise runs compiled into fused kernels (models/native.py); None turns them on with CUDA graphs on
+    CUDA (where Triton is present), True on anywhere torch.compile works, False off.
     """
     if kind is not None and kind not in KINDS:
         raise ModelLoadError(f"kind must be 'causal' or 'diffusion', not {kind!r} "
@@ -292,6 +296,7 @@ def load(
         )
     kind = kind or detect_kind(cfg)
     dev, dt = pick_device_dtype(device, dtype)  # a bad device or dtype is refused before the weights are read
+    check_fused(fused)
     check_weights(folder)
     auto = AutoModelForCausalLM if kind == "causal" else AutoModel
     with _quiet_transformers() as report:
@@ -314,8 +319,8 @@ def load(
         mode = graphs_mode(graphs, dev, fixed)
         image = read_image_spec(folder)  # image.json: a class-conditional image model (models/image.py)
         if image is not None:
-            return ImageLM(model, tokenizer, name, exact=fixed, graphs=mode, image=image)
-        return CausalLM(model, tokenizer, name, exact=fixed, graphs=mode)
+            return ImageLM(model, tokenizer, name, exact=fixed, graphs=mode, fused=fused, image=image)
+        return CausalLM(model, tokenizer, name, exact=fixed, graphs=mode, fused=fused)
     return MaskedDiffusionLM(model, tokenizer, name, mask_token_id=_mask_token_id(cfg, tokenizer, folder),
                              shifted=_shifted(cfg, model_type))
 

@@ -21,6 +21,8 @@ with the same setting for exact mode's identity to hold, and the identity is wit
 
 from __future__ import annotations
 
+import importlib.util
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 
 from .. import attention
 from ..cache import KVCache
+from ..errors import FastDecodeWarning, ParameterError
 from .capabilities import sliding_windows
 
 # decoder classes whose layers have exactly the structure below (others, e.g. Qwen3's per-head q/k norms or Gemma's
@@ -109,6 +112,7 @@ class NativeForward:
         self.lm_head = model.lm_head
         self._layers: dict[int, _Layer] = {}  # by id of the decoder layer module
         self.ops = _PLAIN
+        self._proven = False  # a fused forward has run: torch.compile works here
 
     @property
     def fused(self) -> bool:
@@ -120,6 +124,7 @@ class NativeForward:
         so no forward switches kernels half-way); `backend` is `torch.compile`'s (`"eager"` traces without
         generating kernels, as the CPU tests do). Graphs captured before the switch belong to caches of earlier
         generations; a new cache captures the new setting."""
+        self._proven = False
         if not on:
             self.ops = _PLAIN
             return
@@ -127,6 +132,37 @@ class NativeForward:
         def compiled(fn: Any) -> Any:
             return torch.compile(fn, dynamic=False, fullgraph=True, backend=backend)
         self.ops = _Ops(compiled(_rms), compiled(_rope), compiled(_add_rms), compiled(_gated))
+
+    def __call__(
+        self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, plan: attention.Plan,
+        num_logits: int | None, picked: tuple[int, ...] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """(logits `[B, T', V]` in the model's dtype, last hidden states after the final norm `[B, T, H]`, the
+        outputs `[B, T, H]` of the decoder layers `picked` (indices into the layer list as it runs), in that order).
+
+        The first fused forward is where torch.compile builds its kernels; where it cannot (no Triton, no C compiler
+        on a GPU machine), the forward runs again unfused, which stays the setting, with a warning. Rerunning is safe:
+        it writes the same cache columns, and no fused output was used yet."""
+        if self.ops is _PLAIN or self._proven:
+            return self._forward(ids, positions, cache, plan, num_logits, picked)
+        try:
+            out = self._forward(ids, positions, cache, plan, num_logits, picked)
+        except Exception as e:  # noqa: BLE001  (whatever the compiler raised; the unfused run re-raises real errors)
+            self.ops = _PLAIN
+            out = self._forward(ids, positions, cache, plan, num_logits, picked)
+            cause: BaseException = e
+            while True:  # torch.compile wraps what failed (BackendCompilerFailed's inner exception, or a cause)
+                inner = getattr(cause, "inner_exception", None) or cause.__cause__
+                if not isinstance(inner, BaseException):
+                    break
+                cause = inner
+            first = (str(cause).splitlines() or [""])[0][:200]
+            warnings.warn(f"the fused kernels could not be built here ({type(cause).__name__}: {first}); this model "
+                          "runs unfused (load(fused=False) / --no-fused skips the attempt)", FastDecodeWarning,
+                          stacklevel=2)
+            return out
+        self._proven = True
+        return out
 
     def _layer(self, layer: Any) -> _Layer:
         """What the forward reads of one decoder layer, collected once. The layer list is read at every forward, so a
@@ -143,12 +179,10 @@ class NativeForward:
             )
         return found
 
-    def __call__(
+    def _forward(
         self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, plan: attention.Plan,
-        num_logits: int | None, picked: tuple[int, ...] | None = None,
+        num_logits: int | None, picked: tuple[int, ...] | None,
     ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-        """(logits `[B, T', V]` in the model's dtype, last hidden states after the final norm `[B, T, H]`, the
-        outputs `[B, T, H]` of the decoder layers `picked` (indices into the layer list as it runs), in that order)."""
         B, T = ids.shape
         h = F.embedding(ids, self.embed.weight, self.embed.padding_idx)
         cos, sin = self.rotary(h, positions)
@@ -181,6 +215,18 @@ class NativeForward:
         last = h if num_logits is None else h[:, -num_logits:]
         layers = tuple(kept[i] for i in picked) if picked else ()
         return F.linear(last, self.lm_head.weight, self.lm_head.bias), h, layers
+
+
+def fused_default(device: torch.device, graphs: object) -> bool:
+    """`load(fused=None)`: the fused kernels where they pay and can be built: with CUDA graphs on a CUDA device (a
+    step there is bound by its number of kernels; 1.26x on an H200, docs/gpu.md) and Triton importable."""
+    return device.type == "cuda" and graphs == "cuda" and importlib.util.find_spec("triton") is not None
+
+
+def check_fused(value: object) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ParameterError(f"fused={value!r}: pass True, False or None (on with CUDA graphs on a CUDA device).")
 
 
 def native_forward(model: Any) -> NativeForward | None:

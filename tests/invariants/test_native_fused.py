@@ -6,10 +6,15 @@ mode promises is checked under that setting: every lossless method equals `ar.gr
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
 import fastdecode
+from fastdecode.errors import FastDecodeWarning, ParameterError
+from fastdecode.models.causal import CausalLM
+from fastdecode.models.native import fused_default
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "0123456789 ABC abc the lazy dog jumps"]
 
@@ -60,3 +65,36 @@ def test_lossless_methods_equal_greedy_under_the_fused_setting(causal_dir, load_
     finally:
         model.native.fuse(False)
     assert got == want
+
+
+def test_load_resolves_the_setting(causal_dir, load_model, device):
+    """None: on only with CUDA graphs on a CUDA device (and Triton); True on anywhere (compiled at the first forward,
+    not at load); a bad value is refused before the weights are read; no direct forward, no fusing."""
+    cuda = torch.device("cuda")
+    assert not fused_default(torch.device("cpu"), "replay") and not fused_default(cuda, None)
+    assert fused_default(cuda, "cuda") == (importlib.util.find_spec("triton") is not None)
+    plain = load_model(causal_dir, fused=False)
+    assert plain.native is not None and not plain.native.fused
+    if device.type == "cpu":
+        assert not load_model(causal_dir, dtype="bfloat16", exact=8, graphs="replay").native.fused
+    assert load_model(causal_dir, fused=True).native.fused
+    with pytest.raises(ParameterError, match="fused='yes'.*True, False or None"):
+        fastdecode.load(causal_dir, fused="yes")
+    with pytest.raises(ParameterError, match="direct forward.*leave fused=None or False"):
+        CausalLM(plain.model, plain.tokenizer, "x", native=False, fused=True)
+
+
+def test_a_compiler_that_fails_leaves_the_model_unfused_with_a_warning(causal_dir, load_model):
+    model = load_model(causal_dir)
+    ids = model.tokenizer(PROMPTS[0], return_tensors="pt").input_ids.to(model.device)
+    positions = torch.arange(ids.shape[1], device=model.device)[None]
+    want = model.forward(ids, positions)
+
+    def broken(graph, inputs):
+        raise RuntimeError("no compiler here")
+
+    model.native.fuse(backend=broken)
+    with pytest.warns(FastDecodeWarning, match="could not be built here.*no compiler here.*runs unfused"):
+        got = model.forward(ids, positions)
+    assert not model.native.fused
+    assert torch.equal(got, want)
