@@ -11,12 +11,13 @@ recognised by structure (`native_forward` returns None for anything else, which 
 quantised or adapter-wrapped projections, hooks on a layer at load time). Hooks registered after loading are not run
 by the direct forward: set `model.native = None` to keep them.
 
-`NativeForward.fuse()` (off by default) runs the layer's elementwise runs through `torch.compile`d functions (the
-two norms with the residual add before the second, the rotary products, SiLU times the up projection): the same
-operations, fused into a few kernels per layer. On a GPU in CUDA graphs a decode step of a small model is bound by the
-number of kernels, not by their work (issue #30), which is where this pays; its rounding differs from the unfused
-forward's (a fused norm keeps float32 inside), so it is a setting of its own: every forward of a generation must run
-with the same setting for exact mode's identity to hold, and the identity is with `ar.greedy` under the same setting.
+`NativeForward.fuse()` (`load(fused=None)` turns it on with CUDA graphs on CUDA) runs the layer's elementwise runs
+through `torch.compile`d functions (the two norms with the residual add before the second, the rotary products, SiLU
+times the up projection): the same operations, fused into a few kernels per layer. On a GPU in CUDA graphs a decode
+step of a small model is bound by the number of kernels, not by their work (issue #30), which is where this pays; its
+rounding differs from the unfused forward's (a fused norm keeps float32 inside), so it is a setting of its own: every
+forward of a generation must run with the same setting for exact mode's identity to hold, and the identity is with
+`ar.greedy` under the same setting.
 """
 
 from __future__ import annotations
