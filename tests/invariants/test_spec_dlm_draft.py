@@ -50,8 +50,9 @@ class Oracle(nn.Module):
         x = input_ids.clone()  # [1, L]
         L = x.shape[1]
         self.seen.append(L)
+        mask = torch.tensor([MASK], device=x.device)
         for i in (x[0] == MASK).nonzero().flatten().tolist():
-            x[0, i] = self.causal(input_ids=x[:, :i]).logits[0, -1].index_fill(-1, torch.tensor([MASK], device=x.device), -1e9).argmax()
+            x[0, i] = self.causal(input_ids=x[:, :i]).logits[0, -1].index_fill(-1, mask, -1e9).argmax()
         logits = self.causal(input_ids=x).logits  # [1, L, V]: output j scores position j + 1
         return SimpleNamespace(logits=logits if self.shifted else torch.cat([logits[:, :1], logits[:, :-1]], 1))
 
@@ -202,7 +203,8 @@ def test_sampled_drafts_carry_their_commit_distributions(diffusion, steps):
         k = d.tokens.numel()
         lengths.append(k)
         assert d.probs.shape == (k, diffusion.vocab_size)
-        assert torch.allclose(d.probs.sum(-1), torch.ones(k, device=d.probs.device)) and ((d.probs > 0).sum(-1) <= 5).all()
+        assert torch.allclose(d.probs.sum(-1), torch.ones(k, device=d.probs.device))
+        assert ((d.probs > 0).sum(-1) <= 5).all()
         assert (d.probs[torch.arange(k), d.tokens] > 0).all() and (d.probs[:, MASK] == 0).all()
     assert drafter.forwards == 6 * steps
     if steps == 1:  # one step commits the block at once; with several only the prefix committed in order is kept
