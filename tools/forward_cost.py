@@ -5,7 +5,8 @@ over k + 1 positions. Whether that pays depends on how a forward's time grows wi
 which this measures: the target's forward through the same adapter the speculative loop uses (KV cache of
 `--context` tokens, logits for every new position), the median of `--reps` timed calls per width, and the share of
 it spent in matrix products (torch profiler, a separate pass). `tools/measured.py` quotes the results in docs/spec.md
-(`cost:` keys).
+(`cost:` keys). The model runs on the CPU unless `--device` names another (on a GPU each timed call waits for the
+device).
 
     python tools/forward_cost.py --model zoo:ar-small --out docs/results/cost/ar-small.jsonl
 """
@@ -34,13 +35,14 @@ MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::mat
 def primed(model, context: torch.Tensor):
     """A fresh KV cache holding `context` `[1, n]`."""
     cache = model.new_cache()
-    model.forward(context, torch.arange(context.shape[1])[None], cache)
+    model.forward(context, torch.arange(context.shape[1], device=context.device)[None], cache)
     return cache
 
 
 def new_tokens(model, n: int, width: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """`width` random tokens and their positions after `n` cached ones."""
-    return torch.randint(4, model.vocab_size, (1, width), generator=gen), torch.arange(n, n + width)[None]
+    """`width` random tokens and their positions after `n` cached ones (drawn on the CPU, put on the model's device)."""
+    ids = torch.randint(4, model.vocab_size, (1, width), generator=gen).to(model.device)
+    return ids, torch.arange(n, n + width, device=model.device)[None]
 
 
 def timed_forwards(
@@ -56,11 +58,19 @@ def timed_forwards(
     for _ in range(reps + 3):  # the first rounds warm up allocators and kernels
         for width in widths:
             ids, pos = new_tokens(model, context.shape[1], width, gen)
+            sync(model)
             start = time.perf_counter()
             model.forward(ids, pos, caches[width], num_logits=width)
+            sync(model)
             times[width].append(time.perf_counter() - start)
             caches[width].trim(width)
     return {width: t[3:] for width, t in times.items()}
+
+
+def sync(model) -> None:
+    """Wait for the device's queued work (on a GPU a forward returns before it ran)."""
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
 
 
 def matmul_share(model, context: torch.Tensor, width: int, reps: int, gen: torch.Generator) -> float:
@@ -86,16 +96,17 @@ def main() -> int:
     parser.add_argument("--widths", type=int, nargs="+", default=WIDTHS, help="tokens per timed forward")
     parser.add_argument("--reps", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="where the model runs (the figures are the CPU's)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if min(args.widths) < 1 or args.reps < 1 or args.context < 1:
         parser.error("--widths, --reps and --context must be at least 1")
     torch.set_num_threads(args.threads)
-    model = fastdecode.load(args.model)
+    model = fastdecode.load(args.model, device=args.device)
     if model.kind != "causal":
         parser.error(f"{args.model} is a {model.kind} model; this measures causal models' cached forwards")
     gen = torch.Generator().manual_seed(0)
-    context = torch.randint(4, model.vocab_size, (1, args.context), generator=gen)
+    context = torch.randint(4, model.vocab_size, (1, args.context), generator=gen).to(model.device)
     where = dict(machine(model.device), torch=torch.__version__)  # the bench rows' description of the machine
     rows = []
     timed = timed_forwards(model, context, args.widths, args.reps, gen)

@@ -10,7 +10,7 @@ from ..config import MethodConfig, check
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
 from ..types import PromptBatch, StepEvent
-from .driver import check_assisted, hf_driver
+from .driver import check_assisted, check_sliding_assistant, hf_driver
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ def run(model: CausalLM, batch: PromptBatch, cfg: AssistedConfig, ctx: RunContex
     """transformers assisted generation with a draft model (needs draft=), greedy (reference)."""
     check_assisted(model, "hf.assisted", "target")
     check_assisted(ctx.draft, "hf.assisted", "draft model")
+    check_sliding_assistant(ctx.draft, "hf.assisted")
     return _run(model, batch, cfg, ctx.draft, ctx.constraint)
 
 

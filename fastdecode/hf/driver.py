@@ -8,15 +8,17 @@ whose logits say how many of them greedy verification kept. Forwards made inside
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import transformers
 from transformers.utils import logging as hf_logging
 
 from ..errors import IncompatibleMethodError
-from ..models.capabilities import state_layer_types
+from ..models.capabilities import sliding_windows, state_layer_types
 from ..models.causal import CausalLM
 from ..types import PromptBatch, StepEvent
 
@@ -110,6 +112,32 @@ def check_assisted(model: CausalLM, method: str, role: str = "model") -> None:
             f"but the {role} {model.name!r} ({type(model.model).__name__}) has {layers} that cannot be cropped "
             "(transformers: assisted generation is not supported with stateful models). Use hf.greedy or ar.greedy "
             "with this model."
+        )
+
+
+# transformers before 5.18: the sliding-window cache layers of an assistant, which record their past for the rollback,
+# handed attention every recorded key while the mask covered the window only, so the assistant's second drafted token
+# failed inside transformers ("The size of tensor a (13) must match the size of tensor b (6)"); 5.18 slices the keys
+SLIDING_ASSISTANT_FIXED = (5, 18)
+
+
+def release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as "5.17.0" or "5.18.0.dev0"."""
+    parts = re.findall(r"\d+", version)
+    return (int(parts[0]), int(parts[1])) if len(parts) >= 2 else (0, 0)
+
+
+def check_sliding_assistant(draft: CausalLM, method: str, version: str = transformers.__version__) -> None:
+    """Refuse, before the first step, a draft model with sliding-window layers as transformers' assistant where
+    the installed transformers cannot run one (`SLIDING_ASSISTANT_FIXED`)."""
+    windows = sliding_windows(draft)
+    if windows and release(version) < SLIDING_ASSISTANT_FIXED:
+        fixed = ".".join(map(str, SLIDING_ASSISTANT_FIXED))
+        raise IncompatibleMethodError(
+            f"{method} drafts with {draft.name!r}, whose sliding-window attention layers (window "
+            f"{min(windows.values())}) transformers {version} cannot run as an assistant: its assisted generation "
+            f"fails after the first drafted token (fixed in transformers {fixed}). Upgrade: pip install -U "
+            f"'transformers>={fixed}', or use spec.draft_model, fastdecode's own loop, with this draft."
         )
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import torch
 from transformers import DynamicCache
@@ -43,6 +43,17 @@ class CausalOutput:
     layers: tuple[torch.Tensor, ...] = ()  # one [B, T, H] per layer index asked
 
 
+# the forward argument that takes the cache, newest name first: transformers 5.24 renamed `past_key_values` to `cache`
+# (the old name warns); before that, the state-space models (Mamba, Mamba2) took theirs as `cache_params`, and a
+# cache passed under another name went into their **kwargs unread: every forward then started from an empty state
+CACHE_ARGUMENTS = ("cache", "past_key_values", "cache_params")
+
+
+def cache_argument(params: Mapping[str, Any]) -> str:
+    """The name under which a model's forward (its signature's `params`) takes the cache."""
+    return next((name for name in CACHE_ARGUMENTS if name in params), "past_key_values")
+
+
 class CausalLM(ModelAdapter):
     kind = "causal"
 
@@ -51,8 +62,7 @@ class CausalLM(ModelAdapter):
         super().__init__(*args, **kwargs)
         params = inspect.signature(self.model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
-        # transformers 5.24 renamed the forward argument `past_key_values` to `cache` (the old name warns)
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._cache_arg = cache_argument(params)
         types = layer_types(self.model)
         # fastdecode's attention function and preallocated cache serve models whose attention goes through
         # transformers' attention interface and whose layers all hold keys and values; others keep transformers'

@@ -90,7 +90,8 @@ class ScoreNet(nn.Module):
         super().__init__()
         import copy
 
-        self.lm = copy.deepcopy(teacher.model).float().train()
+        # DD trains on the CPU (G and psi's head are built there), wherever the teacher runs
+        self.lm = copy.deepcopy(teacher.model).float().cpu().train()
         self.codes = codes
         d = teacher.image.d
         hidden = teacher.config.hidden_size
@@ -122,9 +123,10 @@ def generator_out(net: DDNet, labels: Tensor, eps: Tensor) -> tuple[Tensor, Tens
 
 @torch.no_grad()
 def teacher_logp(teacher: Any, labels: Tensor, codes: Tensor) -> Tensor:
-    """log p(q_i | c, q_<i) over codes, guided, teacher-forced on `codes`: [B, n, K]."""
-    ids = torch.cat([labels[:, None], codes], dim=1)  # [B, n + 1]
-    positions = torch.arange(ids.shape[1] - 1)[None].expand(ids.shape[0], -1)
+    """log p(q_i | c, q_<i) over codes, guided, teacher-forced on `codes`: [B, n, K], on the CPU (where DD trains),
+    the teacher run on its own device (a GPU)."""
+    ids = torch.cat([labels[:, None], codes], dim=1).to(teacher.device)  # [B, n + 1]
+    positions = torch.arange(ids.shape[1] - 1, device=ids.device)[None].expand(ids.shape[0], -1)
     logits = teacher.forward(ids[:, :-1], positions)[..., : teacher.image.K].float()
     return torch.log_softmax(logits, dim=-1).cpu()
 

@@ -179,7 +179,7 @@ def train_student(teacher: Any, examples: list[Example], folder: Path, seed: int
     """The student (a copy of the teacher's network) trained `cfg.steps` steps, resuming from `folder`'s checkpoint;
     returns it, the loss log and the training seconds (all runs together)."""
     torch.manual_seed(seed)
-    student = copy.deepcopy(teacher.model).float().train()
+    student = copy.deepcopy(teacher.model).float().cpu().train()  # trained on the CPU, wherever the teacher runs
     decay = [p for p in student.parameters() if p.dim() >= 2]
     rest = [p for p in student.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},

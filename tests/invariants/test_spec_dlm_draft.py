@@ -50,8 +50,9 @@ class Oracle(nn.Module):
         x = input_ids.clone()  # [1, L]
         L = x.shape[1]
         self.seen.append(L)
+        mask = torch.tensor([MASK], device=x.device)
         for i in (x[0] == MASK).nonzero().flatten().tolist():
-            x[0, i] = self.causal(input_ids=x[:, :i]).logits[0, -1].index_fill(-1, torch.tensor([MASK]), -1e9).argmax()
+            x[0, i] = self.causal(input_ids=x[:, :i]).logits[0, -1].index_fill(-1, mask, -1e9).argmax()
         logits = self.causal(input_ids=x).logits  # [1, L, V]: output j scores position j + 1
         return SimpleNamespace(logits=logits if self.shifted else torch.cat([logits[:, :1], logits[:, :-1]], 1))
 
@@ -132,10 +133,10 @@ def test_one_step_drafts_the_aligned_argmax(diffusion, dream, shifted):
     """With draft_steps=1 the block is the argmax (never the mask token) of the logits that score each position:
     output i for LLaDA, output i - 1 for Dream."""
     model = dream if shifted else diffusion
-    context = torch.tensor(model.encode("the quick brown"))
+    context = torch.tensor(model.encode("the quick brown"), device=model.device)
     n, k = context.numel(), 5
     draft = DiffusionDrafter(model, DlmDraftConfig(num_draft_tokens=k), None).propose(context, 10)
-    canvas = torch.cat([context, torch.full((k,), MASK)])[None]
+    canvas = torch.cat([context, torch.full((k,), MASK, device=model.device)])[None]
     with torch.no_grad():
         raw = model.model(input_ids=canvas).logits[0].float()  # [n + k, V], unaligned
     raw[:, MASK] = float("-inf")
@@ -194,7 +195,7 @@ def test_in_order_prefix():
 @pytest.mark.parametrize("steps", [1, 4])
 def test_sampled_drafts_carry_their_commit_distributions(diffusion, steps):
     cfg = DlmDraftConfig(num_draft_tokens=8, draft_steps=steps, temperature=0.7, top_k=5)
-    drafter = DiffusionDrafter(diffusion, cfg, torch.Generator().manual_seed(0))
+    drafter = DiffusionDrafter(diffusion, cfg, torch.Generator(diffusion.device).manual_seed(0))
     lengths = []
     for seed in range(6):
         drafter.generator.manual_seed(seed)
@@ -202,7 +203,8 @@ def test_sampled_drafts_carry_their_commit_distributions(diffusion, steps):
         k = d.tokens.numel()
         lengths.append(k)
         assert d.probs.shape == (k, diffusion.vocab_size)
-        assert torch.allclose(d.probs.sum(-1), torch.ones(k)) and ((d.probs > 0).sum(-1) <= 5).all()
+        assert torch.allclose(d.probs.sum(-1), torch.ones(k, device=d.probs.device))
+        assert ((d.probs > 0).sum(-1) <= 5).all()
         assert (d.probs[torch.arange(k), d.tokens] > 0).all() and (d.probs[:, MASK] == 0).all()
     assert drafter.forwards == 6 * steps
     if steps == 1:  # one step commits the block at once; with several only the prefix committed in order is kept

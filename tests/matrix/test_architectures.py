@@ -9,6 +9,7 @@ lm_head scaled up so that greedy choices are well separated and the context (not
 from __future__ import annotations
 
 import functools
+import inspect
 
 import pytest
 import torch
@@ -18,8 +19,10 @@ from transformers.cache_utils import get_layer_types_and_kwargs
 import fastdecode
 import fastdecode.registry
 from fastdecode.errors import IncompatibleMethodError
+from fastdecode.hf.driver import check_sliding_assistant
 from fastdecode.models import CausalLM
 from fastdecode.models import capabilities as caps
+from fastdecode.models.causal import cache_argument
 
 V = 128
 N = 14  # new tokens per generation
@@ -46,7 +49,10 @@ ARCHS = {
     "qwen2": lambda: T.Qwen2ForCausalLM(_decoder(T.Qwen2Config)),
     "qwen3": lambda: T.Qwen3ForCausalLM(_decoder(T.Qwen3Config, head_dim=8)),
     "mistral-window": lambda: T.MistralForCausalLM(_decoder(T.MistralConfig, sliding_window=WINDOW)),
-    "gemma2": lambda: T.Gemma2ForCausalLM(_gemma(T.Gemma2Config)),
+    # eager: Gemma-2 caps its attention logits (attn_logit_softcapping), which SDPA cannot do; a model built from a
+    # config got SDPA in transformers 5.17, whose SDPA path then dropped the cap (later versions refuse it), so
+    # transformers' own outputs, the reference here, were not the model's (fastdecode applies the cap)
+    "gemma2": lambda: T.Gemma2ForCausalLM(_gemma(T.Gemma2Config, attn_implementation="eager")),
     "gemma3": lambda: T.Gemma3ForCausalLM(_gemma(T.Gemma3TextConfig,
                                                  layer_types=["sliding_attention", "full_attention"])),
     "phi3": lambda: T.Phi3ForCausalLM(_decoder(T.Phi3Config)),
@@ -156,6 +162,8 @@ def _lossless() -> list[tuple[str, dict]]:
 LOSSLESS = _lossless()
 TREE = {"spec.lookahead", "spec.recycling", "spec.rsd", "spec.dyntree", "spec.medusa"}
 HF_ASSISTED = {"hf.prompt_lookup", "hf.assisted"}
+# transformers before 5.18 cannot run an assistant with sliding-window layers (hf/driver.py: check_sliding_assistant)
+OLD_SLIDING_ASSISTANT = tuple(int(x) for x in T.__version__.split(".")[:2]) < (5, 18)
 
 
 def _refusal(name: str, method: str, params: dict) -> str | None:
@@ -164,6 +172,8 @@ def _refusal(name: str, method: str, params: dict) -> str | None:
         return rf"state-space layers \({STATE[name]} \("
     if name in ALIBI and (method in TREE or params.get("tree")):
         return "uses ALiBi attention"
+    if method == "hf.assisted" and name in SLIDING and OLD_SLIDING_ASSISTANT:
+        return "sliding-window attention layers .* cannot run as an assistant"
     if method == "spec.sparse_self" and not model(name).preallocated:  # sparse attention needs fastdecode's cache
         return "Sparse attention reads a subset of fastdecode's preallocated KV cache"
     return None
@@ -207,6 +217,23 @@ def test_refusals_name_the_cause_in_full():
         _run("mamba2", "hf.prompt_lookup", {}, PROMPT)
     with pytest.raises(IncompatibleMethodError, match="draft model 'mamba'"):
         fastdecode.generate(model("llama"), PROMPT, "hf.assisted", max_new_tokens=N, draft=model("mamba"))
+
+
+def test_an_old_transformers_refuses_a_sliding_window_assistant_up_front():
+    check_sliding_assistant(model("gemma2"), "hf.assisted", version="5.18.0")
+    check_sliding_assistant(model("llama"), "hf.assisted", version="5.17.0")  # no sliding window: nothing to refuse
+    with pytest.raises(IncompatibleMethodError, match=r"transformers 5\.17\.0 .*pip install -U 'transformers>=5\.18'"):
+        check_sliding_assistant(model("mistral-window"), "hf.assisted", version="5.17.0")
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_the_cache_goes_to_an_argument_of_the_models_forward(name):
+    """A cache passed under a name the forward does not take lands in its **kwargs unread (Mamba's `cache_params`
+    under transformers 5.17): every step would start from an empty cache."""
+    m = model(name)
+    assert m._cache_arg in inspect.signature(m.model.forward).parameters
+    assert cache_argument({"input_ids": 0, "cache": 0, "past_key_values": 0}) == "cache"
+    assert cache_argument({"input_ids": 0, "cache_params": 0}) == "cache_params"
 
 
 # -- rollback ------------------------------------------------------------------------------------------------------

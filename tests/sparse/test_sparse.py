@@ -78,13 +78,15 @@ def test_budget_at_least_the_context_is_dense_decoding(model, rule):
     out = fastdecode.generate(model, [ids], f"sparse.{rule}", max_new_tokens=10, budget=4096)[0]
     assert out.token_ids == ref.token_ids
     # logits of a decode step, with and without the rule
-    x = torch.tensor([ids])
-    pos = torch.arange(len(ids))[None]
+    dev = model.device
+    x = torch.tensor([ids], device=dev)
+    pos = torch.arange(len(ids), device=dev)[None]
     logits = []
     for sparse in (None, make_selector(f"{rule}:budget=4096", model)):
         cache = model.new_cache(capacity=80)
         model.forward(x, pos, cache, sparse=sparse)
-        logits.append(model.forward(torch.tensor([[7]]), torch.tensor([[len(ids)]]), cache, sparse=sparse))
+        nxt, at = torch.tensor([[7]], device=dev), torch.tensor([[len(ids)]], device=dev)
+        logits.append(model.forward(nxt, at, cache, sparse=sparse))
     assert torch.equal(logits[0], logits[1])
 
 
@@ -103,10 +105,11 @@ def test_a_small_budget_reads_less_and_stays_in_it(model, rule):
         return s
 
     sel.select = spy  # type: ignore[method-assign]
-    x = torch.tensor([ids])
+    dev = model.device
+    x = torch.tensor([ids], device=dev)
     cache = model.new_cache(capacity=130)
-    model.forward(x, torch.arange(len(ids))[None], cache, sparse=sel)
-    model.forward(torch.tensor([[7]]), torch.tensor([[len(ids)]]), cache, sparse=sel)
+    model.forward(x, torch.arange(len(ids), device=dev)[None], cache, sparse=sel)
+    model.forward(torch.tensor([[7]], device=dev), torch.tensor([[len(ids)]], device=dev), cache, sparse=sel)
     decode = [s for layer, K, s in seen[-4:]]
     assert sel.reads.key_cols + sel.reads.value_cols < sel.reads.dense_cols or rule == "oracle"
     for layer, s in enumerate(decode):

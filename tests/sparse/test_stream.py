@@ -48,8 +48,9 @@ def step_logits(model, ids: list[int], attention: str | None) -> torch.Tensor:
     """Logits of one decode step after a dense prefill of `ids`, reading what `attention` selects."""
     sparse = make_selector(attention, model) if attention else None
     cache = model.new_cache(capacity=len(ids) + 4)
-    model.forward(torch.tensor([ids]), torch.arange(len(ids))[None], cache, sparse=sparse)
-    return model.forward(torch.tensor([[7]]), torch.tensor([[len(ids)]]), cache, sparse=sparse)
+    dev = model.device
+    model.forward(torch.tensor([ids], device=dev), torch.arange(len(ids), device=dev)[None], cache, sparse=sparse)
+    return model.forward(torch.tensor([[7]], device=dev), torch.tensor([[len(ids)]], device=dev), cache, sparse=sparse)
 
 
 # -- StreamingLLM --------------------------------------------------------------------------------------------------
@@ -148,9 +149,10 @@ def test_streaming_reads_and_holds_sinks_plus_window_in_every_layer(model):
     sel = make_selector("streaming:budget=24,sinks=2", model)
     ids = prompt(120)
     cache = model.new_cache(capacity=130)
-    model.forward(torch.tensor([ids]), torch.arange(len(ids))[None], cache, sparse=sel)
+    dev = model.device
+    model.forward(torch.tensor([ids], device=dev), torch.arange(len(ids), device=dev)[None], cache, sparse=sel)
     before = sel.reads.key_cols
-    model.forward(torch.tensor([[7]]), torch.tensor([[len(ids)]]), cache, sparse=sel)
+    model.forward(torch.tensor([[7]], device=dev), torch.tensor([[len(ids)]], device=dev), cache, sparse=sel)
     assert sel.reads.key_cols - before == 4 * 2 * 24  # 4 layers, 2 key/value heads, budget columns each
     assert sel.held_columns(context=121, heads=2, layers=4) == 4 * 2 * 24
     assert sel.held_columns(context=10, heads=2, layers=4) == 4 * 2 * 10

@@ -15,7 +15,7 @@ def near_draft(causal_dir):
     draft = fastdecode.load(causal_dir)
     head = draft.model.lm_head.weight
     with torch.no_grad():
-        head.add_(0.1 * torch.randn(head.shape, generator=torch.Generator().manual_seed(0)))
+        head.add_(0.1 * torch.randn(head.shape, generator=torch.Generator().manual_seed(0)).to(head.device))
     return draft
 
 

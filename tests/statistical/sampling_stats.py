@@ -12,6 +12,7 @@ PROCESSORS = dict(temperature=1.0, top_k=16)
 
 def chi_square_p_value(samples: list[int], p: torch.Tensor) -> float:
     """Pearson's test of samples against `[V]` probabilities; cells expecting < 5 draws are pooled."""
+    p = p.cpu()
     counts = torch.bincount(torch.tensor(samples), minlength=p.numel()).double()
     assert counts[p == 0].sum() == 0, "drew a token the target gives probability 0"
     expected = len(samples) * p.double()
@@ -25,10 +26,12 @@ def chi_square_p_value(samples: list[int], p: torch.Tensor) -> float:
 
 
 def next_distribution(model, ids: torch.Tensor) -> torch.Tensor:
-    """`[B, L]` prompts (same length) -> `[B, V]` processed next-token distributions."""
+    """`[B, L]` prompts (same length) -> `[B, V]` processed next-token distributions, on the CPU (where the draws
+    are counted), whatever device the model is on."""
+    ids = ids.to(model.device)
     L = ids.shape[1]
-    logits = model.forward(ids, torch.arange(L).expand_as(ids))[:, -1]
-    return target_distribution(logits, PROCESSORS["temperature"], PROCESSORS["top_k"])
+    logits = model.forward(ids, torch.arange(L, device=ids.device).expand_as(ids))[:, -1]
+    return target_distribution(logits, PROCESSORS["temperature"], PROCESSORS["top_k"]).cpu()
 
 
 def first_two(outputs: list[list[int]]) -> tuple[list[int], list[int]]:

@@ -24,18 +24,25 @@ pytest.importorskip("llguidance")
 REGEX = r"[a-z ]{1,12}\."
 
 
+def last_logits(causal, ids: torch.Tensor) -> torch.Tensor:
+    """`[B, L]` CPU prompts (same length) -> `[B, V]` next-token logits on the CPU, the model run on its device."""
+    ids = ids.to(causal.device)
+    return causal.forward(ids, torch.arange(ids.shape[1], device=ids.device).expand_as(ids))[:, -1].cpu()
+
+
 def masked_marginals(causal, prompt, compiled):
-    """Exact first-token distribution of constrained ar.sample, and the second token's given a non-EOS first."""
+    """Exact first-token distribution of constrained ar.sample, and the second token's given a non-EOS first (on the
+    CPU: the model runs on its device, its logits come back)."""
     pipe = LogitsPipeline.from_config(SamplingConfig(**PROCESSORS), constraint=compiled)
     ids = torch.tensor([prompt])
     hist = pipe.history(ids, causal.vocab_size)
-    p1 = pipe.distributions(causal.forward(ids, torch.arange(ids.shape[1])[None])[:, -1], hist.rows())[0]
+    p1 = pipe.distributions(last_logits(causal, ids), hist.rows())[0]
     support = [x for x in p1.nonzero().squeeze(-1).tolist() if x not in causal.eos_token_ids]
     rows = ids.expand(len(support), -1)
     hist = pipe.history(rows, causal.vocab_size)
     hist.append(torch.tensor(support))
     both = torch.cat([rows, torch.tensor(support)[:, None]], 1)
-    logits = causal.forward(both, torch.arange(both.shape[1]).expand_as(both))[:, -1]
+    logits = last_logits(causal, both)
     weights = p1[support] / p1[support].sum()
     p2 = (weights[:, None] * pipe.distributions(logits, hist.rows())).sum(0)
     return p1, p2
@@ -92,8 +99,7 @@ def exact_and_masked(causal, prompt, compiled):
     out: dict[tuple[int, ...], tuple[float, float]] = {}
 
     def walk(path: tuple[int, ...], p_model: float, p_masked: float) -> None:
-        ids = torch.tensor([prompt + list(path)])
-        probs = causal.forward(ids, torch.arange(ids.shape[1])[None])[0, -1].float().softmax(-1)
+        probs = last_logits(causal, torch.tensor([prompt + list(path)]))[0].float().softmax(-1)
         allowed = proc.mask(proc.advance_all(proc.begin(prompt), path))
         mass = float(probs[allowed].sum())
         for x in allowed.nonzero().squeeze(-1).tolist():
@@ -118,7 +124,7 @@ def test_gad_converges_to_the_grammar_conditioned_distribution(causal, prompt):
 
     def draw(c, calls: int, seed: int) -> list[int]:
         got = []
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator(causal.device).manual_seed(seed)  # a generator lives on the model's device
         for _ in range(calls):
             rows = fastdecode.generate(causal, [prompt] * 20, "ar.sample", generator=gen, max_new_tokens=4,
                                        constraint=c)

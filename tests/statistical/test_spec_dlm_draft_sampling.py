@@ -45,7 +45,7 @@ class Coupled(nn.Module):
         for i in (x == MASK).nonzero().flatten().tolist():
             after = int(x[i + 1]) if i + 1 < L else None
             logits[i] = self.last if after is None else self.first[self.b if after == self.b else self.a]
-        return SimpleNamespace(logits=logits[None])
+        return SimpleNamespace(logits=logits[None].to(input_ids.device))  # built on the CPU, used on the canvas's
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +62,9 @@ def halves(causal, marginals):
 def coupled(causal, marginals, halves):
     c = causal.model.config
     config = SimpleNamespace(vocab_size=c.vocab_size, eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id)
-    return MaskedDiffusionLM(Coupled(marginals[0], halves, config), causal.tokenizer, "coupled", mask_token_id=MASK,
-                             shifted=False)
+    # on the target's device: the drafter draws with the run's generator, which lives there
+    module = Coupled(marginals[0], halves, config).to(causal.device)
+    return MaskedDiffusionLM(module, causal.tokenizer, "coupled", mask_token_id=MASK, shifted=False)
 
 
 @pytest.fixture(scope="module")

@@ -26,14 +26,16 @@ PROCESSORS = dict(temperature=1.0, top_k=16, min_p=0.02, repetition_penalty=3.0)
 
 def processed(model, ids: torch.Tensor, history: bool = True) -> torch.Tensor:
     """`[B, L]` prompts (same length) -> `[B, V]` next-token distributions under PROCESSORS, the seen tokens being
-    all of `ids` (or, with history=False, only the first L - 1 of them: a verifier that forgets drafted tokens)."""
+    all of `ids` (or, with history=False, only the first L - 1 of them: a verifier that forgets drafted tokens).
+    Computed on the model's device, returned on the CPU, where the draws are counted."""
+    ids = ids.to(model.device)
     L = ids.shape[1]
-    logits = model.forward(ids, torch.arange(L).expand_as(ids))[:, -1]
+    logits = model.forward(ids, torch.arange(L, device=ids.device).expand_as(ids))[:, -1]
     seen_ids = ids if history else ids[:, :-1]
     seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, seen_ids, True)
     x = sampling.repetition_penalty(logits, seen, PROCESSORS["repetition_penalty"])
     x = sampling.top_k(sampling.temperature(x, PROCESSORS["temperature"]), PROCESSORS["top_k"])
-    return sampling.min_p(x, PROCESSORS["min_p"]).float().softmax(-1)
+    return sampling.min_p(x, PROCESSORS["min_p"]).float().softmax(-1).cpu()
 
 
 def second_marginal(model, prompt, p1, history: bool = True) -> torch.Tensor:
@@ -52,7 +54,7 @@ def repeater(causal_dir, noise: float = 0.0):
         head = model.model.lm_head.weight
         head.add_(4.0 * model.model.model.embed_tokens.weight)
         if noise:
-            head.add_(noise * torch.randn(head.shape, generator=torch.Generator().manual_seed(0)))
+            head.add_(noise * torch.randn(head.shape, generator=torch.Generator().manual_seed(0)).to(head.device))
     return model
 
 

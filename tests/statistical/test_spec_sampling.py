@@ -56,7 +56,10 @@ class TopTwoTree(BaseDrafter):
         return Draft(torch.cat([first, second.flatten()]), parents=[-1, -1, 0, 0, 1, 1])
 
     def _top2(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.forward(ids, torch.arange(ids.shape[1]).expand_as(ids))[:, -1].topk(2).indices
+        """`[B, L]` CPU context (what the driver passes) -> `[B, 2]` on the CPU (what a Draft holds)."""
+        ids = ids.to(self.model.device)
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        return self.model.forward(ids, positions)[:, -1].topk(2).indices.cpu()
 
 
 def test_tree_sampling_in_the_driver_matches_the_target(causal, prompt, marginals):

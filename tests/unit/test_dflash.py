@@ -27,7 +27,8 @@ def head(causal):
 
 
 def _features(causal, ids: list[int], layers=(0, 1)):
-    out = causal.forward(torch.tensor([ids]), torch.arange(len(ids))[None], hidden=layers)
+    dev = causal.device
+    out = causal.forward(torch.tensor([ids], device=dev), torch.arange(len(ids), device=dev)[None], hidden=layers)
     return out.layers  # one [1, T, H] per layer
 
 
@@ -48,20 +49,21 @@ def test_config_refuses_bad_shapes():
 def test_block_sees_the_context_the_mask_allows(causal, head):
     """Changing a context feature the mask hides leaves the block's output unchanged; a visible one changes it."""
     torch.manual_seed(0)
-    H = head.config.hidden_size
-    fused = torch.randn(1, 6, H)
-    block = torch.randn(1, 3, H)
-    pos = torch.arange(5, 8)[None]
-    visible = torch.ones(1, 3, 9, dtype=torch.bool)
+    H, dev = head.config.hidden_size, causal.device  # the head is built on the target's device
+    fused = torch.randn(1, 6, H).to(dev)
+    block = torch.randn(1, 3, H).to(dev)
+    pos = torch.arange(5, 8, device=dev)[None]
+    at = torch.arange(6, device=dev)[None]
+    visible = torch.ones(1, 3, 9, dtype=torch.bool, device=dev)
     visible[:, :, 4:6] = False  # context columns 4, 5 hidden
-    base = head(block, pos, head.context(fused, torch.arange(6)[None]), visible)
+    base = head(block, pos, head.context(fused, at), visible)
     hidden_changed = fused.clone()
     hidden_changed[:, 4:] += 1.0
-    same = head(block, pos, head.context(hidden_changed, torch.arange(6)[None]), visible)
+    same = head(block, pos, head.context(hidden_changed, at), visible)
     torch.testing.assert_close(same, base)
     seen_changed = fused.clone()
     seen_changed[:, 0] += 1.0
-    assert not torch.allclose(head(block, pos, head.context(seen_changed, torch.arange(6)[None]), visible), base)
+    assert not torch.allclose(head(block, pos, head.context(seen_changed, at), visible), base)
 
 
 def test_cached_context_equals_recomputing_it(causal, head):
@@ -73,7 +75,8 @@ def test_cached_context_equals_recomputing_it(causal, head):
     # step 1: the prompt, no draft; the target emits one token
     drafter.propose(torch.tensor(ids), 8)
     feats = _features(causal, ids)
-    nxt = int(causal.forward(torch.tensor([ids]), torch.arange(len(ids))[None])[0, -1].argmax())
+    dev = causal.device
+    nxt = int(causal.forward(torch.tensor([ids], device=dev), torch.arange(len(ids), device=dev)[None])[0, -1].argmax())
     drafter.observe(Verification(0, (nxt,), torch.zeros(1, 5), 0, None, tuple(f[0] for f in feats)))
     assert drafter.seen == len(ids)
     ids.append(nxt)
@@ -86,7 +89,7 @@ def test_cached_context_equals_recomputing_it(causal, head):
     drafter.observe(Verification(2, tuple(fed[1:3]) + (7,), torch.zeros(4, 5), 3, None, step))
     kept = ids + fed[1:3]
     assert drafter.seen == len(kept)
-    full = head.context(head.fuse(_features(causal, kept)), torch.arange(len(kept))[None])
+    full = head.context(head.fuse(_features(causal, kept)), torch.arange(len(kept), device=dev)[None])
     assert drafter.kv is not None
     for (k, v), (k2, v2) in zip(drafter.kv, full, strict=True):
         torch.testing.assert_close(k, k2, atol=1e-5, rtol=1e-4)
@@ -121,11 +124,12 @@ def test_objective_loss_weights_and_metrics(causal):
     assert head.config.block_size == 4 and head.training_options == {"anchors": 4, "gamma": 2.0}
     prompt = causal.encode("the quick brown fox")
     answer = fastdecode.generate(causal, "the quick brown fox", "ar.greedy", max_new_tokens=12).token_ids
-    ids = torch.tensor([prompt + answer])
+    ids = torch.tensor([prompt + answer], device=causal.device)
     T = ids.shape[1]
-    out = causal.forward(ids, torch.arange(T)[None], hidden=(0, 1))
-    is_answer = torch.arange(T)[None] >= len(prompt)
-    batch = TargetBatch(ids, torch.ones(1, T, dtype=torch.bool), is_answer, out.hidden, out.layers, out.logits)
+    at = torch.arange(T, device=ids.device)[None]
+    out = causal.forward(ids, at, hidden=(0, 1))
+    is_answer = at >= len(prompt)
+    batch = TargetBatch(ids, torch.ones_like(is_answer), is_answer, out.hidden, out.layers, out.logits)
     loss, metrics = obj.head_loss(head, causal, batch, torch.Generator().manual_seed(0))
     loss.backward()
     assert loss.item() > 0 and head.fc.weight.grad is not None and head.fc.weight.grad.abs().sum() > 0

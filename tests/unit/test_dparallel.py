@@ -53,9 +53,9 @@ def test_semi_ar_masks_split_one_block_and_mask_everything_after_it():
 
 def test_the_entropy_term_is_added_on_correct_predictions_only(diffusion):
     model = diffusion.model.float()
-    ids = torch.randint(4, 300, (2, 40))
-    attention = torch.ones(2, 40, dtype=torch.long)
-    answer = torch.zeros(2, 40, dtype=torch.bool)
+    ids = torch.randint(4, 300, (2, 40)).to(diffusion.device)  # the loss runs where the model is
+    attention = torch.ones(2, 40, dtype=torch.long, device=diffusion.device)
+    answer = torch.zeros(2, 40, dtype=torch.bool, device=diffusion.device)
     answer[:, 8:40] = True
     loss, parts = certainty_forcing(model, ids, attention, answer, 3, torch.Generator().manual_seed(0))
     plain, plain_parts = certainty_forcing(model, ids, attention, answer, 3, torch.Generator().manual_seed(0),

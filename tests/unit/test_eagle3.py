@@ -53,8 +53,9 @@ def test_the_draft_vocabulary_is_fitted_on_the_answers_of_the_training_data(caus
     assert head.t2d.nonzero().flatten().tolist() == [0, 1, 7, 9]
     assert (torch.arange(4) + head.d2t).tolist() == [0, 1, 7, 9]  # 7, 9, 1 counted; then the lowest id
     # the output side starts as the target's: its output embeddings of those ids and its final norm
-    assert torch.equal(head.lm_head.weight, causal.model.lm_head.weight[[0, 1, 7, 9]])
-    assert torch.equal(head.norm.weight, causal.model.model.norm.weight)
+    # (the head is built on the CPU, the target may be on the test device)
+    assert torch.equal(head.lm_head.weight, causal.model.lm_head.weight[[0, 1, 7, 9]].to(head.lm_head.weight.device))
+    assert torch.equal(head.norm.weight, causal.model.model.norm.weight.to(head.norm.weight.device))
 
 
 def test_config_refuses_a_shape_that_cannot_run():
@@ -94,7 +95,7 @@ def test_training_time_test_equals_decoding_with_the_cache():
 
 
 def _batch(causal, head, texts: list[str]) -> TargetBatch:
-    """Prompt + the target's own greedy answer, as the training loop builds it."""
+    """Prompt + the target's own greedy answer, as the training loop builds it (on the target's device)."""
     rows, answers = [], []
     for text in texts:
         prompt = causal.tokenizer(text)["input_ids"]
@@ -102,11 +103,12 @@ def _batch(causal, head, texts: list[str]) -> TargetBatch:
         rows.append(prompt + out)
         answers.append([False] * len(prompt) + [True] * len(out))
     T = max(map(len, rows))
-    ids = torch.tensor([r + [2] * (T - len(r)) for r in rows])
-    real = torch.tensor([[True] * len(r) + [False] * (T - len(r)) for r in rows])
-    answer = torch.tensor([a + [False] * (T - len(a)) for a in answers])
+    dev = causal.device
+    ids = torch.tensor([r + [2] * (T - len(r)) for r in rows], device=dev)
+    real = torch.tensor([[True] * len(r) + [False] * (T - len(r)) for r in rows], device=dev)
+    answer = torch.tensor([a + [False] * (T - len(a)) for a in answers], device=dev)
     with torch.no_grad():
-        fwd = causal.forward(ids, torch.arange(T)[None].expand(len(rows), T), None,
+        fwd = causal.forward(ids, torch.arange(T, device=dev)[None].expand(len(rows), T), None,
                              attention_mask=real.long(), hidden=head.config.layers)
     return TargetBatch(ids, real, answer, fwd.hidden, fwd.layers, fwd.logits)
 
@@ -130,7 +132,7 @@ def test_an_out_of_vocabulary_target_is_not_trained_but_counts_as_a_miss(causal)
     objective = head_objective("eagle3")
     batch = _batch(causal, eagle3_for(causal), ["the quick brown fox"])
     counts = torch.ones(causal.vocab_size)
-    counts[batch.ids[batch.answer]] = 0  # the draft vocabulary holds none of the answer's tokens
+    counts[batch.ids[batch.answer].cpu()] = 0  # the draft vocabulary holds none of the answer's tokens
     head = objective.build_head(causal, {"token_counts": counts, "draft_vocab": 3})
     losses, accs = ttt_losses(head, causal.model.get_input_embeddings(), batch, 2)
     assert [float(part.detach()) for part in losses] == [0.0, 0.0] and accs == [0.0, 0.0]
@@ -146,13 +148,16 @@ def test_the_unrolled_loss_skips_only_rows_that_never_count(causal):
     losses, accs = ttt_losses(head, causal.model.get_input_embeddings(), batch, 3)
     embed = causal.model.get_input_embeddings()
     B, T = batch.ids.shape
+    dev = batch.ids.device  # the target's, where eagle3_for puts the head too
     ids = torch.nn.functional.pad(batch.ids, (0, 5))
     answer = torch.nn.functional.pad(batch.answer & batch.attention, (0, 5))
     logits = torch.nn.functional.pad(batch.logits, (0, 0, 0, 5))
-    allow = torch.ones(T, T, dtype=torch.bool).tril()[None] & batch.attention[:, None, :] | torch.eye(T, dtype=bool)
+    allow = (torch.ones(T, T, dtype=torch.bool, device=dev).tril()[None] & batch.attention[:, None, :]
+             | torch.eye(T, dtype=torch.bool, device=dev))
     h, keys, values = head.fuse(batch.layers), [], []
     for i in range(3):
-        h = head.ttt_step(embed(ids[:, 1 + i : 1 + i + T]), h, torch.arange(T)[None] + i, keys, values, allow)
+        h = head.ttt_step(embed(ids[:, 1 + i : 1 + i + T]), h, torch.arange(T, device=dev)[None] + i, keys, values,
+                          allow)
         counted = answer[:, 2 + i : 2 + i + T]
         teacher = logits[:, 1 + i : 1 + i + T][counted]
         p = teacher[:, head.t2d].softmax(-1)
@@ -185,13 +190,13 @@ class Oracle(Eagle3Head):
 
 
 @pytest.mark.parametrize("tree", [False, True])
-def test_the_cache_holds_the_target_features_of_accepted_tokens(causal, tree):
+def test_the_cache_holds_the_target_features_of_accepted_tokens(causal, tree, to_device):
     """With an oracle head that is sometimes wrong, every step enters the accepted tokens' target features: the
     head's committed cache equals the entries recomputed from one target forward over the final text."""
     prompt = causal.tokenizer("Sort this")["input_ids"]
     base = fastdecode.generate(causal, "Sort this", "ar.greedy", max_new_tokens=30).token_ids
     donor = eagle3_for(causal)
-    head = Oracle(donor.config, donor.target).eval()
+    head = to_device(Oracle(donor.config, donor.target).eval())
     head.load_state_dict(donor.state_dict())
     head.t2d.fill_(True)
     head.d2t.zero_()
@@ -208,13 +213,14 @@ def test_the_cache_holds_the_target_features_of_accepted_tokens(causal, tree):
     assert sum(e.accepted[0] for e in events) > 10  # the oracle's drafts were accepted (not only rejected)
     drafter = made[0]
     n = drafter._entered  # committed entries: positions 0..n-1
-    ids = torch.tensor([prompt + base])
+    dev = causal.device
+    ids = torch.tensor([prompt + base], device=dev)
     with torch.no_grad():
-        fwd = causal.forward(ids, torch.arange(ids.shape[1])[None], None, hidden=head.config.layers)
+        fwd = causal.forward(ids, torch.arange(ids.shape[1], device=dev)[None], None, hidden=head.config.layers)
         cache = DraftCache()
         Eagle3Head.step(head, causal.model.get_input_embeddings()(ids[:, 1 : n + 1]),
-                        head.fuse([t[:, :n] for t in fwd.layers]), torch.arange(n)[None], cache,
-                        torch.ones(n, n, dtype=torch.bool).tril())
+                        head.fuse([t[:, :n] for t in fwd.layers]), torch.arange(n, device=dev)[None], cache,
+                        torch.ones(n, n, dtype=torch.bool, device=dev).tril())
     assert drafter.cache.k is not None and cache.k is not None
     torch.testing.assert_close(drafter.cache.k[:, :, :n], cache.k, rtol=1e-4, atol=1e-4)
 
@@ -228,9 +234,9 @@ def test_a_head_round_trips_through_the_specforge_layout(tmp_path, causal):
     assert record["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 1]
     assert record["eagle_aux_hidden_state_layer_ids"] == [1, 2, 2]  # vLLM counts the embeddings as 0
     assert is_eagle3_layout(tmp_path / "theirs")
-    back = load_eagle3(tmp_path / "theirs", causal)
+    back = load_eagle3(tmp_path / "theirs", causal)  # no device named: on the CPU; `head` is on the target's
     mine, theirs = head.state_dict(), back.state_dict()
-    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k].cpu(), theirs[k]) for k in mine)
     assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight", "norm.weight",
             "lm_head.weight", "d2t", "t2d"} <= set(mine)
     assert mine["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * 64
@@ -239,7 +245,7 @@ def test_a_head_round_trips_through_the_specforge_layout(tmp_path, causal):
     a = fastdecode.generate(causal, "Sort this", "spec.eagle3", max_new_tokens=12, head=str(tmp_path / "ours"))
     b = fastdecode.generate(causal, "Sort this", "spec.eagle3", max_new_tokens=12, head=str(tmp_path / "theirs"))
     assert a.token_ids == b.token_ids
-    assert torch.equal(load_head(tmp_path / "ours").fc.weight, back.fc.weight)
+    assert torch.equal(load_head(tmp_path / "ours", device="cpu").fc.weight, back.fc.weight)
 
 
 def test_a_foreign_head_for_another_target_is_refused(tmp_path, causal):

@@ -23,7 +23,7 @@ def test_export_defaults_to_bfloat16_and_keeps_the_trained_model(causal, tmp_pat
     assert all(p.dtype == torch.float32 for p in causal.model.parameters())
     back = fastdecode.load(tmp_path / "bf16", device="cpu", dtype="float32")
     for (name, a), b in zip(causal.model.state_dict().items(), back.model.state_dict().values(), strict=True):
-        assert b.dtype == torch.float32 and torch.equal(b, a.to(torch.bfloat16).float()), name
+        assert b.dtype == torch.float32 and torch.equal(b, a.cpu().to(torch.bfloat16).float()), name
 
 
 def test_export_refuses_an_unknown_dtype(causal, tmp_path):

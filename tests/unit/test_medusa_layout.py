@@ -16,8 +16,9 @@ from fastdecode.heads.medusa_layout import load_medusa_layout, save_medusa_layou
 
 
 @pytest.mark.parametrize("tied", [True, False])
-def test_round_trip_keeps_every_tensor_and_the_logits(causal, tmp_path, tied):
+def test_round_trip_keeps_every_tensor_and_the_logits(causal, tmp_path, tied, to_device):
     head = MedusaHead.untrained(causal) if tied else MedusaHead.for_target(causal, tie_lm_head=False, num_heads=3)
+    head = to_device(head)  # where load_medusa_layout puts the loaded one: on the target's device
     with torch.no_grad():
         for p in head.blocks.parameters():
             p.normal_(0, 0.05)
@@ -31,8 +32,8 @@ def test_round_trip_keeps_every_tensor_and_the_logits(causal, tmp_path, tied):
     back = load_medusa_layout(tmp_path, causal)
     assert back.config == head.config
     assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), back.state_dict().values(), strict=True))
-    h = torch.randn(5, H)
     lm = target_lm_head(causal)
+    h = torch.randn(5, H).to(lm.device)
     assert torch.equal(head.logits(h, lm), back.logits(h, lm))
     prompts = ["the quick brown fox", "Sort this"]
     base = fastdecode.generate(causal, prompts, "ar.greedy", max_new_tokens=20)

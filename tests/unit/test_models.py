@@ -12,29 +12,29 @@ import fastdecode
 from fastdecode.models.mdlm import MDLMForMaskedDiffusion
 
 
-def test_load_detects_kinds(causal, diffusion):
+def test_load_detects_kinds(causal, diffusion, device):
     assert causal.kind == "causal" and isinstance(causal, fastdecode.CausalLM)
     assert diffusion.kind == "diffusion" and diffusion.mask_token_id == 3 and not diffusion.shifted
-    assert causal.dtype == torch.float32 and causal.device.type == "cpu"
+    assert causal.dtype == torch.float32 and causal.device.type == device.type  # the test device (conftest)
     info = diffusion.describe()
     assert info["mask_token_id"] == 3 and info["vocab_size"] == 320
 
 
-def test_diffusion_model_loads_through_auto_classes(diffusion_dir):
-    model = AutoModel.from_pretrained(diffusion_dir)
+def test_diffusion_model_loads_through_auto_classes(diffusion_dir, device, to_device):
+    model = to_device(AutoModel.from_pretrained(diffusion_dir))
     assert isinstance(model, MDLMForMaskedDiffusion)
-    canvas = torch.tensor([[0, 10, 3, 3]])
+    canvas = torch.tensor([[0, 10, 3, 3]], device=device)
     torch.testing.assert_close(model(canvas).logits, fastdecode.load(diffusion_dir).forward(canvas))
 
 
-def test_causal_model_loads_through_auto_classes(causal_dir, causal):
-    model = AutoModelForCausalLM.from_pretrained(causal_dir)
-    ids = torch.tensor([[0, 10, 11]])
-    torch.testing.assert_close(model(ids).logits, causal.forward(ids, torch.arange(3)[None]))
+def test_causal_model_loads_through_auto_classes(causal_dir, causal, device, to_device):
+    model = to_device(AutoModelForCausalLM.from_pretrained(causal_dir))
+    ids = torch.tensor([[0, 10, 11]], device=device)
+    torch.testing.assert_close(model(ids).logits, causal.forward(ids, torch.arange(3, device=device)[None]))
 
 
 def test_diffusion_attention_is_bidirectional(diffusion):
-    canvas = torch.tensor([[0, 10, 11, 3, 3, 12]])
+    canvas = torch.tensor([[0, 10, 11, 3, 3, 12]], device=diffusion.device)
     changed = canvas.clone()
     changed[0, -1] = 40  # change the last token: earlier positions must see it
     a, b = diffusion.forward(canvas), diffusion.forward(changed)
@@ -49,12 +49,12 @@ def test_shifted_convention_realigns_logits(tmp_path, diffusion_dir):
     cfg_path.write_text(json.dumps(cfg))
     same, shifted = fastdecode.load(diffusion_dir), fastdecode.load(tmp_path / "m")
     assert shifted.shifted
-    canvas = torch.tensor([[0, 10, 11, 3, 3, 12]])
+    canvas = torch.tensor([[0, 10, 11, 3, 3, 12]], device=same.device)
     raw = same.forward(canvas)
     torch.testing.assert_close(shifted.forward(canvas)[:, 1:], raw[:, :-1])
 
 
-def test_mdlm_initialised_from_llama_with_causal_mask_matches_llama(causal):
+def test_mdlm_initialised_from_llama_with_causal_mask_matches_llama(causal, to_device):
     """Same parameter names and RoPE layout: the AR-to-diffusion initialisation is exact."""
     from fastdecode.models.mdlm import MDLMConfig
 
@@ -64,11 +64,11 @@ def test_mdlm_initialised_from_llama_with_causal_mask_matches_llama(causal):
                      num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
                      num_key_value_heads=c.num_key_value_heads, rms_norm_eps=c.rms_norm_eps,
                      rope_theta=c.rope_parameters["rope_theta"])
-    mdlm = MDLMForMaskedDiffusion(cfg).eval()
+    mdlm = to_device(MDLMForMaskedDiffusion(cfg).eval())
     missing, unexpected = mdlm.load_state_dict(llama.state_dict(), strict=False)
     assert not missing
-    ids = torch.tensor([[0, 10, 11, 12, 13]])
-    causal_mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    ids = torch.tensor([[0, 10, 11, 12, 13]], device=causal.device)
+    causal_mask = torch.ones(5, 5, dtype=torch.bool, device=causal.device).tril()
     for layer in mdlm.model.layers:  # run the bidirectional blocks with a causal mask
         layer.self_attn.forward = _with_mask(layer.self_attn.forward, causal_mask)
     torch.testing.assert_close(mdlm(ids).logits, llama(ids).logits, rtol=1e-4, atol=1e-4)
@@ -84,8 +84,8 @@ def test_causal_forward_returns_the_last_hidden_states_only_when_asked(causal):
 
     from fastdecode.models.causal import CausalOutput
 
-    ids = torch.tensor([causal.encode("the quick brown fox")])
-    pos = torch.arange(ids.shape[1])[None]
+    ids = torch.tensor([causal.encode("the quick brown fox")], device=causal.device)
+    pos = torch.arange(ids.shape[1], device=causal.device)[None]
     plain = causal.forward(ids, pos, num_logits=2)
     assert isinstance(plain, torch.Tensor) and plain.shape[:2] == (1, 2)
     out = causal.forward(ids, pos, num_logits=2, hidden=True)

@@ -65,6 +65,17 @@ class TargetBatch:
     layers: tuple[torch.Tensor, ...]  # one [B, T, H] per index of `HeadObjective.target_layers`, before the final norm
     logits: torch.Tensor  # [B, T, V] float32: the target's logits at every position
 
+    def to(self, device: torch.device) -> TargetBatch:
+        """The same batch on `device`: the loop builds it on the CPU, a head's loss runs where the head is (a GPU);
+        tensors already there are not copied."""
+        return TargetBatch(self.ids.to(device), self.attention.to(device), self.answer.to(device),
+                           self.hidden.to(device), tuple(t.to(device) for t in self.layers), self.logits.to(device))
+
+
+def head_device(head: torch.nn.Module) -> torch.device:
+    """Where `head`'s parameters are: its loss runs there."""
+    return next(head.parameters()).device
+
 
 class HeadObjective:
     """How one head kind is trained against a frozen target (one file in this folder, the head in `heads/KIND.py`).

@@ -38,8 +38,11 @@ def semi_ar_masks(answer: torch.Tensor, gen: torch.Generator, block: int = BLOCK
 
     One block of each row's answer is drawn uniformly (blocks counted from the answer's start, as the decoder's);
     `first` masks each of its positions with probability `ratio`, `second` the others; `later` is every answer
-    position after the block (masked in both forwards, never scored).
+    position after the block (masked in both forwards, never scored). Drawn on the CPU with `gen` (the same masks on
+    any device), returned on `answer`'s device.
     """
+    device = answer.device
+    answer = answer.cpu()
     B, T = answer.shape
     start = answer.long().argmax(dim=1, keepdim=True)  # [B, 1] the first answer position
     offset = torch.arange(T)[None, :] - start  # [B, T]
@@ -48,7 +51,7 @@ def semi_ar_masks(answer: torch.Tensor, gen: torch.Generator, block: int = BLOCK
     drawn = (torch.rand(B, generator=gen) * blocks).long().clamp(max=blocks - 1)[:, None]  # [B, 1]
     inside = answer & (index == drawn)
     first = inside & (torch.rand(B, T, generator=gen) < ratio)
-    return first, inside & ~first, answer & (index > drawn)
+    return first.to(device), (inside & ~first).to(device), (answer & (index > drawn)).to(device)
 
 
 def certainty_forcing(model: Any, ids: torch.Tensor, attention: torch.Tensor, answer: torch.Tensor, mask_id: int,
@@ -60,7 +63,7 @@ def certainty_forcing(model: Any, ids: torch.Tensor, attention: torch.Tensor, an
     share of masked positions predicted correctly."""
     first, second, later = semi_ar_masks(answer, gen, block, ratio)
     shift = bool(getattr(model.config, "logits_shift", False))
-    loss = torch.zeros(())
+    loss = torch.zeros((), device=ids.device)
     ce_total = ent_total = 0.0
     right = scored = 0
     for masked in (first, second):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ...heads.base import Target
 from ...heads.eagle3 import Eagle3Head, default_layers, target_embeddings
-from .base import HeadObjective, TargetBatch
+from .base import HeadObjective, TargetBatch, head_device
 
 DECAY = 0.8  # the authors' per-step loss weight
 TTT_STEPS = 5  # unrolled steps (the authors use 7; decoding drafts k = 5)
@@ -85,9 +85,11 @@ def ttt_losses(head: Eagle3Head, embed: torch.nn.Module, batch: TargetBatch,
     Step 0 runs every row (all are keys of later steps); later steps only the rows from which some step still
     predicts an answer token (rows deep inside the prompts are never queried again), and logits are taken only
     where an answer token is predicted."""
+    device = head_device(head)  # the batch comes from the loop on the CPU; the loss runs where the head is
+    batch = batch.to(device)
     ids, real, answer = batch.ids, batch.attention.bool(), batch.answer.bool()
     B, T = ids.shape
-    device = ids.device
+    embed_device = next(embed.parameters()).device
     pad = steps + 2
     ids_ext = F.pad(ids, (0, pad))  # [B, T + pad]
     answer_ext = F.pad(answer & real, (0, pad))
@@ -105,7 +107,7 @@ def ttt_losses(head: Eagle3Head, embed: torch.nn.Module, batch: TargetBatch,
     start = 0  # the first row this step runs
     for i in range(steps):
         with torch.no_grad():  # the target's embeddings are frozen
-            emb = embed(ids_ext[:, start + 1 + i : 1 + i + T])  # [B, T', H] token p+1+i
+            emb = embed(ids_ext[:, start + 1 + i : 1 + i + T].to(embed_device)).to(device)  # [B, T', H] token p+1+i
         h = head.ttt_step(emb, h, positions[:, start:] + i, keys, values, allow[:, start:])
         counted = answer_ext[:, start + 2 + i : 2 + i + T]  # [B, T'] row p predicts answer token p+2+i
         teacher = logits_ext[:, start + 1 + i : 1 + i + T][counted]  # [N, V] the target at p+1+i

@@ -10,7 +10,7 @@ import torch
 
 from ...heads.hydra import HydraHead
 from ...heads.medusa import target_embeddings
-from .base import HeadObjective, TargetBatch
+from .base import HeadObjective, TargetBatch, head_device
 from .medusa import heads_loss, tied_lm_head
 
 
@@ -27,8 +27,11 @@ class Hydra(HeadObjective):
     def head_loss(self, head: Any, target: Any, batch: TargetBatch,
                   gen: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         assert isinstance(head, HydraHead)
+        device = head_device(head)
+        batch = batch.to(device)
         lm = tied_lm_head(head, target)
-        embed = target_embeddings(target).detach().float()  # [V, H]
+        lm = lm.to(device) if lm is not None else None
+        embed = target_embeddings(target).detach().float().to(device)  # [V, H]
 
         def logits_of(k: int, valid: torch.Tensor, n: int) -> torch.Tensor:
             # [B, n, k + 1]: the tokens t + 1 .. t + k + 1 between h_t and the guessed token

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ...heads.medusa import MedusaHead, target_lm_head
-from .base import HeadObjective, TargetBatch
+from .base import HeadObjective, TargetBatch, head_device
 
 DECAY = 0.8  # weight of head k's loss: DECAY ** k
 
@@ -66,7 +66,10 @@ class Medusa(HeadObjective):
     def head_loss(self, head: Any, target: Any, batch: TargetBatch,
                   gen: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         assert isinstance(head, MedusaHead)
+        device = head_device(head)
+        batch = batch.to(device)
         lm = tied_lm_head(head, target)
+        lm = lm.to(device) if lm is not None else None
 
         def logits_of(k: int, valid: torch.Tensor, n: int) -> torch.Tensor:
             feats = head.blocks[k](batch.hidden[:, :n][valid])  # [N, H]
