@@ -57,6 +57,16 @@ def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tens
     return Verdict(len(path), [tokens[i] for i in path] + [best[end + 1]])
 
 
+def on_first_branch(tokens: list[int], parents: list[int], path: list[int]) -> bool:
+    """Whether an accepted path of tokens is the tree's first branch: nodes 0..a-1, node i the child of node i - 1.
+
+    Those nodes sit at consecutive columns right after the context in the verification forward, exactly where a
+    chain (and `ar.greedy`) puts the same tokens; any other path has siblings between its nodes (exact mode on a
+    GPU confirms such a path as a chain: docs/gpu.md, "Trees on a GPU")."""
+    a = len(path)
+    return parents[:a] == list(range(-1, a - 1)) and tokens[:a] == path
+
+
 def verify_tree_sampling(
     tokens: list[int], parents: list[int], p: torch.Tensor, generator: torch.Generator | None
 ) -> Verdict:

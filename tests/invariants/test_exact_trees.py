@@ -1,0 +1,92 @@
+"""Exact mode and tree drafts (docs/gpu.md, "Trees on a GPU"): a greedy tree path that is not the tree's first
+branch is confirmed as a chain by one more target forward, counted in the step's forwards; the output stays
+ar.greedy's token for token; sampling and non-exact runs never confirm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastdecode
+from fastdecode.engine import encode_batch
+from fastdecode.registry import RunContext
+from fastdecode.speculative.drafter import BaseDrafter, Draft, SpecConfig
+from fastdecode.speculative.driver import speculative
+from fastdecode.speculative.tree import on_first_branch
+
+PROMPTS = ["Sort this", "the quick brown fox"]
+NEW = 24
+
+
+class Branches(BaseDrafter):
+    """Drafts the true continuation as a tree: a wrong first child of the root, then (when `second`) the truth as a
+    chain under the root's second child, so the accepted path skips node 0's column; else the truth as the first
+    branch and the wrong token as the root's second child."""
+
+    tree_drafts = True
+
+    def __init__(self, truth: list[int], prompt_len: int, vocab: int, second: bool) -> None:
+        self.truth, self.prompt_len, self.vocab, self.second = truth, prompt_len, vocab, second
+
+    def propose(self, context: torch.Tensor, k: int) -> Draft:
+        made = context.numel() - self.prompt_len
+        right = list(self.truth[made : made + min(k, 3)])
+        if not right:
+            return Draft.empty()
+        wrong = (right[0] + 1) % self.vocab
+        if self.second:
+            tokens, parents = [wrong] + right, [-1, -1] + list(range(1, len(right)))
+        else:
+            tokens, parents = right + [wrong], list(range(-1, len(right) - 1)) + [-1]
+        return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
+
+
+@pytest.fixture(scope="module")
+def bf16(causal_dir, load_model):
+    return load_model(causal_dir, dtype="bfloat16", exact=8)
+
+
+def run(model, second: list[bool], cfg: SpecConfig | None = None):
+    """The rows' tokens and the step events of a run whose row b drafts with `Branches(second=second[b])`."""
+    cfg = cfg or SpecConfig(max_new_tokens=NEW)
+    truth = [r.token_ids for r in fastdecode.generate(model, PROMPTS, "ar.greedy", max_new_tokens=NEW)]
+    batch = encode_batch(model, PROMPTS, NEW)
+    made = iter(Branches(t, n, model.vocab_size, s) for t, n, s in zip(truth, batch.lengths, second, strict=True))
+    events = list(speculative(model, batch, cfg, RunContext(), lambda g: next(made)))
+    tokens = [[t for e in events for _, t in e.tokens[b]] for b in range(len(PROMPTS))]
+    return truth, tokens, events
+
+
+def test_a_path_off_the_first_branch_is_confirmed_by_one_more_forward(bf16):
+    truth, tokens, events = run(bf16, [True, True])
+    assert tokens == truth
+    drafted = [e for e in events if any(e.proposed)]
+    assert drafted and all(e.forwards == 2 for e in drafted)  # every step's path went through node 1
+    assert all(e.forwards == 1 for e in events if not any(e.proposed))
+    # the chain verdict accepts the whole path: the truth, up to 3 tokens and the bonus per step
+    assert all(a == p - 1 for e in drafted for a, p in zip(e.accepted, e.proposed, strict=True) if p)
+
+
+def test_the_first_branch_needs_no_confirmation(bf16):
+    truth, tokens, events = run(bf16, [False, False])
+    assert tokens == truth and all(e.forwards == 1 for e in events)
+
+
+def test_rows_that_need_it_are_confirmed_beside_rows_that_do_not(bf16):
+    truth, tokens, events = run(bf16, [True, False])
+    assert tokens == truth
+    assert any(e.forwards == 2 for e in events)
+
+
+def test_outside_exact_mode_and_when_sampling_nothing_is_confirmed(causal, bf16):
+    truth, tokens, events = run(causal, [True, True])  # float32, exact mode off
+    assert tokens == truth and all(e.forwards == 1 for e in events)
+    _, _, events = run(bf16, [True, True], SpecConfig(max_new_tokens=NEW, temperature=0.8, seed=3))
+    assert all(e.forwards == 1 for e in events)
+
+
+def test_first_branch_is_nodes_zero_to_a_minus_one_in_a_row():
+    tokens, parents = [5, 6, 7, 8], [-1, 0, -1, 2]
+    assert on_first_branch(tokens, parents, []) and on_first_branch(tokens, parents, [5, 6])
+    assert not on_first_branch(tokens, parents, [7, 8]) and not on_first_branch(tokens, parents, [7])
+    assert not on_first_branch([5, 6, 7], [-1, -1, 1], [5, 6])  # node 1 is the root's child, not node 0's
