@@ -8,10 +8,11 @@ import pytest
 import torch
 
 import fastdecode
+from fastdecode import attention
 from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
 from fastdecode.speculative.drafter import BaseDrafter, Draft, SpecConfig
-from fastdecode.speculative.driver import speculative
+from fastdecode.speculative.driver import _Row, speculative
 from fastdecode.speculative.tree import on_first_branch
 
 PROMPTS = ["Sort this", "the quick brown fox"]
@@ -90,3 +91,40 @@ def test_first_branch_is_nodes_zero_to_a_minus_one_in_a_row():
     assert on_first_branch(tokens, parents, []) and on_first_branch(tokens, parents, [5, 6])
     assert not on_first_branch(tokens, parents, [7, 8]) and not on_first_branch(tokens, parents, [7])
     assert not on_first_branch([5, 6, 7], [-1, -1, 1], [5, 6])  # node 1 is the root's child, not node 0's
+
+
+@pytest.fixture
+def gap_sensitive(monkeypatch):
+    """Attention that, like a GPU kernel summing in tiles, depends on where a row's visible keys sit: a row whose
+    visible columns have a gap (a tree node with siblings between its ancestors) gets a fixed offset, large enough
+    to move its argmax. Rows whose keys sit side by side (ar.greedy, chains, a tree's first branch) are untouched."""
+    exact = attention.grouped
+
+    def grouped(q, k, v, mask, scale):  # [B, Hq, Q, D], [B, Hkv, K, D], [B, Hkv, K, Dv], [B, 1, Q, K]
+        out = exact(q, k, v, mask, scale)  # [B, Hq, Q, Dv]
+        seen = mask[:, 0]  # [B, Q, K]
+        cols = torch.arange(seen.shape[-1], device=seen.device)
+        span = torch.where(seen, cols, -1).amax(-1) - torch.where(seen, cols, seen.shape[-1]).amin(-1) + 1  # [B, Q]
+        gap = (span > seen.sum(-1)) & seen.any(-1)  # [B, Q]
+        offset = torch.linspace(-2.0, 2.0, out.shape[-1], device=out.device, dtype=out.dtype)  # [Dv]
+        return out + gap[:, None, :, None] * offset
+
+    monkeypatch.setattr(attention, "grouped", grouped)
+    attention.use_grouped_attention(True)
+    yield
+    attention.use_grouped_attention(False)
+
+
+@pytest.mark.parametrize("method", ["branches", "spec.recycling", "spec.rsd"])
+def test_trees_equal_ar_greedy_under_an_attention_that_depends_on_gaps(bf16, gap_sensitive, monkeypatch, method):
+    def tokens():
+        if method == "branches":
+            return run(bf16, [True, True])[1]
+        kw = {"draft": bf16} if method == "spec.rsd" else {}
+        return [r.token_ids for r in fastdecode.generate(bf16, PROMPTS, method, max_new_tokens=NEW, **kw)]
+
+    truth = [r.token_ids for r in fastdecode.generate(bf16, PROMPTS, "ar.greedy", max_new_tokens=NEW)]
+    assert tokens() == truth
+    # the control: without the confirmation the same run leaves ar.greedy (the offset bites)
+    monkeypatch.setattr(_Row, "needs_chain", lambda self, draft, verdict: False)
+    assert tokens() != truth
