@@ -25,7 +25,16 @@ from ..sampling.pipeline import LogitsPipeline
 from ..sampling.samplers import make_generator
 from ..types import PromptBatch, StepEvent
 from .drafter import Draft, Drafter, DrafterFactory, Side, SpecConfig, Verification
-from .tree import ancestor_mask, depths, on_first_branch, verify_tree_greedy, verify_tree_rsd, verify_tree_sampling
+from .tree import (
+    ancestor_mask,
+    depths,
+    on_first_branch,
+    preorder,
+    reorder,
+    verify_tree_greedy,
+    verify_tree_rsd,
+    verify_tree_sampling,
+)
 from .verify import Acceptance, Verdict, verify_greedy, verify_sampling
 
 
@@ -421,6 +430,7 @@ class _Row:
             self.pipeline.history(torch.tensor([prompt]).to(model.device), model.vocab_size) if keep else None
         )
         self.in_history = len(prompt)  # context tokens the History holds (it catches up in `_verify`)
+        self.order: list[int] | None = None  # how `propose` reordered the last tree (None: as drafted)
 
     def propose(self) -> Draft:
         made = self.n - self.prompt_len
@@ -431,7 +441,27 @@ class _Row:
         assert draft.depth <= max(room, 0), (
             f"drafter proposed {draft.depth} tokens deep, more than the {room} asked for"
         )
+        self.order = None
+        if draft.parents is not None and self.model.exact is not None and self.cfg.greedy:
+            # depth first, so the drafter's first-listed path sits where a chain would and needs no confirmation
+            # (`needs_chain`); the drafter is told the outcome in its own order (`_as_drafted`)
+            order = preorder(draft.parents)
+            if order != list(range(len(order))):
+                self.order = order
+                at = torch.tensor(order, device=draft.tokens.device)
+                draft = Draft(draft.tokens[at], draft.probs[at.to(draft.probs.device)] if draft.probs is not None
+                              else None, reorder(draft.parents, order), draft.side)
         return draft
+
+    def _as_drafted(self, rows: torch.Tensor, before: int) -> torch.Tensor:
+        """`rows` (`[before + k + S, ...]`, the draft nodes after `before` rows) with the nodes back in the drafter's
+        order, where `propose` reordered its tree."""
+        if self.order is None:
+            return rows
+        back = list(range(rows.shape[0]))
+        for j, node in enumerate(self.order):
+            back[before + node] = before + j
+        return rows[torch.tensor(back, device=rows.device)]
 
     def _catch_up(self) -> None:
         """The History takes the tokens accepted since the last step."""
@@ -506,7 +536,9 @@ class _Row:
         if self.done:
             self.drafter.finish(self.ids[: self.n])
         else:
-            mine = tuple(layers[i] for i in self.drafter.hidden_layers) if layers else ()
+            mine = tuple(self._as_drafted(layers[i], P) for i in self.drafter.hidden_layers) if layers else ()
+            logits = self._as_drafted(logits, 1)
+            hidden = self._as_drafted(hidden, P) if hidden is not None else None
             self.drafter.observe(Verification(verdict.accepted, tuple(tokens), logits, k, hidden, mine))
         out = _Out(tokens=tuple((made + i, t) for i, t in enumerate(tokens)), proposed=k,
                    accepted=min(verdict.accepted, len(tokens)))

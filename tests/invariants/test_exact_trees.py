@@ -13,7 +13,7 @@ from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
 from fastdecode.speculative.drafter import BaseDrafter, Draft, SpecConfig
 from fastdecode.speculative.driver import _Row, speculative
-from fastdecode.speculative.tree import on_first_branch
+from fastdecode.speculative.tree import on_first_branch, preorder, reorder
 
 PROMPTS = ["Sort this", "the quick brown fox"]
 NEW = 24
@@ -84,6 +84,50 @@ def test_outside_exact_mode_and_when_sampling_nothing_is_confirmed(causal, bf16)
     assert tokens == truth and all(e.forwards == 1 for e in events)
     _, _, events = run(bf16, [True, True], SpecConfig(max_new_tokens=NEW, temperature=0.8, seed=3))
     assert all(e.forwards == 1 for e in events)
+
+
+class BreadthFirst(BaseDrafter):
+    """Drafts the truth as the first-listed path of a tree listed breadth first (as spec.recycling's template is):
+    root children [truth 0, wrong], then the truth's next token under node 0, and records the logits it is told."""
+
+    tree_drafts = True
+
+    def __init__(self, truth: list[int], prompt_len: int, vocab: int) -> None:
+        self.truth, self.prompt_len, self.vocab = truth, prompt_len, vocab
+        self.told: list[tuple[int, torch.Tensor]] = []  # (tokens made at the proposal, node logits told)
+
+    def propose(self, context: torch.Tensor, k: int) -> Draft:
+        self.made = context.numel() - self.prompt_len
+        right = list(self.truth[self.made : self.made + min(k, 2)])
+        if len(right) < 2:
+            return Draft(torch.tensor(right, dtype=torch.long))
+        wrong = (right[0] + 1) % self.vocab
+        return Draft(torch.tensor([right[0], wrong, right[1]], dtype=torch.long), parents=[-1, -1, 0])
+
+    def observe(self, verification) -> None:
+        if verification.num_draft == 3:
+            self.told.append((self.made, verification.node_logits))
+
+
+def test_a_breadth_first_tree_is_verified_depth_first_and_observed_as_drafted(bf16):
+    prompt = bf16.encode(PROMPTS[0])
+    truth = fastdecode.generate(bf16, prompt, "ar.greedy", max_new_tokens=NEW).token_ids
+    drafter = BreadthFirst(truth, len(prompt), bf16.vocab_size)
+    cfg = SpecConfig(max_new_tokens=NEW)
+    events = list(speculative(bf16, encode_batch(bf16, [prompt], NEW), cfg, RunContext(), lambda g: drafter))
+    assert [t for e in events for _, t in e.tokens[0]] == truth
+    assert all(e.forwards == 1 for e in events)  # the path (nodes 0, 2) became the first branch: no confirmation
+    assert drafter.told
+    for made, logits in drafter.told:  # rows in the drafter's order: root, node 0 (truth), node 1, node 2 (truth)
+        assert int(logits[1].argmax()) == truth[made + 1] and int(logits[3].argmax()) == truth[made + 2]
+
+
+def test_preorder_lists_each_branch_before_the_next():
+    parents = [-1, -1, 0, 0, 1, 2]  # breadth first
+    order = preorder(parents)
+    assert order == [0, 2, 5, 3, 1, 4]
+    assert reorder(parents, order) == [-1, 0, 1, 0, -1, 4]
+    assert preorder([-1, 0, 1]) == [0, 1, 2]
 
 
 def test_first_branch_is_nodes_zero_to_a_minus_one_in_a_row():
