@@ -25,7 +25,16 @@ from ..sampling.pipeline import LogitsPipeline
 from ..sampling.samplers import make_generator
 from ..types import PromptBatch, StepEvent
 from .drafter import Draft, Drafter, DrafterFactory, Side, SpecConfig, Verification
-from .tree import ancestor_mask, depths, verify_tree_greedy, verify_tree_rsd, verify_tree_sampling
+from .tree import (
+    ancestor_mask,
+    depths,
+    on_first_branch,
+    preorder,
+    reorder,
+    verify_tree_greedy,
+    verify_tree_rsd,
+    verify_tree_sampling,
+)
 from .verify import Acceptance, Verdict, verify_greedy, verify_sampling
 
 
@@ -215,8 +224,10 @@ def _steps(rows: list[_Row], groups: list[_Group]) -> Iterator[StepEvent]:
         forwards = 0
         for group in groups:
             if not all(r.done for r in group.rows):
-                outs.update(group.step())
-                forwards = max(forwards, 1)
+                got = group.step()
+                outs.update(got)
+                # groups run side by side; a group that confirmed a tree path ran one forward more
+                forwards = max(forwards, 1 + any(o.confirmed for o in got.values()))
         per_row = [outs.get(id(r), _Out()) for r in rows]
         yield StepEvent(
             index=index,
@@ -241,6 +252,7 @@ class _Out:
     draft_forwards: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    confirmed: bool = False  # its tree path was confirmed by one more target forward (`_Group._confirm`)
 
 
 def _clock(model: CausalLM) -> float:
@@ -290,6 +302,67 @@ class _Group:
 
         # 2. one forward over every row's block, padded to the longest (padding sees only itself)
         t1 = _clock(model)
+        live = [r.drafter for r, blk in zip(self.rows, blocks, strict=True) if blk is not None]
+        asked = tuple(dict.fromkeys(i for d in live for i in d.hidden_layers))  # intermediate layers any row reads
+        needs: bool | tuple[int, ...] = asked or any(d.needs_hidden for d in live)
+        fwd, first = self._forward(blocks, needs)
+        # [B, T - first, V], [B, T, H], {layer: [B, T, H]}
+        logits, hidden, layers = ((fwd.logits, fwd.hidden, dict(zip(asked, fwd.layers, strict=True)))
+                                  if isinstance(fwd, CausalOutput) else (fwd, None, {}))
+        shared = _clock(model) - t1
+
+        # 3. each row's verdict on its slice (in row order: sampled verdicts draw from the run's generator)
+        slices: dict[int, torch.Tensor] = {}
+        verdicts: dict[int, Verdict] = {}
+        spent = [0.0] * len(self.rows)
+        for b, (row, draft, blk) in enumerate(zip(self.rows, drafts, blocks, strict=True)):
+            if draft is None or blk is None:
+                continue
+            t2 = _clock(model)
+            lo = blk.pending - 1 - first
+            slices[b] = logits[b, lo : lo + 1 + blk.tokens.numel() - blk.pending]  # [1 + k + S, V]
+            verdicts[b] = row.judge(draft, slices[b])
+            spent[b] = _clock(model) - t2
+        confirm = [b for b, v in verdicts.items() if self.rows[b].needs_chain(drafts[b], v)]
+
+        # 4. each row keeps its tokens and rolls its part of the cache back; a confirmed row settles on the chain
+        # forward's verdict instead, and keeps that forward's entries of its accepted prefix as a chain does
+        outs: dict[int, _Out] = {}
+        keep = list(base)
+
+        def settle(b: int, chained: bool) -> None:
+            row, draft, blk = self.rows[b], drafts[b], blocks[b]
+            assert draft is not None and blk is not None
+            t3 = _clock(model)
+            n = blk.tokens.numel()
+            out, keep[b] = row.settle(draft, verdicts[b], slices[b], base[b], blk.pending, chained,
+                                      hidden[b, :n] if hidden is not None else None,
+                                      {i: t[b, :n] for i, t in layers.items()})
+            out.draft_s, out.verify_s = draft_s[b], shared + spent[b] + _clock(model) - t3
+            out.draft_forwards = row.drafter.forwards - before[b]
+            out.confirmed = chained
+            outs[id(self.rows[b])] = out
+
+        for b in verdicts:
+            if b not in confirm:
+                settle(b, False)
+        if confirm:
+            t4 = _clock(model)
+            self.cache.crop_rows(keep)  # a confirmed row drops its whole tree, the others what they do not keep
+            chained = self._confirm({b: (self.rows[b], verdicts[b]) for b in confirm}, base)
+            again = _clock(model) - t4  # shared by the confirmed rows, as the first forward is by all
+            for b, verdict in chained.items():
+                verdicts[b] = verdict
+                spent[b] += again
+                settle(b, True)
+        self.cache.crop_rows(keep)
+        return outs
+
+    def _forward(self, blocks: list[_Block | None], hidden: bool | tuple[int, ...] = False
+                 ) -> tuple[torch.Tensor | CausalOutput, int]:
+        """One target forward over the rows' blocks (None: a row that feeds nothing), padded to the longest; returns
+        its output from the earliest position any row reads on, and that position."""
+        model = self.model
         T = max(b.tokens.numel() for b in blocks if b is not None)
         B = len(self.rows)
         inp = torch.full((B, T), model.pad_token_id, dtype=torch.long)
@@ -304,38 +377,34 @@ class _Group:
             pos[b, n:] = blk.positions[-1]
         first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
         device = model.device
-        live = [r.drafter for r, blk in zip(self.rows, blocks, strict=True) if blk is not None]
-        asked = tuple(dict.fromkeys(i for d in live for i in d.hidden_layers))  # intermediate layers any row reads
-        needs: bool | tuple[int, ...] = asked or any(d.needs_hidden for d in live)
         # every row a chain of the same length: a plain causal block of real tokens, which needs no mask (with CUDA
         # graphs no mask is copied to the device then: docs/gpu.md, "Host work per step")
         plain = all(blk is not None and blk.chain and blk.tokens.numel() == T for blk in blocks)
         fwd = model.forward(inp.to(device), pos.to(device), self.cache, None if plain else real.to(device),
-                            num_logits=T - first, visible=None if plain else vis.to(device), hidden=needs,
+                            num_logits=T - first, visible=None if plain else vis.to(device), hidden=hidden,
                             sparse=self.sparse)
-        # [B, T - first, V], [B, T, H], {layer: [B, T, H]}
-        logits, hidden, layers = ((fwd.logits, fwd.hidden, dict(zip(asked, fwd.layers, strict=True)))
-                                  if isinstance(fwd, CausalOutput) else (fwd, None, {}))
-        shared = _clock(model) - t1
+        return fwd, first
 
-        # 3. each row verifies its slice, keeps its tokens and rolls its part of the cache back
-        outs: dict[int, _Out] = {}
-        keep = list(base)
-        for b, (row, draft, blk) in enumerate(zip(self.rows, drafts, blocks, strict=True)):
-            if draft is None or blk is None:
-                continue
-            t2 = _clock(model)
+    def _confirm(self, rows: dict[int, tuple[_Row, Verdict]], base: list[int]) -> dict[int, Verdict]:
+        """Exact mode's check of greedy tree paths off the first branch (docs/gpu.md, "Trees on a GPU"): one more
+        forward feeds each such row's pending tokens and accepted path as a plain causal block, at the columns a
+        chain (and `ar.greedy`) gives those tokens, and the chain rule decides on its logits. The tree forward's
+        logits of such a path were computed with siblings between its nodes, which a GPU's attention kernel sums in
+        another order than consecutive columns, so a near-tie there could flip. The other rows feed nothing."""
+        blocks: list[_Block | None] = [None] * len(self.rows)
+        paths: dict[int, Draft] = {}
+        for b, (row, verdict) in rows.items():
+            paths[b] = Draft(torch.tensor(verdict.tokens[: verdict.accepted], dtype=torch.long))
+            blocks[b] = row.block(paths[b], base[b])
+        logits, first = self._forward(blocks)  # [B, T - first, V]
+        assert isinstance(logits, torch.Tensor)
+        out = {}
+        for b, (row, _) in rows.items():
+            blk = blocks[b]
+            assert blk is not None
             lo = blk.pending - 1 - first
-            n = blk.tokens.numel()
-            out, kept = row.settle(draft, logits[b, lo : lo + 1 + n - blk.pending], base[b], blk.pending,
-                                   hidden[b, :n] if hidden is not None else None,
-                                   {i: t[b, :n] for i, t in layers.items()})
-            keep[b] = kept
-            out.draft_s, out.verify_s = draft_s[b], shared + _clock(model) - t2
-            out.draft_forwards = row.drafter.forwards - before[b]
-            outs[id(row)] = out
-        self.cache.crop_rows(keep)
-        return outs
+            out[b] = row.judge(paths[b], logits[b, lo : lo + 1 + paths[b].tokens.numel()])  # [1 + a, V]
+        return out
 
 
 class _Row:
@@ -361,6 +430,7 @@ class _Row:
             self.pipeline.history(torch.tensor([prompt]).to(model.device), model.vocab_size) if keep else None
         )
         self.in_history = len(prompt)  # context tokens the History holds (it catches up in `_verify`)
+        self.order: list[int] | None = None  # how `propose` reordered the last tree (None: as drafted)
 
     def propose(self) -> Draft:
         made = self.n - self.prompt_len
@@ -371,7 +441,27 @@ class _Row:
         assert draft.depth <= max(room, 0), (
             f"drafter proposed {draft.depth} tokens deep, more than the {room} asked for"
         )
+        self.order = None
+        if draft.parents is not None and self.model.exact is not None and self.cfg.greedy:
+            # depth first, so the drafter's first-listed path sits where a chain would and needs no confirmation
+            # (`needs_chain`); the drafter is told the outcome in its own order (`_as_drafted`)
+            order = preorder(draft.parents)
+            if order != list(range(len(order))):
+                self.order = order
+                at = torch.tensor(order, device=draft.tokens.device)
+                draft = Draft(draft.tokens[at], draft.probs[at.to(draft.probs.device)] if draft.probs is not None
+                              else None, reorder(draft.parents, order), draft.side)
         return draft
+
+    def _as_drafted(self, rows: torch.Tensor, before: int) -> torch.Tensor:
+        """`rows` (`[before + k + S, ...]`, the draft nodes after `before` rows) with the nodes back in the drafter's
+        order, where `propose` reordered its tree."""
+        if self.order is None:
+            return rows
+        back = list(range(rows.shape[0]))
+        for j, node in enumerate(self.order):
+            back[before + node] = before + j
+        return rows[torch.tensor(back, device=rows.device)]
 
     def _catch_up(self) -> None:
         """The History takes the tokens accepted since the last step."""
@@ -411,14 +501,27 @@ class _Row:
         pos = torch.cat([torch.arange(n - P, n), n - 1 + offsets] + ([self._side_positions(side)] if side else []))
         return _Block(tokens, pos, self._visible(P, draft), P)
 
-    def settle(self, draft: Draft, logits: torch.Tensor, cached: int, P: int,
+    def judge(self, draft: Draft, logits: torch.Tensor) -> Verdict:
+        """The verdict on `draft` from the `[1 + k + S, V]` logits of its forward (side tokens' rows unread)."""
+        return self._verify(draft, logits[: draft.tokens.numel() + 1])
+
+    def needs_chain(self, draft: Draft | None, verdict: Verdict) -> bool:
+        """Whether a greedy tree verdict must be confirmed as a chain before it is accepted: in exact mode, when its
+        path is not the tree's first branch (whose nodes sit where a chain's would)."""
+        if draft is None or draft.parents is None or self.model.exact is None or not self.cfg.greedy:
+            return False
+        path = verdict.tokens[: verdict.accepted]
+        return not on_first_branch(draft.tokens.tolist(), draft.parents, path)
+
+    def settle(self, draft: Draft, verdict: Verdict, logits: torch.Tensor, cached: int, P: int, chained: bool = False,
                hidden: torch.Tensor | None = None, layers: dict[int, torch.Tensor] | None = None) -> tuple[_Out, int]:
-        """Verify with `[1 + k + S, V]` logits (and the row's `[P + k + S, H]` hidden states, and its outputs of the
-        decoder layers asked, for drafters that read them), keep accepted tokens up to the first EOS; returns the
-        step's counts and how many cache entries of this row stay valid."""
+        """Keep the verdict's tokens up to the first EOS and tell the drafter, with the forward's `[1 + k + S, V]`
+        logits (and the row's `[P + k + S, H]` hidden states, and its outputs of the decoder layers asked, for
+        drafters that read them); returns the step's counts and how many cache entries of this row stay valid.
+        `chained`: the verdict came from a chain forward of the accepted path (`_Group._confirm`), whose entries of
+        the accepted prefix are in the cache."""
         made = self.n - self.prompt_len
         k = draft.tokens.numel()
-        verdict = self._verify(draft, logits[: k + 1])
         tokens = verdict.tokens[: self.cfg.max_new_tokens - made]
         cut = next((i + 1 for i, t in enumerate(tokens) if t in self.eos), len(tokens))
         tokens = tokens[:cut]
@@ -428,12 +531,14 @@ class _Row:
         self.done = tokens[-1] in self.eos or self.n - self.prompt_len >= self.cfg.max_new_tokens
         # a chain keeps its accepted prefix in the cache; a tree's (or side tokens') entries are all dropped and the
         # accepted path is fed again with the next step
-        plain = draft.parents is None and draft.side is None
+        plain = (draft.parents is None and draft.side is None) or chained
         kept = cached + P + (verdict.accepted if plain else 0)
         if self.done:
             self.drafter.finish(self.ids[: self.n])
         else:
-            mine = tuple(layers[i] for i in self.drafter.hidden_layers) if layers else ()
+            mine = tuple(self._as_drafted(layers[i], P) for i in self.drafter.hidden_layers) if layers else ()
+            logits = self._as_drafted(logits, 1)
+            hidden = self._as_drafted(hidden, P) if hidden is not None else None
             self.drafter.observe(Verification(verdict.accepted, tuple(tokens), logits, k, hidden, mine))
         out = _Out(tokens=tuple((made + i, t) for i, t in enumerate(tokens)), proposed=k,
                    accepted=min(verdict.accepted, len(tokens)))

@@ -57,6 +57,36 @@ def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tens
     return Verdict(len(path), [tokens[i] for i in path] + [best[end + 1]])
 
 
+def preorder(parents: list[int]) -> list[int]:
+    """The nodes depth first, children in listed order: `order[j]` is the node that goes to place j. A tree listed
+    breadth first (spec.recycling's template, spec.rsd's levels) then has its first-listed path, the drafter's best
+    guess, as its first branch."""
+    kids = children(parents)
+    order: list[int] = []
+    stack = kids[-1][::-1]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(kids[node][::-1])
+    return order
+
+
+def reorder(parents: list[int], order: list[int]) -> list[int]:
+    """The parents of the tree whose node j is node `order[j]` of the tree `parents`."""
+    place = {node: j for j, node in enumerate(order)}
+    return [-1 if parents[node] < 0 else place[parents[node]] for node in order]
+
+
+def on_first_branch(tokens: list[int], parents: list[int], path: list[int]) -> bool:
+    """Whether an accepted path of tokens is the tree's first branch: nodes 0..a-1, node i the child of node i - 1.
+
+    Those nodes sit at consecutive columns right after the context in the verification forward, exactly where a
+    chain (and `ar.greedy`) puts the same tokens; any other path has siblings between its nodes (exact mode on a
+    GPU confirms such a path as a chain: docs/gpu.md, "Trees on a GPU")."""
+    a = len(path)
+    return parents[:a] == list(range(-1, a - 1)) and tokens[:a] == path
+
+
 def verify_tree_sampling(
     tokens: list[int], parents: list[int], p: torch.Tensor, generator: torch.Generator | None
 ) -> Verdict:

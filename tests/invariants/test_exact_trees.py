@@ -1,0 +1,174 @@
+"""Exact mode and tree drafts (docs/gpu.md, "Trees on a GPU"): a greedy tree path that is not the tree's first
+branch is confirmed as a chain by one more target forward, counted in the step's forwards; the output stays
+ar.greedy's token for token; sampling and non-exact runs never confirm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastdecode
+from fastdecode import attention
+from fastdecode.engine import encode_batch
+from fastdecode.registry import RunContext
+from fastdecode.speculative.drafter import BaseDrafter, Draft, SpecConfig
+from fastdecode.speculative.driver import _Row, speculative
+from fastdecode.speculative.tree import on_first_branch, preorder, reorder
+
+PROMPTS = ["Sort this", "the quick brown fox"]
+NEW = 24
+
+
+class Branches(BaseDrafter):
+    """Drafts the true continuation as a tree: a wrong first child of the root, then (when `second`) the truth as a
+    chain under the root's second child, so the accepted path skips node 0's column; else the truth as the first
+    branch and the wrong token as the root's second child."""
+
+    tree_drafts = True
+
+    def __init__(self, truth: list[int], prompt_len: int, vocab: int, second: bool) -> None:
+        self.truth, self.prompt_len, self.vocab, self.second = truth, prompt_len, vocab, second
+
+    def propose(self, context: torch.Tensor, k: int) -> Draft:
+        made = context.numel() - self.prompt_len
+        right = list(self.truth[made : made + min(k, 3)])
+        if not right:
+            return Draft.empty()
+        wrong = (right[0] + 1) % self.vocab
+        if self.second:
+            tokens, parents = [wrong] + right, [-1, -1] + list(range(1, len(right)))
+        else:
+            tokens, parents = right + [wrong], list(range(-1, len(right) - 1)) + [-1]
+        return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
+
+
+@pytest.fixture(scope="module")
+def bf16(causal_dir, load_model):
+    return load_model(causal_dir, dtype="bfloat16", exact=8)
+
+
+def run(model, second: list[bool], cfg: SpecConfig | None = None):
+    """The rows' tokens and the step events of a run whose row b drafts with `Branches(second=second[b])`."""
+    cfg = cfg or SpecConfig(max_new_tokens=NEW)
+    truth = [r.token_ids for r in fastdecode.generate(model, PROMPTS, "ar.greedy", max_new_tokens=NEW)]
+    batch = encode_batch(model, PROMPTS, NEW)
+    made = iter(Branches(t, n, model.vocab_size, s) for t, n, s in zip(truth, batch.lengths, second, strict=True))
+    events = list(speculative(model, batch, cfg, RunContext(), lambda g: next(made)))
+    tokens = [[t for e in events for _, t in e.tokens[b]] for b in range(len(PROMPTS))]
+    return truth, tokens, events
+
+
+def test_a_path_off_the_first_branch_is_confirmed_by_one_more_forward(bf16):
+    truth, tokens, events = run(bf16, [True, True])
+    assert tokens == truth
+    drafted = [e for e in events if any(e.proposed)]
+    assert drafted and all(e.forwards == 2 for e in drafted)  # every step's path went through node 1
+    assert all(e.forwards == 1 for e in events if not any(e.proposed))
+    # the chain verdict accepts the whole path: the truth, up to 3 tokens and the bonus per step
+    assert all(a == p - 1 for e in drafted for a, p in zip(e.accepted, e.proposed, strict=True) if p)
+
+
+def test_the_first_branch_needs_no_confirmation(bf16):
+    truth, tokens, events = run(bf16, [False, False])
+    assert tokens == truth and all(e.forwards == 1 for e in events)
+
+
+def test_rows_that_need_it_are_confirmed_beside_rows_that_do_not(bf16):
+    truth, tokens, events = run(bf16, [True, False])
+    assert tokens == truth
+    assert any(e.forwards == 2 for e in events)
+
+
+def test_outside_exact_mode_and_when_sampling_nothing_is_confirmed(causal, bf16):
+    truth, tokens, events = run(causal, [True, True])  # float32, exact mode off
+    assert tokens == truth and all(e.forwards == 1 for e in events)
+    _, _, events = run(bf16, [True, True], SpecConfig(max_new_tokens=NEW, temperature=0.8, seed=3))
+    assert all(e.forwards == 1 for e in events)
+
+
+class BreadthFirst(BaseDrafter):
+    """Drafts the truth as the first-listed path of a tree listed breadth first (as spec.recycling's template is):
+    root children [truth 0, wrong], then the truth's next token under node 0, and records the logits it is told."""
+
+    tree_drafts = True
+
+    def __init__(self, truth: list[int], prompt_len: int, vocab: int) -> None:
+        self.truth, self.prompt_len, self.vocab = truth, prompt_len, vocab
+        self.told: list[tuple[int, torch.Tensor]] = []  # (tokens made at the proposal, node logits told)
+
+    def propose(self, context: torch.Tensor, k: int) -> Draft:
+        self.made = context.numel() - self.prompt_len
+        right = list(self.truth[self.made : self.made + min(k, 2)])
+        if len(right) < 2:
+            return Draft(torch.tensor(right, dtype=torch.long))
+        wrong = (right[0] + 1) % self.vocab
+        return Draft(torch.tensor([right[0], wrong, right[1]], dtype=torch.long), parents=[-1, -1, 0])
+
+    def observe(self, verification) -> None:
+        if verification.num_draft == 3:
+            self.told.append((self.made, verification.node_logits))
+
+
+def test_a_breadth_first_tree_is_verified_depth_first_and_observed_as_drafted(bf16):
+    prompt = bf16.encode(PROMPTS[0])
+    truth = fastdecode.generate(bf16, prompt, "ar.greedy", max_new_tokens=NEW).token_ids
+    drafter = BreadthFirst(truth, len(prompt), bf16.vocab_size)
+    cfg = SpecConfig(max_new_tokens=NEW)
+    events = list(speculative(bf16, encode_batch(bf16, [prompt], NEW), cfg, RunContext(), lambda g: drafter))
+    assert [t for e in events for _, t in e.tokens[0]] == truth
+    assert all(e.forwards == 1 for e in events)  # the path (nodes 0, 2) became the first branch: no confirmation
+    assert drafter.told
+    for made, logits in drafter.told:  # rows in the drafter's order: root, node 0 (truth), node 1, node 2 (truth)
+        assert int(logits[1].argmax()) == truth[made + 1] and int(logits[3].argmax()) == truth[made + 2]
+
+
+def test_preorder_lists_each_branch_before_the_next():
+    parents = [-1, -1, 0, 0, 1, 2]  # breadth first
+    order = preorder(parents)
+    assert order == [0, 2, 5, 3, 1, 4]
+    assert reorder(parents, order) == [-1, 0, 1, 0, -1, 4]
+    assert preorder([-1, 0, 1]) == [0, 1, 2]
+
+
+def test_first_branch_is_nodes_zero_to_a_minus_one_in_a_row():
+    tokens, parents = [5, 6, 7, 8], [-1, 0, -1, 2]
+    assert on_first_branch(tokens, parents, []) and on_first_branch(tokens, parents, [5, 6])
+    assert not on_first_branch(tokens, parents, [7, 8]) and not on_first_branch(tokens, parents, [7])
+    assert not on_first_branch([5, 6, 7], [-1, -1, 1], [5, 6])  # node 1 is the root's child, not node 0's
+
+
+@pytest.fixture
+def gap_sensitive(monkeypatch):
+    """Attention that, like a GPU kernel summing in tiles, depends on where a row's visible keys sit: a row whose
+    visible columns have a gap (a tree node with siblings between its ancestors) gets a fixed offset, large enough
+    to move its argmax. Rows whose keys sit side by side (ar.greedy, chains, a tree's first branch) are untouched."""
+    exact = attention.grouped
+
+    def grouped(q, k, v, mask, scale):  # [B, Hq, Q, D], [B, Hkv, K, D], [B, Hkv, K, Dv], [B, 1, Q, K]
+        out = exact(q, k, v, mask, scale)  # [B, Hq, Q, Dv]
+        seen = mask[:, 0]  # [B, Q, K]
+        cols = torch.arange(seen.shape[-1], device=seen.device)
+        span = torch.where(seen, cols, -1).amax(-1) - torch.where(seen, cols, seen.shape[-1]).amin(-1) + 1  # [B, Q]
+        gap = (span > seen.sum(-1)) & seen.any(-1)  # [B, Q]
+        offset = torch.linspace(-2.0, 2.0, out.shape[-1], device=out.device, dtype=out.dtype)  # [Dv]
+        return out + gap[:, None, :, None] * offset
+
+    monkeypatch.setattr(attention, "grouped", grouped)
+    attention.use_grouped_attention(True)
+    yield
+    attention.use_grouped_attention(False)
+
+
+@pytest.mark.parametrize("method", ["branches", "spec.recycling", "spec.rsd"])
+def test_trees_equal_ar_greedy_under_an_attention_that_depends_on_gaps(bf16, gap_sensitive, monkeypatch, method):
+    def tokens():
+        if method == "branches":
+            return run(bf16, [True, True])[1]
+        kw = {"draft": bf16} if method == "spec.rsd" else {}
+        return [r.token_ids for r in fastdecode.generate(bf16, PROMPTS, method, max_new_tokens=NEW, **kw)]
+
+    truth = [r.token_ids for r in fastdecode.generate(bf16, PROMPTS, "ar.greedy", max_new_tokens=NEW)]
+    assert tokens() == truth
+    # the control: without the confirmation the same run leaves ar.greedy (the offset bites)
+    monkeypatch.setattr(_Row, "needs_chain", lambda self, draft, verdict: False)
+    assert tokens() != truth
