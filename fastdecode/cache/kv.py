@@ -177,11 +177,15 @@ class KVCache(CacheBase, Cache):
         """Keep a graph captured over the current storage (models/graphs.py); the bundle records that storage, so
         that the cache's successor can replay the graph."""
         self.graphs[key] = graph
-        layers = [layer for layer in self.layers if isinstance(layer, _Layer)]
-        keys = [layer.keys for layer in layers if layer.keys is not None]
-        values = [layer.values for layer in layers if layer.values is not None]
-        if len(keys) == len(values) == len(self.layers):
-            self._storage.fill(self._pool_key(), keys, values, self.positions, self.valid)
+        self._record()
+
+    def _record(self) -> None:
+        """The bundle records the current storage (all of it allocated at the capacity), for the cache's successor."""
+        if self.storage_ready():
+            layers = [layer for layer in self.layers if isinstance(layer, _Layer)]
+            self._storage.fill(self._pool_key(), [layer.keys for layer in layers if layer.keys is not None],
+                               [layer.values for layer in layers if layer.values is not None], self.positions,
+                               self.valid)
 
     def release(self) -> None:
         """Hand the storage and its graphs to the pool now (not when the cache dies); the cache is empty afterwards
@@ -276,6 +280,7 @@ class KVCache(CacheBase, Cache):
         self.storage_version += 1
         self._hand_back()  # the old row count's tensors and graphs, for a later cache or resize
         self._own(storage)
+        self._record()
         self.lengths = self.lengths[:keep] + [0] * (batch - keep)
         self.batch = batch
         self._seen = self.length

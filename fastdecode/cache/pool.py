@@ -9,8 +9,9 @@ long as the same tensors do: a `Storage` bundles a cache's tensors with the grap
 Ownership: a bundle belongs to one live cache at a time. `take` removes it from the pool; it comes back only when its
 cache dies (a `weakref.finalize` callback that holds the bundle, never the cache) or hands it back (`KVCache.release`).
 A cache that reallocates its storage (`KVCache.moved`) empties its bundle and retires the graphs, so a bundle in the
-pool never holds graphs over tensors other than its own. The pool keeps one bundle per key and `limit` keys (4 by
-default), the oldest dropped first: its memory is at most `limit` caches of the model.
+pool never holds graphs over tensors other than its own (a resize hands the old rows' bundle to the pool first). The
+pool keeps at most `limit` bundles (4 by default), the oldest dropped first: its memory is at most that of `limit`
+caches of the model; `limit = 0` keeps none, `clear()` frees them.
 
 Graphs are never destroyed here: a bundle dropped from the pool has its graphs retired (`retire_graphs`) and the
 next graphed forward destroys them (`free_retired_graphs`), since a cache can die while another stream captures.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +55,8 @@ Key = tuple[int, int, tuple[str, ...], bool, str]
 class Storage:
     """One cache's storage: each layer's keys and values `[B, H, cap, D]`, the positions and valid flags `[B, cap]`,
     and the graphs captured over them (by (batch, width, key width)). `key` is None until `fill` records the
-    tensors (at a capture: only a bundle with graphs is worth keeping), and again after `clear`."""
+    tensors (at a capture or a resize: a bundle whose storage is not allocated yet is not worth keeping), and again
+    after `clear`."""
 
     graphs: dict[Any, Any] = field(default_factory=dict)
     keys: list[torch.Tensor] = field(default_factory=list)
@@ -76,14 +77,15 @@ class Storage:
 
 
 class StoragePool:
-    """Bundles of dead caches of one model, one per key, at most `limit` keys (the oldest dropped first); see the
-    module docstring. Thread-safe: a cache may die in any thread, whenever the garbage collector runs."""
+    """Bundles of dead caches of one model, at most `limit` of them (the oldest dropped first; several may share a
+    key: a target and a draft of the same model live at once); see the module docstring. Thread-safe: a cache may die
+    in any thread, whenever the garbage collector runs."""
 
     def __init__(self, limit: int = 4) -> None:
         if limit < 0:
             raise ValueError(f"a storage pool keeps limit >= 0 bundles (0 keeps none), not {limit}")
         self.limit = limit
-        self._free: OrderedDict[Key, Storage] = OrderedDict()
+        self._free: list[Storage] = []  # oldest first
         self._lock = threading.RLock()  # re-entrant: a finalizer may run inside `take` on the same thread
         weakref.finalize(self, _retire_all, self._free)
 
@@ -91,22 +93,25 @@ class StoragePool:
         return len(self._free)
 
     def take(self, key: Key) -> Storage | None:
-        """The kept bundle of `key`, removed from the pool (its new cache owns it alone), or None."""
+        """The newest kept bundle of `key`, removed from the pool (its new cache owns it alone), or None."""
         with self._lock:
-            return self._free.pop(key, None)
+            for i in range(len(self._free) - 1, -1, -1):
+                if self._free[i].key == key:
+                    return self._free.pop(i)
+        return None
 
     def give(self, storage: Storage) -> None:
-        """Keep a dead cache's bundle; an unfilled one (no graphs, or moved storage) is only cleared."""
+        """Keep a dead cache's bundle; an unfilled one (moved storage, never allocated) is only cleared."""
         if storage.key is None or self.limit == 0:
             storage.clear()
             return
         with self._lock:
-            old = self._free.pop(storage.key, None)
-            self._free[storage.key] = storage
-            while len(self._free) > self.limit:
-                old_key = next(iter(self._free))
-                self._free.pop(old_key).clear()
-        if old is not None:
+            if any(kept is storage for kept in self._free):
+                return
+            self._free.append(storage)
+            dropped = self._free[: max(len(self._free) - self.limit, 0)]
+            del self._free[: len(dropped)]
+        for old in dropped:
             old.clear()
 
     def clear(self) -> None:
@@ -115,8 +120,8 @@ class StoragePool:
             _retire_all(self._free)
 
 
-def _retire_all(free: OrderedDict[Key, Storage]) -> None:
-    for storage in free.values():
+def _retire_all(free: list[Storage]) -> None:
+    for storage in free:
         storage.clear()
     free.clear()
 
