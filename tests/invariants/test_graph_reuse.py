@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import fastdecode
+from fastdecode.ar.driver import ARSession
+from fastdecode.ar.greedy import GreedyConfig
 from fastdecode.cache import kv
 from fastdecode.cache.pool import Storage, StoragePool, free_retired_graphs
 
@@ -132,6 +134,26 @@ def test_a_batch_that_shrinks_keeps_both_row_counts(fresh):
     assert did["captures"] == did["eager"] == 0
     alone, did = run(model, [LONG])  # on the one-row storage of the resize (its graphs, if it ran a forward)
     assert alone == run(fresh(), [LONG])[0] and did["eager"] == 0
+
+
+def test_a_session_holding_a_cache_while_another_generation_runs(fresh):
+    """A running session (continuous batching's driver) holds the kept storage; a generation in the middle of it gets
+    storage of its own (the Spy checks), and both write the tokens of fresh models."""
+    model = fresh()
+    run(model, SHORT)
+    spy = Spy(model)
+    ids = model.tokenizer(SHORT, return_tensors="pt").input_ids.to(model.device)
+    session = ARSession(model, GreedyConfig(max_new_tokens=24), slots=1)
+    slot = session.join(ids)[0]
+    tokens: list[int] = []
+    other = None
+    while picked := session.step():
+        tokens += [token for s, _, token, _ in picked if s == slot]
+        if other is None:
+            other, _ = run(model, LONG)
+    assert spy.reused[0] and not spy.reused[1]  # the session took the kept storage, the generation made its own
+    assert tokens == run(fresh(), SHORT)[0]
+    assert other == run(fresh(), LONG)[0]
 
 
 def test_a_cache_that_moves_keeps_no_stale_graphs(fresh):
