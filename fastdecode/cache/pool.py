@@ -87,6 +87,7 @@ class StoragePool:
         self.limit = limit
         self._free: list[Storage] = []  # oldest first
         self._lock = threading.RLock()  # re-entrant: a finalizer may run inside `take` on the same thread
+        self._taking = False
         weakref.finalize(self, _retire_all, self._free)
 
     def __len__(self) -> int:
@@ -95,10 +96,16 @@ class StoragePool:
     def take(self, key: Key) -> Storage | None:
         """The newest kept bundle of `key`, removed from the pool (its new cache owns it alone), or None."""
         with self._lock:
-            for i in range(len(self._free) - 1, -1, -1):
-                if self._free[i].key == key:
-                    return self._free.pop(i)
-        return None
+            # a cache dying inside this loop (on this thread) only appends: the indices stay, the oldest go after
+            self._taking = True
+            try:
+                for i in range(len(self._free) - 1, -1, -1):
+                    if self._free[i].key == key:
+                        return self._free.pop(i)
+                return None
+            finally:
+                self._taking = False
+                self._trim()
 
     def give(self, storage: Storage) -> None:
         """Keep a dead cache's bundle; an unfilled one (moved storage, never allocated) is only cleared."""
@@ -109,10 +116,13 @@ class StoragePool:
             if any(kept is storage for kept in self._free):
                 return
             self._free.append(storage)
-            dropped = self._free[: max(len(self._free) - self.limit, 0)]
-            del self._free[: len(dropped)]
-        for old in dropped:
-            old.clear()
+            if not self._taking:
+                self._trim()
+
+    def _trim(self) -> None:
+        """Drop the oldest bundles past `limit` (their graphs retired)."""
+        while len(self._free) > self.limit:
+            self._free.pop(0).clear()
 
     def clear(self) -> None:
         """Drop every kept bundle (their memory is freed, their graphs retired)."""
