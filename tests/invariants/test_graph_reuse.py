@@ -42,6 +42,7 @@ class Spy:
         self.reused: list[bool] = []
         self.stale: list[bool] = []
         self.addresses: list[int] = []
+        self.rows: list[int] = []  # the kept storage's rows, against the rows asked
         make = model.new_cache
 
         def new_cache(*args, **kwargs):
@@ -54,6 +55,7 @@ class Spy:
                     if other is not None and other.layers[0].keys is not None:
                         assert not mine & {t.data_ptr() for layer in other.layers for t in (layer.keys, layer.values)}
                 self.addresses.append(keys.data_ptr())
+                self.rows.append(keys.shape[0] - cache.batch)
                 self.stale.append(bool(keys.abs().sum() > 0))  # a dead cache's keys are still there
             self.reused.append(keys is not None)
             self.live.append(weakref.ref(cache))
@@ -127,6 +129,7 @@ def test_a_batch_that_shrinks_keeps_both_row_counts(fresh):
     """A batch of 2 whose last row finishes first resizes to 1 row (new storage; the two-row one goes to the pool);
     the next batch of 2 runs on both kept storages, and a batch of 1 after it gets the tokens of a fresh model."""
     model = fresh()
+    spy = Spy(model)
     prompts = [SHORT, LONG]
     first, did = run(model, prompts)
     again, did = run(model, prompts)
@@ -134,6 +137,7 @@ def test_a_batch_that_shrinks_keeps_both_row_counts(fresh):
     assert did["captures"] == did["eager"] == 0
     alone, did = run(model, [LONG])  # on the one-row storage of the resize (its graphs, if it ran a forward)
     assert alone == run(fresh(), [LONG])[0] and did["eager"] == 0
+    assert spy.reused[-1] and not any(spy.rows)  # every kept storage had the rows its cache asked for
 
 
 def test_a_session_holding_a_cache_while_another_generation_runs(fresh):
