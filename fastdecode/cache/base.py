@@ -47,7 +47,7 @@ class CacheBase(ABC):
     def graphable(self) -> bool:
         """Whether a forward over the cache can be a captured CUDA graph (models/graphs.py): every forward attends
         over the whole storage at fixed addresses (exact mode's cache), and the cache offers `graphs`,
-        `storage_version`, `ready_for`, `advance`, `key_width`, `place` and `scattered`."""
+        `add_graph`, `storage_version`, `ready_for`, `advance`, `key_width`, `place` and `scattered`."""
         return False
 
     # -- rollback ----------------------------------------------------------------------------------------------------

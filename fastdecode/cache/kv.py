@@ -25,6 +25,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionCach
 from ..attention import Plan
 from ..errors import IncompatibleMethodError
 from .base import CacheBase
+from .pool import _RETIRED, Key, Storage, StoragePool, free_retired_graphs, recycle, retire_graphs
+
+__all__ = ["_RETIRED", "DynamicKVCache", "KVCache", "free_retired_graphs", "retire_graphs"]
 
 
 class _Layer(CacheLayerMixin):
@@ -35,8 +38,16 @@ class _Layer(CacheLayerMixin):
 
     def __init__(self, owner: KVCache, sliding: bool) -> None:
         super().__init__()
-        self.owner = owner
+        # a weak reference: the cache holds its layers, and a layer holding its cache back would make a cycle that
+        # only the cyclic garbage collector frees (the cache's storage goes back to its pool when it dies)
+        self._owner = weakref.ref(owner)
         self.is_sliding = sliding  # informational: the window itself is applied by the attention plan
+
+    @property
+    def owner(self) -> KVCache:
+        owner = self._owner()
+        assert owner is not None, "a KVCache layer outlived its cache"
+        return owner
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         B, H, _, D = key_states.shape
@@ -91,25 +102,6 @@ class _Layer(CacheLayerMixin):
         self.owner.crop(0)
 
 
-# Graphs no longer used (their cache moved its storage or died), kept alive until the graph code's next call frees
-# them (`free_retired_graphs`). Destroying a CUDA graph is not allowed while any stream captures one, and a cache can
-# die at any moment (Python's garbage collector), e.g. while torch.compile's own CUDA graphs are being captured.
-_RETIRED: list[Any] = []
-
-
-def retire_graphs(graphs: dict[Any, Any]) -> None:
-    """Move every graph of `graphs` to the retired list (no CUDA call: safe at any moment) and empty it."""
-    _RETIRED.extend(graphs.values())
-    graphs.clear()
-
-
-def free_retired_graphs() -> int:
-    """Destroy the retired graphs (call where no capture is under way); returns how many there were."""
-    n = len(_RETIRED)
-    _RETIRED.clear()
-    return n
-
-
 class KVCache(CacheBase, Cache):
     """Preallocated key/value storage for `batch` rows, with per-row lengths; see the module docstring.
 
@@ -118,7 +110,7 @@ class KVCache(CacheBase, Cache):
     """
 
     def __init__(self, layer_types: list[str], batch: int = 1, capacity: int = 0, chunk: int = 256,
-                 device: torch.device | str = "cpu", full_width: bool = False) -> None:
+                 device: torch.device | str = "cpu", full_width: bool = False, pool: StoragePool | None = None) -> None:
         super().__init__(layers=[_Layer(self, sliding=t == "sliding_attention") for t in layer_types])
         # every forward attends over the whole storage (exact mode, models/exact.py): one key length per generation
         self.full_width = full_width
@@ -134,10 +126,82 @@ class KVCache(CacheBase, Cache):
         self._width = 0
         self._watchers: dict[int, int] = {}  # reader -> first column (re)written since it last asked
         # CUDA graphs of forwards over this cache (models/graphs.py), by (batch, width, key length); they read the
-        # storage in place, so every reallocation of it bumps `storage_version`, which drops them
-        self.graphs: dict[tuple[int, int, int], Any] = {}
+        # storage in place, so every reallocation of it bumps `storage_version`, which drops them. They live in the
+        # storage bundle (cache/pool.py), which a dying cache hands to `pool` for the model's next cache
         self.storage_version = 0
-        weakref.finalize(self, retire_graphs, self.graphs)  # a dying cache retires its graphs, never destroys them
+        self._layer_types, self._device = tuple(layer_types), str(torch.device(device))
+        self._pool = pool
+        storage = self._take()
+        if storage is not None:
+            self._install(storage)
+        self._own(storage)
+
+    # -- the storage bundle (cache/pool.py) --------------------------------------------------------------------------
+    def _pool_key(self) -> Key:
+        return self.batch, self.capacity, self._layer_types, self.full_width, self._device
+
+    def _take(self) -> Storage | None:
+        """A dead cache's bundle of this cache's key from the pool, its positions and valid flags zeroed in place
+        (the addresses the graphs read stay). Its keys and values past the new lengths stay too: no query is
+        allowed to see a column before it is written again, and a masked column adds exact zeros."""
+        storage = self._pool.take(self._pool_key()) if self._pool is not None else None
+        if storage is not None:
+            assert storage.positions is not None and storage.valid is not None
+            with torch.inference_mode():  # (the kept tensors were made in a forward's inference mode)
+                storage.positions.zero_()
+                storage.valid.zero_()
+        return storage
+
+    def _install(self, storage: Storage) -> None:
+        """Run on `storage`'s tensors."""
+        assert storage.positions is not None and storage.valid is not None
+        self.positions, self.valid = storage.positions, storage.valid
+        for layer, keys, values in zip(self.layers, storage.keys, storage.values, strict=True):
+            assert isinstance(layer, _Layer)
+            layer.keys, layer.values, layer.device, layer.is_initialized = keys, values, keys.device, True
+
+    def _own(self, storage: Storage | None) -> None:
+        """`storage` (or a new empty bundle) is this cache's: its graphs are `graphs`, and when the cache dies the
+        bundle goes back to the pool (or its graphs are retired, never destroyed). The callback holds the bundle,
+        never the cache."""
+        self._storage = storage if storage is not None else Storage()
+        self.graphs: dict[tuple[int, int, int], Any] = self._storage.graphs
+        self._finalizer = weakref.finalize(self, recycle, self._storage, self._pool)
+
+    def _hand_back(self) -> None:
+        """The cache no longer runs on its bundle's tensors: the bundle goes back to the pool now (if filled)."""
+        self._finalizer.detach()
+        recycle(self._storage, self._pool)
+
+    def add_graph(self, key: tuple[int, int, int], graph: Any) -> None:
+        """Keep a graph captured over the current storage (models/graphs.py); the bundle records that storage, so
+        that the cache's successor can replay the graph."""
+        self.graphs[key] = graph
+        self._record()
+
+    def _record(self) -> None:
+        """The bundle records the current storage (all of it allocated at the capacity), for the cache's successor."""
+        if self.storage_ready():
+            layers = [layer for layer in self.layers if isinstance(layer, _Layer)]
+            self._storage.fill(self._pool_key(), [layer.keys for layer in layers if layer.keys is not None],
+                               [layer.values for layer in layers if layer.values is not None], self.positions,
+                               self.valid)
+
+    def release(self) -> None:
+        """Hand the storage and its graphs to the pool now (not when the cache dies); the cache is empty afterwards
+        and its next forward allocates new storage."""
+        if self._write is not None:
+            raise RuntimeError("a cache cannot release its storage during a forward")
+        self._hand_back()
+        for layer in self.layers:
+            assert isinstance(layer, _Layer)
+            layer.keys, layer.values, layer.is_initialized = None, None, False
+        self.positions = torch.zeros(self.batch, self.capacity, dtype=torch.long, device=self._device)
+        self.valid = torch.zeros(self.batch, self.capacity, dtype=torch.bool, device=self._device)
+        self.lengths = [0] * self.batch
+        self._seen = 0
+        self.storage_version += 1
+        self._own(None)
 
     def written_since(self, reader: int) -> int:
         """The first column written (or rewritten after a rollback) since `reader` last asked (0 the first time):
@@ -188,23 +252,35 @@ class KVCache(CacheBase, Cache):
 
     @torch.inference_mode()  # the stored tensors are made in the forward's inference mode
     def resize(self, batch: int) -> None:
-        """Keep the first `batch` rows (new rows are empty): a running batch that grows or drops its last rows."""
+        """Keep the first `batch` rows (new rows are empty): a running batch that grows or drops its last rows. The
+        storage of the old row count goes back to the pool, and the pool's storage of the new one (if it keeps one)
+        takes the rows, so that a batch which shrinks and grows again replays graphs captured before."""
         if batch < 1 or self._write is not None:
             raise ValueError(f"cannot resize a cache to {batch} rows" + (" during a forward" if batch >= 1 else ""))
         keep = min(batch, self.batch)
+        ready = self.storage_ready()
+        old_layers = [(layer.keys, layer.values) for layer in self.layers if isinstance(layer, _Layer)]
+        old_positions, old_valid = self.positions, self.valid
+        self.batch = batch  # (the pool's key)
+        storage = self._take() if ready else None  # (a bundle of the new key: never this cache's own, which is live)
 
-        def fit(old: torch.Tensor) -> torch.Tensor:
-            new = old.new_zeros(batch, *old.shape[1:])
+        def fit(old: torch.Tensor, into: torch.Tensor | None) -> torch.Tensor:
+            new = old.new_zeros(batch, *old.shape[1:]) if into is None else into
             new[:keep] = old[:keep]
             return new
 
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             assert isinstance(layer, _Layer)
-            if layer.is_initialized:
-                assert layer.keys is not None and layer.values is not None
-                layer.keys, layer.values = fit(layer.keys), fit(layer.values)
-        self.positions, self.valid = fit(self.positions), fit(self.valid)
-        self.moved()
+            keys, values = old_layers[i]
+            if keys is not None and values is not None:
+                layer.keys = fit(keys, storage.keys[i] if storage else None)
+                layer.values = fit(values, storage.values[i] if storage else None)
+        self.positions = fit(old_positions, storage.positions if storage else None)
+        self.valid = fit(old_valid, storage.valid if storage else None)
+        self.storage_version += 1
+        self._hand_back()  # the old row count's tensors and graphs, for a later cache or resize
+        self._own(storage)
+        self._record()
         self.lengths = self.lengths[:keep] + [0] * (batch - keep)
         self.batch = batch
         self._seen = self.length
@@ -325,7 +401,7 @@ class KVCache(CacheBase, Cache):
     def moved(self) -> None:
         """The storage was reallocated: graphs that read the old addresses are retired (`retire_graphs`)."""
         self.storage_version += 1
-        retire_graphs(self.graphs)
+        self._storage.clear()  # (the bundle no longer describes the storage: never pooled with stale graphs)
 
     def ready_for(self, T: int) -> bool:
         """Room for `T` more columns per row (grown now if needed) and the storage allocated at that capacity: a

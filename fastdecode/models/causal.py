@@ -95,8 +95,10 @@ class CausalLM(ModelAdapter):
     def new_cache(self, batch: int = 1, capacity: int = 0) -> KVCache | DynamicKVCache:
         """A cache for `batch` rows; `capacity` columns are allocated at once (more are added in chunks)."""
         if self.preallocated and self.exact is not None:
+            # with CUDA graphs, a dead cache's storage and graphs serve the next cache of its rows and capacity
             return KVCache(self.layer_types, batch=batch, capacity=self.exact.capacity(capacity), device=self.device,
-                           chunk=self.exact.block, full_width=True)
+                           chunk=self.exact.block, full_width=True,
+                           pool=self.graphs.pool if self.graphs is not None else None)
         if self.preallocated:
             return KVCache(self.layer_types, batch=batch, capacity=capacity, device=self.device)
         return DynamicKVCache(DynamicCache(config=self.config))

@@ -27,11 +27,13 @@ Padding rows (T to W) differ from the eager path's in their position (the eager 
 where a row's own output is concerned: no real row sees a padding column, and every row of a block is computed
 independently, so the real rows' outputs are the eager ones.
 
-The graphs live on the cache (`KVCache.graphs`); each has its own memory pool. A cache that dies or moves its storage
-retires them, and the next graphed forward destroys them: destroying a graph while another stream captures one (the
-garbage collector can free a cache during torch.compile's own captures) invalidates that capture. The first
-forward over a new cache runs eagerly (it allocates the storage); the second captures (a warm-up run on a side stream,
-then the capture) and every later one replays. What is not graphed runs the direct forward as before: sparse
+The graphs live on the cache (`KVCache.graphs`), in its storage bundle (cache/pool.py); each has its own memory
+pool. A cache that moves its storage retires them, and the next graphed forward destroys them: destroying a graph
+while another stream captures one (the garbage collector can free a cache during torch.compile's own captures)
+invalidates that capture. The first forward over a new cache runs eagerly (it allocates the storage); the second
+captures (a warm-up run on a side stream, then the capture) and every later one replays. A cache that dies hands its
+bundle (storage and graphs) to `Graphs.pool`, and the model's next cache of the same rows and capacity takes it: its
+first forward already replays. What is not graphed runs the direct forward as before: sparse
 attention rules, forwards that ask for layer outputs, models without the direct forward, exact mode off.
 
 `mode="replay"` runs the same static-buffer path without capturing (the body is called again at each replay), so the
@@ -49,6 +51,7 @@ import torch
 
 from .. import attention
 from ..cache.kv import free_retired_graphs
+from ..cache.pool import StoragePool
 from ..errors import ParameterError
 
 Mode = Literal["cuda", "replay"]
@@ -95,6 +98,8 @@ class Graphs:
         self.native = native
         self.mode: Mode = mode
         self.stats = {"captures": 0, "replays": 0, "eager": 0}
+        # the storage and graphs of this model's dead caches, for its next caches of the same key (cache/pool.py)
+        self.pool = StoragePool()
 
     def run(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, block: Block | None, width: int,
             pad_id: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -203,7 +208,7 @@ class Graphs:
             entry.graph = graph
             graph.replay()  # the capture recorded the kernels without running them
         self.stats["captures"] += 1
-        cache.graphs[key] = entry
+        cache.add_graph(key, entry)  # (its storage bundle records the tensors the graph reads: cache/pool.py)
 
     def _replay(self, entry: _Entry, cache: Any) -> None:
         if entry.graph is not None:

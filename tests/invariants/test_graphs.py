@@ -47,9 +47,11 @@ def test_graphed_forwards_give_the_eager_tokens(pair, method, params):
             want = [r.token_ids for r in out]
         else:
             assert [r.token_ids for r in out] == want
-    # the graphs ran: captured per cache, then replayed at every later forward
-    assert graphed.graphs.stats["captures"] > before["captures"]
-    assert graphed.graphs.stats["replays"] > graphed.graphs.stats["captures"] - before["captures"]
+    # the graphs ran: captured (by this method's caches, or by an earlier method's whose storage and graphs the pool
+    # kept: cache/pool.py), then replayed
+    stats = graphed.graphs.stats
+    assert stats["captures"] >= 1
+    assert stats["replays"] - before["replays"] > stats["captures"] - before["captures"]
     assert eager.graphs is None
 
 
@@ -58,6 +60,7 @@ def test_a_cache_captures_once_and_again_when_its_storage_moves(pair):
     stats = graphed.graphs.stats
     ids = graphed.tokenizer(PROMPTS[0], return_tensors="pt").input_ids.to(graphed.device)
     cfg = GreedyConfig(max_new_tokens=30)
+    graphed.graphs.pool.clear()  # (as a fresh model: no storage of earlier tests' caches to reuse)
     session = ARSession(graphed, cfg, slots=2)
     start = dict(stats)
     session.join(ids)  # a one-chunk prefill: the storage is allocated eagerly
@@ -94,16 +97,22 @@ def test_graphs_need_exact_mode_and_say_how():
 
 
 def test_a_dead_cache_retires_its_graphs_until_the_next_graphed_forward(pair):
-    """A cache can die while another stream captures (torch.compile's graphs): its graphs are only retired then, and
-    destroyed at the next graphed forward."""
+    """A cache can die while another stream captures (torch.compile's graphs): the graphs it does not hand to the pool
+    (here the pool keeps none) are only retired then, and destroyed at the next graphed forward."""
     _, graphed = pair
     gc.collect()  # caches of earlier tests
     free_retired_graphs()
-    fastdecode.generate(graphed, PROMPTS[0], "ar.greedy", max_new_tokens=12)
-    gc.collect()
-    first = len(kv._RETIRED)
-    assert first >= 1  # the generation's cache died: its graph waits
-    fastdecode.generate(graphed, PROMPTS[1], "ar.greedy", max_new_tokens=12)
-    gc.collect()
-    assert len(kv._RETIRED) == first  # the first generation's graphs were freed; the second's wait
-    assert free_retired_graphs() == first and not kv._RETIRED
+    pool = graphed.graphs.pool
+    pool.clear()
+    limit, pool.limit = pool.limit, 0
+    try:
+        fastdecode.generate(graphed, PROMPTS[0], "ar.greedy", max_new_tokens=12)
+        gc.collect()
+        first = len(kv._RETIRED)
+        assert first >= 1  # the generation's cache died: its graph waits
+        fastdecode.generate(graphed, PROMPTS[1], "ar.greedy", max_new_tokens=12)
+        gc.collect()
+        assert len(kv._RETIRED) == first  # the first generation's graphs were freed; the second's wait
+        assert free_retired_graphs() == first and not kv._RETIRED
+    finally:
+        pool.limit = limit
