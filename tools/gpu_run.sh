@@ -26,12 +26,14 @@ tests() { FASTDECODE_TEST_DEVICE=cuda FASTDECODE_FAILURES="$work/$1-failures.txt
 transformers.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee "$log"
 case $part in
 ar)
-  # the captured graphs, the host-work guard, the fused kernels and the grouped attention on the device first
-  tests pytest-graphs 100 -q tests/invariants/test_graphs.py tests/invariants/test_host_ops.py \
-    tests/invariants/test_exact_mode.py tests/invariants/test_native_fused.py tests/unit/test_grouped_attention.py
+  # on the device first: the captured graphs and their reuse, the host-work guard, tree confirmation, the fused kernels
+  # and the grouped attention
+  tests pytest-graphs 120 -q tests/invariants/test_graphs.py tests/invariants/test_graph_reuse.py \
+    tests/invariants/test_host_ops.py tests/invariants/test_exact_mode.py tests/invariants/test_exact_trees.py \
+    tests/invariants/test_native_fused.py tests/unit/test_grouped_attention.py
   # the 1.1B shape (hf.static_compile and the eager variants of ar.greedy: `--engine-runs` leaves them out to save
   # the call's time; the full list runs without it), then the zoo in bfloat16
-  timeout 230 $py tools/results_gpu.py --out "$work" --reps 2 --budget-s 170 --stages engine bfloat16 \
+  timeout 220 $py tools/results_gpu.py --out "$work" --reps 2 --budget-s 160 --stages engine bfloat16 \
     --engine-runs hf.greedy spec.suffix spec.pld ar.greedy:fused=true ar.greedy:grouped=true \
     spec.suffix:fused=true,grouped=true --models zoo:ar-small 2>&1 | tee -a "$log"
   snap
@@ -39,7 +41,7 @@ ar)
   timeout 60 $py tools/gpu_kernels.py --out "$work" 2>&1 | tail -5 | tee -a "$log"
   snap
   # the whole suite with the device switch, in parallel
-  tests pytest 200 -q -n 15 --dist loadfile --timeout 120 tests
+  tests pytest 190 -q -n 15 --dist loadfile --timeout 120 tests
   ;;
 dlm)
   timeout 100 $py tools/results_gpu.py --out "$work" --budget-s 70 --stages bfloat16 float32 bfloat16-noexact \

@@ -195,7 +195,8 @@ def step_probe(model: fastdecode.CausalLM, prompt: list[int], plan: Plan, out: P
     """Where a graphed `ar.greedy` step goes (CUDA graphs on): the steady-state wall time of a step (a generation of
     `plan.new` tokens less one of `plan.new // 4`, so the prefill, the eager first forward and the capture cancel
     out), the device time of one replay (synchronised before and after, medians), and the capture of a new cache's
-    graph; the host's top operations by self CPU time over a short generation go to `engine-profile.txt`."""
+    graph (the model's kept storage dropped first: cache/pool.py); the host's top operations by self CPU time over a
+    short generation go to `engine-profile.txt`."""
     if model.graphs is None:
         return {}
     from fastdecode.models.graphs import Graphs
@@ -230,6 +231,7 @@ def step_probe(model: fastdecode.CausalLM, prompt: list[int], plan: Plan, out: P
         captures.append(time.perf_counter() - t)
 
     Graphs._replay, Graphs._capture = timed_replay, timed_capture  # type: ignore[method-assign]
+    model.graphs.pool.clear()  # a new cache's first forward and capture, as without the kept storage
     try:
         timed(short)
     finally:

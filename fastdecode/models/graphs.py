@@ -116,7 +116,9 @@ class Graphs:
             return None
         base = cache.advance(B, width)
         K = cache.key_width
-        key = (B, width, K)
+        # a graph records the kernels of the settings it was captured under (fused kernels, grouped attention): a
+        # bundle reused after a setting changed captures anew rather than replay the other setting's kernels
+        key = (B, width, K, bool(getattr(self.native, "fused", False)), attention.grouped_attention_on())
         entry = cache.graphs.get(key)  # (a cache that moved its storage has retired its graphs: `KVCache.moved`)
         try:
             fresh = entry is None
@@ -188,7 +190,7 @@ class Graphs:
             return logits.float(), hidden
         return run
 
-    def _capture(self, entry: _Entry, cache: Any, key: tuple[int, int, int], pad_id: int) -> None:
+    def _capture(self, entry: _Entry, cache: Any, key: tuple[int, int, int, bool, bool], pad_id: int) -> None:
         body = self._body(entry, key[2], pad_id)
         if self.mode == "replay":
             entry.body = body

@@ -216,3 +216,37 @@ def test_the_pool_keeps_a_few_bundles_the_newest():
     assert not len(pool) and free_retired_graphs() == 3
     with pytest.raises(ValueError, match="limit"):
         StoragePool(limit=-1)
+
+
+def test_a_reused_bundle_captures_anew_when_a_setting_changed(fresh, device):
+    """A graph records the kernels of its settings: after `fuse` or the grouped attention is switched, the next
+    generation on a kept bundle captures again instead of replaying the other setting's graph (and switching back
+    replays the first one)."""
+    from fastdecode import attention
+
+    model = fresh()
+    backend = "eager" if device.type == "cpu" else "inductor"
+    stats = model.graphs.stats
+
+    def run() -> tuple[list[int], int]:
+        before = stats["captures"]
+        out = fastdecode.generate(model, SHORT, "ar.greedy", max_new_tokens=12).token_ids
+        gc.collect()
+        return out, stats["captures"] - before
+
+    plain, first = run()
+    assert first == 1 and run() == (plain, 0)  # reused: no capture
+    model.native.fuse(backend=backend)
+    try:
+        fused, captured = run()
+        assert captured == 1
+        if backend == "eager":
+            assert fused == plain  # traced, not compiled: the same operations
+    finally:
+        model.native.fuse(False)
+    assert run() == (plain, 0)  # the unfused graph again
+    attention.use_grouped_attention(True)
+    try:
+        assert run()[1] == 1
+    finally:
+        attention.use_grouped_attention(False)
