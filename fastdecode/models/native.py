@@ -23,6 +23,7 @@ forward of a generation must run with the same setting for exact mode's identity
 from __future__ import annotations
 
 import importlib.util
+import types
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,7 @@ class _Ops:
 
 
 _PLAIN = _Ops()
+_RECOMPILE_LIMIT = 64  # compiled versions allowed per fused function (torch's default: 8)
 
 
 class NativeForward:
@@ -129,9 +131,16 @@ class NativeForward:
         if not on:
             self.ops = _PLAIN
             return
+        # each shape compiles once (exact mode: a few per model, one per batch size); torch's default of 8 compiled
+        # versions per function would leave a server of many batch sizes without kernels
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _RECOMPILE_LIMIT)
 
         def compiled(fn: Any) -> Any:
-            return torch.compile(fn, dynamic=False, fullgraph=True, backend=backend)
+            # a copy of the function with its own code object: torch.compile keeps its compiled versions on the code
+            # object, so this model's shapes never count against another model's (or another backend's) versions
+            own = types.FunctionType(fn.__code__.replace(co_name=f"{fn.__name__}_{id(self):x}"), fn.__globals__,
+                                     fn.__name__, fn.__defaults__, fn.__closure__)
+            return torch.compile(own, dynamic=False, fullgraph=True, backend=backend)
         self.ops = _Ops(compiled(_rms), compiled(_rope), compiled(_add_rms), compiled(_gated))
 
     def __call__(
@@ -143,8 +152,9 @@ class NativeForward:
 
         The first fused forward is where torch.compile builds its kernels; where it cannot (no Triton, no C compiler
         on a GPU machine), the forward runs again unfused, which stays the setting, with a warning. Rerunning is safe:
-        it writes the same cache columns, and no fused output was used yet."""
-        if self.ops is _PLAIN or self._proven:
+        it writes the same cache columns, and no fused output was used yet. A later forward whose new shape cannot be
+        compiled does the same (the rest of that generation then rounds as the unfused forward does)."""
+        if self.ops is _PLAIN:
             return self._forward(ids, positions, cache, plan, num_logits, picked)
         try:
             out = self._forward(ids, positions, cache, plan, num_logits, picked)
@@ -158,9 +168,10 @@ class NativeForward:
                     break
                 cause = inner
             first = (str(cause).splitlines() or [""])[0][:200]
+            where = ("from this forward on (a new shape could not be compiled)" if self._proven else
+                     "(load(fused=False) / --no-fused skips the attempt)")
             warnings.warn(f"the fused kernels could not be built here ({type(cause).__name__}: {first}); this model "
-                          "runs unfused (load(fused=False) / --no-fused skips the attempt)", FastDecodeWarning,
-                          stacklevel=2)
+                          f"runs unfused {where}", FastDecodeWarning, stacklevel=2)
             return out
         self._proven = True
         return out

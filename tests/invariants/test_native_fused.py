@@ -7,6 +7,7 @@ mode promises is checked under that setting: every lossless method equals `ar.gr
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import pytest
 import torch
@@ -60,11 +61,30 @@ def test_lossless_methods_equal_greedy_under_the_fused_setting(causal_dir, load_
     assert model.native is not None
     model.native.fuse(backend=backend)
     try:
-        want = [r.token_ids for r in fastdecode.generate(model, PROMPTS, "ar.greedy", max_new_tokens=40)]
-        got = [r.token_ids for r in fastdecode.generate(model, PROMPTS, method, max_new_tokens=40, **params)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FastDecodeWarning)  # a fallback to the unfused forward would prove nothing
+            want = [r.token_ids for r in fastdecode.generate(model, PROMPTS, "ar.greedy", max_new_tokens=40)]
+            got = [r.token_ids for r in fastdecode.generate(model, PROMPTS, method, max_new_tokens=40, **params)]
+        assert model.native.fused
     finally:
         model.native.fuse(False)
     assert got == want
+
+
+def test_each_model_compiles_its_own_shapes_past_torchs_default_limit(causal_dir, load_model):
+    """Twelve shapes through one model's fused functions, after another model compiled its own: no version limit is
+    reached (each model's functions have their own code objects, and the limit is raised), so no fallback."""
+    other = load_model(causal_dir)
+    other.native.fuse(backend="eager")
+    ids = other.tokenizer(PROMPTS[2], return_tensors="pt").input_ids.to(other.device)
+    model = load_model(causal_dir)
+    model.native.fuse(backend="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FastDecodeWarning)
+        for m in (other, model):
+            for n in range(2, 14):
+                m.forward(ids[:, :n], torch.arange(n, device=m.device)[None])
+    assert model.native.fused and other.native.fused
 
 
 def test_load_resolves_the_setting(causal_dir, load_model, device):
