@@ -135,25 +135,37 @@ def static_compile(model: fastdecode.CausalLM, prompt: list[int], new: int, comp
     return run
 
 
-# the engine's runs: (row method, method run, exact mode on, CUDA graphs on, fused elementwise kernels, grouped
-# attention); the variants of ar.greedy measure what exact mode, CUDA graphs, the fused kernels
-# (`NativeForward.fuse`) and fastdecode's own attention (`attention.use_grouped_attention`) each cost or save on one
-# copy of the weights. A run's `= base` is against ar.greedy's run with the same fused and grouped settings
+@dataclass(frozen=True)
+class Run:
+    """One engine runner: the row's method name, the method it runs, and its settings. The variants of ar.greedy
+    measure what exact mode, CUDA graphs, the fused kernels (`NativeForward.fuse`) and fastdecode's own attention
+    (`attention.use_grouped_attention`) each cost or save on one copy of the weights."""
+
+    name: str
+    method: str
+    exact: bool = True
+    graphs: bool = True
+    fused: bool = False
+    grouped: bool = False
+
+    @property
+    def kernels(self) -> tuple[bool, bool]:
+        """(fused, grouped): a run's `= base` is against ar.greedy's run with the same two."""
+        return self.fused, self.grouped
+
+
 ENGINE_RUNS = (
-    ("ar.greedy", "ar.greedy", True, True, False, False),
-    ("ar.greedy:graphs=false", "ar.greedy", True, False, False, False),
-    ("ar.greedy:exact=false", "ar.greedy", False, False, False, False),
-    ("hf.greedy", "hf.greedy", True, True, False, False),
-    ("spec.suffix", "spec.suffix", True, True, False, False),
-    ("spec.pld", "spec.pld", True, True, False, False),
-    ("ar.greedy:fused=true", "ar.greedy", True, True, True, False),
-    ("spec.suffix:fused=true", "spec.suffix", True, True, True, False),
-    ("ar.greedy:grouped=true", "ar.greedy", True, True, False, True),
-    ("ar.greedy:fused=true,grouped=true", "ar.greedy", True, True, True, True),
-    ("spec.suffix:fused=true,grouped=true", "spec.suffix", True, True, True, True),
+    Run("ar.greedy", "ar.greedy"), Run("ar.greedy:graphs=false", "ar.greedy", graphs=False),
+    Run("ar.greedy:exact=false", "ar.greedy", exact=False, graphs=False), Run("hf.greedy", "hf.greedy"),
+    Run("spec.suffix", "spec.suffix"), Run("spec.pld", "spec.pld"),
+    Run("ar.greedy:fused=true", "ar.greedy", fused=True), Run("spec.suffix:fused=true", "spec.suffix", fused=True),
+    Run("ar.greedy:grouped=true", "ar.greedy", grouped=True),
+    Run("ar.greedy:fused=true,grouped=true", "ar.greedy", fused=True, grouped=True),
+    Run("spec.suffix:fused=true,grouped=true", "spec.suffix", fused=True, grouped=True),
 )
-# the ar.greedy run each setting (fused, grouped) is compared with
-BASES = {(f, g): n for n, m, e, gr, f, g in ENGINE_RUNS if m == "ar.greedy" and e and gr}
+RUNS = {r.name: r for r in ENGINE_RUNS}
+# the ar.greedy run each (fused, grouped) setting is compared with
+BASES = {r.kernels: r.name for r in ENGINE_RUNS if r.method == "ar.greedy" and r.exact and r.graphs}
 
 
 @contextlib.contextmanager
@@ -257,18 +269,18 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
     prompt = repeated_prompt(plan, model.vocab_size)
     backend = "eager" if plan.one_task else "inductor"  # the smoke run traces the fused functions without compiling
     runners: dict[str, Callable[[], tuple[list[int], int]]] = {}
-    settings = {n: (e, g, f, gr) for n, _, e, g, f, gr in ENGINE_RUNS}
     if only is not None:  # the baselines always run: ar.greedy, and its run in each setting asked for
-        only = [*only, "ar.greedy", *(BASES[settings[n][2:]] for n in only if n in settings)]
-    for name, method, exact, graphs, fused, grouped in ENGINE_RUNS:
-        if only is not None and name not in only:
+        only = [*only, "ar.greedy", *(BASES[RUNS[n].kernels] for n in only if n in RUNS)]
+    for spec in ENGINE_RUNS:
+        if only is not None and spec.name not in only:
             continue
 
-        def run(method=method, exact=exact, graphs=graphs, fused=fused, grouped=grouped) -> tuple[list[int], int]:
+        def run(spec: Run = spec) -> tuple[list[int], int]:
             # a fresh memory each time: spec.suffix must not remember the previous repetition's output
-            with setting(model, exact, graphs, backend if fused else None, grouped):
-                r = fastdecode.generate(model, prompt, method, max_new_tokens=plan.new, memory=DrafterMemory())
+            with setting(model, spec.exact, spec.graphs, backend if spec.fused else None, spec.grouped):
+                r = fastdecode.generate(model, prompt, spec.method, max_new_tokens=plan.new, memory=DrafterMemory())
             return r.token_ids, r.stats.forwards
+        name = spec.name
         runners[name] = run
     if only is None or "hf.static_compile" in only:
         hf_static = static_compile(model, prompt, plan.new, plan.compile)
@@ -301,17 +313,16 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
                 continue
             _sync(device)
             wall = time.perf_counter() - t
-            exact, graphs, fused, grouped = settings.get(name, (False, False, False, False))
-            if name == BASES[fused, grouped]:
-                bases[fused, grouped] = ids
-            row = engine_row(meta, model, name, rep, ids, forwards, wall, bases.get((fused, grouped)), plan,
-                             len(prompt))
-            if fused:
+            spec = RUNS.get(name, Run(name, name, exact=False, graphs=False))  # (hf.static_compile: neither)
+            if name == BASES[spec.kernels]:
+                bases[spec.kernels] = ids
+            row = engine_row(meta, model, name, rep, ids, forwards, wall, bases.get(spec.kernels), plan, len(prompt))
+            if spec.fused:
                 row["params"]["fused"] = True
-            if grouped:
+            if spec.grouped:
                 row["params"]["grouped"] = True
-            row["exact"] = model.exact.width if exact and model.exact is not None else None
-            row["params"]["graphs"] = bool(exact and graphs and model.graphs is not None)
+            row["exact"] = model.exact.width if spec.exact and model.exact is not None else None
+            row["params"]["graphs"] = bool(spec.exact and spec.graphs and model.graphs is not None)
             rows.append(row)
     with out.open("a") as f:
         for row in rows:
@@ -395,7 +406,7 @@ def main(argv: list[str] | None = None) -> None:
                                                          "bfloat16-nographs"])
     ap.add_argument("--models", nargs="+", default=list(ZOO), choices=list(ZOO),
                     help="the zoo models of the zoo stages (a device call that carries one model at a time)")
-    engine_runs = [n for n, *_ in ENGINE_RUNS] + ["hf.static_compile"]
+    engine_runs = [*RUNS, "hf.static_compile"]
     ap.add_argument("--engine-runs", nargs="+", default=None, choices=engine_runs,
                     help="the engine's runners (default all; ar.greedy, the baseline, always runs)")
     ap.add_argument("--methods", nargs="+", default=None,
