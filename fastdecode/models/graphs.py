@@ -7,8 +7,8 @@ addresses, which exact mode (models/exact.py) already gives: every cached forwar
 query tokens over the cache's whole storage, so a decode step, a verification block and a chunk of a prefill are one
 computation on different inputs, and one graph serves them all.
 
-What a graph holds fixed, and what each replay copies in (the host work per step: issue #30 measured 7.6 ms a
-step on an H200 against ~2 ms of GPU work, so every operation outside the graph counts):
+What a graph holds fixed, and what each replay copies in (kept small: every operation outside the graph is host
+work per step; on an H200 the step is now bound by the replay itself, docs/gpu.md):
 
 - copied into static buffers before each replay: the block's token ids and positions `[B, T]` (unpadded: exact
   mode's padding to `W` is made inside the graph) and `meta` `[B, 2]`, each row's first new cache column and the
