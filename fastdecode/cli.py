@@ -68,8 +68,8 @@ ExactOpt = Annotated[Optional[bool], typer.Option(
     "--exact/--no-exact", help="Every forward at one shape, so lossless methods equal their baseline token for "
     "token in bfloat16/float16 (default: on for CUDA in low precision; docs/gpu.md).")]
 GraphsOpt = Annotated[Optional[bool], typer.Option(
-    "--graphs/--no-graphs", help="CUDA graphs of exact mode's forwards (default: on wherever exact mode is on CUDA; "
-    "docs/gpu.md).")]
+    "--graphs/--no-graphs", help="CUDA graphs of exact mode's forwards, or of a diffusion model's canvas forwards "
+    "(default: on wherever exact mode is on CUDA; for diffusion models on CUDA; docs/gpu.md).")]
 FusedOpt = Annotated[Optional[bool], typer.Option(
     "--fused/--no-fused", help="The direct forward's elementwise runs compiled into fused kernels (torch.compile; "
     "default: on with CUDA graphs on CUDA; docs/gpu.md).")]

@@ -30,7 +30,8 @@ ar)
   # and the grouped attention
   tests pytest-graphs 120 -q tests/invariants/test_graphs.py tests/invariants/test_graph_reuse.py \
     tests/invariants/test_host_ops.py tests/invariants/test_exact_mode.py tests/invariants/test_exact_trees.py \
-    tests/invariants/test_native_fused.py tests/unit/test_grouped_attention.py
+    tests/invariants/test_native_fused.py tests/unit/test_grouped_attention.py \
+    tests/invariants/test_canvas_graphs.py
   # the 1.1B shape (hf.static_compile and the eager variants of ar.greedy: `--engine-runs` leaves them out to save
   # the call's time; the full list runs without it), then the zoo in bfloat16
   timeout 220 $py tools/results_gpu.py --out "$work" --reps 2 --budget-s 160 --stages engine bfloat16 \
@@ -44,11 +45,13 @@ ar)
   tests pytest 190 -q -n 15 --dist loadfile --timeout 120 tests
   ;;
 dlm)
-  timeout 100 $py tools/results_gpu.py --out "$work" --budget-s 70 --stages bfloat16 float32 bfloat16-noexact \
-    --models zoo:dlm-small 2>&1 | tee -a "$log"
+  # the diffusion forward's CUDA graphs are on in both dtypes; the -nographs stages run it eagerly
+  timeout 110 $py tools/results_gpu.py --out "$work" --budget-s 75 --stages warm bfloat16 float32 \
+    bfloat16-nographs float32-nographs --models zoo:dlm-small 2>&1 | tee -a "$log"
   snap
   # the tests that need zoo:dlm-small or its dParallel copy (the `ar` part does not carry them)
-  tests pytest-dlm 80 -q -n 8 --dist loadfile tests/invariants/test_spec_dlm_draft.py \
+  tests pytest-dlm 80 -q -n 8 --dist loadfile tests/invariants/test_canvas_graphs.py \
+    tests/invariants/test_spec_dlm_draft.py \
     tests/invariants/test_dlm_dystruct.py tests/unit/test_learn2pd.py tests/unit/test_dparallel_card.py \
     tests/unit/test_dparallel.py tests/statistical/test_spec_dlm_draft_sampling.py tests/test_threads.py
   ;;

@@ -394,6 +394,17 @@ def zoo(plan: Plan, device: torch.device, dtype: str, exact: bool | Exact | None
             say(f"{model} {suite} {dtype} exact={exact}: {out}")
 
 
+def warm(device: torch.device, models: list[str], say: Callable[[str], None]) -> None:
+    """A short generation of each zoo model in bfloat16 and float32, with its baseline method; nothing is kept."""
+    for name in models:
+        method = "dlm.baseline" if name.startswith("zoo:dlm") else "ar.greedy"
+        for dtype in ("bfloat16", "float32"):
+            model = fastdecode.load(name, device=str(device), dtype=dtype)
+            fastdecode.generate(model, "def add(a, b):", method, max_new_tokens=16)
+    _sync(device)
+    say(f"warmed up: {', '.join(models)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "gpu"), help="folder of the JSONL files")
@@ -446,6 +457,13 @@ def main(argv: list[str] | None = None) -> None:
                                          graphs=False),
         "bfloat16-noexact": lambda: zoo(plan, device, "bfloat16", False, out / "zoo-bfloat16-noexact.jsonl",
                                         command, say, time_left, args.models),
+        # float32 eager (the diffusion family's graphs are on in every dtype on CUDA): bfloat16 against float32 with
+        # and without them
+        "float32-nographs": lambda: zoo(plan, device, "float32", None, out / "zoo-float32-nographs.jsonl", command,
+                                        say, time_left, args.models, graphs=False),
+        # one short generation per zoo model and dtype, nothing written: the process's first CUDA work (context,
+        # cuBLAS handles, the allocator's first blocks) goes here rather than into the first stage's rows
+        "warm": lambda: warm(device, args.models, say),
     }
     for name in args.stages:
         if name not in stages:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Protocol
 
 import torch
 
 from .base import ModelAdapter
+from .canvas_graphs import CanvasGraphs, Mode
 from .mdlm import LayerKV
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), batch first, over the whole canvas
@@ -49,11 +51,15 @@ class MaskedDiffusionLM(ModelAdapter):
     kind = "diffusion"
 
     def __init__(
-        self, model: torch.nn.Module, tokenizer=None, name: str = "", *, mask_token_id: int, shifted: bool
+        self, model: torch.nn.Module, tokenizer=None, name: str = "", *, mask_token_id: int, shifted: bool,
+        graphs: Mode | None = None,
     ) -> None:
         super().__init__(model, tokenizer, name)
         self.mask_token_id = mask_token_id
         self.shifted = shifted
+        # CUDA graphs of the whole-canvas forwards (models/canvas_graphs.py); None: eager. `load(graphs=None)` turns
+        # them on on CUDA; `model.graphs = None` turns them off
+        self.graphs: CanvasGraphs | None = None if graphs is None else CanvasGraphs(graphs)
 
     @property
     def supports_cache(self) -> bool:
@@ -70,11 +76,10 @@ class MaskedDiffusionLM(ModelAdapter):
     ) -> torch.Tensor:
         """Aligned logits `[B, L, V]`, or `[B, W, V]` at the columns `at` (the model's output head then runs on
         those columns only, where it can)."""
-        if at is not None and self.supports_cache:
-            out_pos = self._outputs(at)
-            return self.model(input_ids=canvas, attention_mask=attention_mask, logits_index=out_pos).logits.float()
-        logits = self._align(self.model(input_ids=canvas, attention_mask=attention_mask).logits.float())
-        return logits if at is None else _gather(logits, at)
+        body = partial(_canvas_logits, self.model, self.shifted, self.supports_cache)
+        if self.graphs is None:
+            return body(canvas, attention_mask, at)[0]
+        return self.graphs.run("forward", body, {"canvas": canvas, "attention_mask": attention_mask, "at": at})[0]
 
     @torch.inference_mode()
     def forward_columns(
@@ -93,10 +98,13 @@ class MaskedDiffusionLM(ModelAdapter):
         padding). Only the wanted outputs go through the output head.
         """
         if columns is None:
-            out_pos = None if at is None else self._outputs(at)
-            out = self.model(input_ids=canvas, attention_mask=attention_mask, use_cache=True, logits_index=out_pos)
-            logits = out.logits.float()
-            return (self._align(logits) if at is None else logits), [(layer.k, layer.v) for layer in out.cache]
+            body = partial(_canvas_logits_kv, self.model, self.shifted)
+            if self.graphs is None:
+                logits, *flat = body(canvas, attention_mask, at)
+            else:
+                logits, *flat = self.graphs.run("refresh", body, {"canvas": canvas, "attention_mask": attention_mask,
+                                                                  "at": at})
+            return logits, list(zip(flat[::2], flat[1::2], strict=True))
         at = columns if at is None else at
         B, L = canvas.shape
         out_pos = self._outputs(at)  # [B, W]
@@ -115,21 +123,52 @@ class MaskedDiffusionLM(ModelAdapter):
         return out.logits.float(), [(layer.k, layer.v) for layer in out.cache]
 
     def _outputs(self, at: torch.Tensor) -> torch.Tensor:
-        """The model outputs that score canvas columns `at`: the same columns, or one earlier for a shifted model
-        (column 0, always prompt, takes output 0 as a placeholder)."""
-        return (at - 1).clamp(min=0) if self.shifted else at
-
-    def _align(self, logits: torch.Tensor) -> torch.Tensor:
-        """`[B, L, V]` model outputs -> logits[:, i] scoring the token at column i."""
-        if self.shifted:  # output i-1 predicts token i; position 0 is always prompt, so its row is a placeholder
-            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-        return logits
+        return _outputs(self.shifted, at)
 
     def describe(self) -> dict:
         d = super().describe()
         logits = "shifted (Dream)" if self.shifted else "same position (LLaDA)"
         d.update(mask_token_id=self.mask_token_id, logits=logits)
         return d
+
+
+def _outputs(shifted: bool, at: torch.Tensor) -> torch.Tensor:
+    """The model outputs that score canvas columns `at`: the same columns, or one earlier for a shifted model
+    (column 0, always prompt, takes output 0 as a placeholder)."""
+    return (at - 1).clamp(min=0) if shifted else at
+
+
+def _align(shifted: bool, logits: torch.Tensor) -> torch.Tensor:
+    """`[B, L, V]` model outputs -> logits[:, i] scoring the token at column i."""
+    if shifted:  # output i-1 predicts token i; position 0 is always prompt, so its row is a placeholder
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+    return logits
+
+
+# The whole-canvas forwards, as functions of the module (not of the adapter: a captured graph keeps its body, and
+# the body must not keep the adapter alive)
+def _canvas_logits(
+    model: torch.nn.Module, shifted: bool, partial_head: bool, canvas: torch.Tensor,
+    attention_mask: torch.Tensor | None, at: torch.Tensor | None,
+) -> tuple[torch.Tensor]:
+    """(aligned float32 logits `[B, L, V]`, or `[B, W, V]` at the columns `at`,)."""
+    if at is not None and partial_head:
+        out_pos = _outputs(shifted, at)
+        return (model(input_ids=canvas, attention_mask=attention_mask, logits_index=out_pos).logits.float(),)
+    logits = _align(shifted, model(input_ids=canvas, attention_mask=attention_mask).logits.float())
+    return (logits if at is None else _gather(logits, at),)
+
+
+def _canvas_logits_kv(
+    model: torch.nn.Module, shifted: bool, canvas: torch.Tensor, attention_mask: torch.Tensor | None,
+    at: torch.Tensor | None,
+) -> tuple[torch.Tensor, ...]:
+    """(aligned float32 logits as `_canvas_logits` gives them, then each layer's keys and values)."""
+    out_pos = None if at is None else _outputs(shifted, at)
+    out = model(input_ids=canvas, attention_mask=attention_mask, use_cache=True, logits_index=out_pos)
+    logits = out.logits.float()
+    kv = [t for layer in out.cache for t in (layer.k, layer.v)]
+    return (_align(shifted, logits) if at is None else logits, *kv)
 
 
 def _gather(logits: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -53,8 +53,7 @@ from .. import attention
 from ..cache.kv import free_retired_graphs
 from ..cache.pool import StoragePool
 from ..errors import ParameterError
-
-Mode = Literal["cuda", "replay"]
+from .canvas_graphs import Mode, canvas_graphs_mode
 
 
 @dataclass
@@ -227,18 +226,10 @@ def graphs_mode(value: bool | str | None, device: torch.device, exact: object) -
     tests)."""
     if value is None:
         return "cuda" if device.type == "cuda" and exact is not None else None
-    if value is False:
-        return None
-    if value is True or value == "cuda":
-        if device.type != "cuda":
-            raise ParameterError(f"graphs=True captures CUDA graphs, but the model is on {device}: load it on a CUDA "
-                                 "device, or leave graphs=None (on where they apply).")
-        if exact is None:
-            raise ParameterError("CUDA graphs need exact mode's fixed shapes: load with exact=True (or exact=None in "
-                                 "bfloat16/float16 on CUDA).")
-        return "cuda"
-    if value == "replay":
-        if exact is None:
-            raise ParameterError("graphs='replay' runs exact mode's fixed shapes: load with exact=True too.")
-        return "replay"
-    raise ParameterError(f"graphs={value!r}: pass None (on where they apply), True, False or 'replay'.")
+    mode = canvas_graphs_mode(value, device)  # (the same values; a diffusion model needs no exact mode)
+    if mode == "cuda" and exact is None:
+        raise ParameterError("CUDA graphs need exact mode's fixed shapes: load with exact=True (or exact=None in "
+                             "bfloat16/float16 on CUDA).")
+    if mode == "replay" and exact is None:
+        raise ParameterError("graphs='replay' runs exact mode's fixed shapes: load with exact=True too.")
+    return mode

@@ -22,6 +22,7 @@ from transformers.utils import logging as hf_logging
 
 from ..errors import DeviceError, ModelLoadError, close_names
 from . import mdlm  # noqa: F401  (registers the zoo's diffusion architecture with the Auto classes)
+from .canvas_graphs import canvas_graphs_mode
 from .causal import CausalLM
 from .diffusion import MaskedDiffusionLM
 from .exact import exact_mode
@@ -264,8 +265,9 @@ def load(
     stays off unless asked: checkpoints such as LLaDA and Dream ship their own modelling code and need it.
     `exact` (causal models): every cached forward at one shape, so lossless methods equal their baseline token for
     token in low precision (models/exact.py, docs/gpu.md); None turns it on for CUDA in bfloat16/float16, an int
-    sets the block width. `graphs` (causal models): CUDA graphs of exact mode's forwards (models/graphs.py); None
-    turns them on wherever exact mode is on CUDA, False off. `fused` (causal models with the direct forward): the
+    sets the block width. `graphs`: CUDA graphs of a causal model's exact-mode forwards (models/graphs.py; None turns
+    them on wherever exact mode is on CUDA) or of a diffusion model's whole-canvas forwards (models/canvas_graphs.py;
+    None turns them on on CUDA, in any dtype); False off. `fused` (causal models with the direct forward): the
     layers' elementwise runs compiled into fused kernels (models/native.py); None turns them on with CUDA graphs on
     CUDA (where Triton is present), True on anywhere torch.compile works, False off.
     """
@@ -322,7 +324,7 @@ def load(
             return ImageLM(model, tokenizer, name, exact=fixed, graphs=mode, fused=fused, image=image)
         return CausalLM(model, tokenizer, name, exact=fixed, graphs=mode, fused=fused)
     return MaskedDiffusionLM(model, tokenizer, name, mask_token_id=_mask_token_id(cfg, tokenizer, folder),
-                             shifted=_shifted(cfg, model_type))
+                             shifted=_shifted(cfg, model_type), graphs=canvas_graphs_mode(graphs, dev))
 
 
 def _load_tokenizer(folder: Path, trust_remote_code: bool) -> Any:

@@ -70,3 +70,14 @@ def test_kernel_tables_smoke(tmp_path):
     assert names == {f"kernels-{n}.txt" for n in ("graphs", "graphs-fused-grouped", "graphs-grouped", "graphs-fused",
                                                   "eager")}
     assert "aten::mm" in (tmp_path / "kernels-graphs-fused-grouped.txt").read_text()
+
+
+def test_warm_and_eager_float32_stages_of_the_diffusion_part(tmp_path, capsys):
+    """tools/gpu_run.sh's `dlm` part: a warm-up that writes nothing, then float32 with the canvas graphs off."""
+    _tool().main(["--smoke", "--out", str(tmp_path), "--stages", "warm", "float32-nographs", "--models",
+                  "zoo:dlm-small"])
+    assert "warmed up: zoo:dlm-small" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["zoo-float32-nographs.jsonl"]
+    rows = [json.loads(line) for line in (tmp_path / "zoo-float32-nographs.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in rows} == {"dlm.baseline", "dlm.threshold"}
+    assert all(r["dtype"] == "float32" and r["graphs"] is False for r in rows)
