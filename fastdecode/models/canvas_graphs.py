@@ -12,9 +12,12 @@ inputs (token ids, attention mask, the columns whose logits are wanted) and the 
 a graph is keyed by its inputs' shapes and dtypes alone, and each replay copies the inputs into the graph's static
 buffers and clones the outputs (the next replay overwrites them; a caller may keep the logits of an earlier step).
 
-A shape seen for the first time runs eagerly; the second time it is captured (a warm-up run on a side stream, then
-the capture) and every later time replayed, so a shape seen once (a canvas cut shorter at each step) is never
-captured. A model keeps at most `limit` graphs (8; the least recently used go first), all in one memory pool: the
+The adapter (`MaskedDiffusionLM._graphed`) rounds the shapes up first: a canvas with an attention mask is padded on
+the right to a multiple of 16 columns that the mask hides, and the columns whose logits are read to a multiple of 8
+(the last one repeated); the outputs are cut back. So prompts of nearby lengths, and a canvas cut at its settled
+end, share a graph, and a generation of a few steps (a confident model's) replays one captured by an earlier
+generation. A shape seen for the first time runs eagerly; the second time it is captured (a warm-up run on a side
+stream, then the capture) and every later time replayed, so a shape seen once is never captured. A model keeps at most `limit` graphs (8; the least recently used go first), all in one memory pool: the
 outputs of each stay allocated while it lives, and only one graph runs at a time. A capture that fails (a model
 whose code reads a tensor on the host, which a capture forbids) turns the graphs off for that model with a
 `FastDecodeWarning`; its forwards run eagerly from then on, with the same results.
@@ -44,6 +47,8 @@ Body = Callable[..., tuple[torch.Tensor, ...]]
 Key = tuple[Any, ...]
 
 LIMIT = 8  # graphs kept per model
+BUCKET = 16  # canvas lengths are rounded up to a multiple of this (masked padding columns)
+BUCKET_COLUMNS = 8  # and the read columns' count to a multiple of this
 SEEN = 256  # shapes remembered as seen once; past that the record starts afresh
 
 
@@ -70,6 +75,8 @@ class CanvasGraphs:
 
     mode: Mode = "cuda"
     limit: int = LIMIT
+    bucket: int = BUCKET  # the adapter pads a masked canvas to a multiple of this many columns (1: never)
+    bucket_columns: int = BUCKET_COLUMNS  # and the columns whose logits are read to a multiple of this many
     stats: dict[str, int] = field(default_factory=lambda: {"eager": 0, "captures": 0, "replays": 0})
     entries: OrderedDict[Key, _Entry] = field(default_factory=OrderedDict)
     seen: set[Key] = field(default_factory=set)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Protocol
 
@@ -79,7 +80,7 @@ class MaskedDiffusionLM(ModelAdapter):
         body = partial(_canvas_logits, self.model, self.shifted, self.supports_cache)
         if self.graphs is None:
             return body(canvas, attention_mask, at)[0]
-        return self.graphs.run("forward", body, {"canvas": canvas, "attention_mask": attention_mask, "at": at})[0]
+        return self._graphed("forward", body, canvas, attention_mask, at)[0]
 
     @torch.inference_mode()
     def forward_columns(
@@ -102,8 +103,7 @@ class MaskedDiffusionLM(ModelAdapter):
             if self.graphs is None:
                 logits, *flat = body(canvas, attention_mask, at)
             else:
-                logits, *flat = self.graphs.run("refresh", body, {"canvas": canvas, "attention_mask": attention_mask,
-                                                                  "at": at})
+                logits, *flat = self._graphed("refresh", body, canvas, attention_mask, at)
             return logits, list(zip(flat[::2], flat[1::2], strict=True))
         at = columns if at is None else at
         B, L = canvas.shape
@@ -124,6 +124,24 @@ class MaskedDiffusionLM(ModelAdapter):
 
     def _outputs(self, at: torch.Tensor) -> torch.Tensor:
         return _outputs(self.shifted, at)
+
+    def _graphed(
+        self, what: str, body: Callable[..., tuple[torch.Tensor, ...]], canvas: torch.Tensor,
+        attention_mask: torch.Tensor | None, at: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, ...]:
+        """A whole-canvas forward through the graphs, its shapes rounded up to the graphs' buckets so that canvases of
+        nearby lengths (other prompts, a canvas cut at its settled end) share one graph: the canvas is padded on the
+        right with columns the attention mask hides (only where there is a mask: a forward without one takes
+        another attention path), the read columns `at` by repeating their last; the outputs are cut back. -> the
+        logits, then (a refresh) each layer's keys and values `[B, KVH, L, D]`."""
+        assert self.graphs is not None
+        L, W = canvas.shape[1], None if at is None else at.shape[1]
+        if attention_mask is not None:
+            canvas, attention_mask = _pad_canvas(canvas, attention_mask, self.graphs.bucket, self.mask_token_id)
+        if at is not None:
+            at = _pad_right(at, at[:, -1:], self.graphs.bucket_columns)
+        logits, *kv = self.graphs.run(what, body, {"canvas": canvas, "attention_mask": attention_mask, "at": at})
+        return (logits[:, :L] if W is None else logits[:, :W]), *(t[:, :, :L] for t in kv)
 
     def describe(self) -> dict:
         d = super().describe()
@@ -169,6 +187,21 @@ def _canvas_logits_kv(
     logits = out.logits.float()
     kv = [t for layer in out.cache for t in (layer.k, layer.v)]
     return (_align(shifted, logits) if at is None else logits, *kv)
+
+
+def _pad_right(x: torch.Tensor, fill: torch.Tensor, multiple: int) -> torch.Tensor:
+    """`[B, N]` -> `[B, N']`, N' the next multiple of `multiple`, the new columns `fill` `[B, 1]` repeated."""
+    extra = -x.shape[1] % multiple
+    return x if extra == 0 else torch.cat([x, fill.expand(-1, extra)], dim=1)
+
+
+def _pad_canvas(
+    canvas: torch.Tensor, attention_mask: torch.Tensor, multiple: int, fill: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Canvas and mask `[B, L]` padded on the right to a multiple of `multiple` columns: `fill` tokens, hidden."""
+    B = canvas.shape[0]
+    return (_pad_right(canvas, canvas.new_full((B, 1), fill), multiple),
+            _pad_right(attention_mask, attention_mask.new_zeros((B, 1)), multiple))
 
 
 def _gather(logits: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
