@@ -1,0 +1,28 @@
+"""tools/canvas_graph_replays.py: the share of a diffusion method's forwards that the canvas graphs replay."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "canvas_graph_replays.py"
+
+
+def test_rows_count_every_forward_and_buckets_capture_no_more(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("canvas_graph_replays", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["canvas_graph_replays"] = module
+    spec.loader.exec_module(module)
+    out = tmp_path / "rows.jsonl"
+    module.main(["--out", str(out), "--limit", "1", "--methods", "dlm.threshold"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["buckets"] for r in rows] == [[16, 8], [1, 1]]
+    for r in rows:
+        assert r["forwards"] == r["eager"] + r["captures"] + r["replays"] and r["replays"] > 0
+        assert r["rows"] == 28  # 14 tasks, one item each, the method's row and dlm.baseline's
+    bucketed, plain = rows
+    assert bucketed["forwards"] == plain["forwards"]  # the same generations: the padding changes no step
+    assert bucketed["captures"] <= plain["captures"] and bucketed["replayed"] >= plain["replayed"]
