@@ -2,9 +2,9 @@
 shape buckets: a count that does not depend on the hardware, so the CPU measures it with the capture-free graphs
 (`graphs="replay"`), which keep the same books as CUDA graphs.
 
-Each (method, buckets) runs `fastdecode bench`'s parallel-lists suite on zoo:dlm-small (`--limit` items per task, no
-warm-up, so every shape starts unseen; the method's rows and its baseline's, `dlm.baseline`, in one model) and
-writes one JSON row: eager forwards, captures, replays, the share replayed.
+Each (method, buckets) runs a `fastdecode bench` suite (parallel-lists unless `--suite`) on zoo:dlm-small (`--limit`
+items per task, no warm-up, so every shape starts unseen; the method's rows and its baseline's, `dlm.baseline`, in
+one model) and writes one JSON row: eager forwards, captures, replays, the share replayed.
 
     python tools/canvas_graph_replays.py --out docs/results/exact/canvas-graphs.jsonl
 """
@@ -29,17 +29,17 @@ from fastdecode.bench.harness import run_bench  # noqa: E402
 METHODS = ["dlm.baseline", "dlm.threshold", "dlm.freedave", "dlm.learn2pd"]
 
 
-def measure(method: str, buckets: bool, limit: int) -> dict:
+def measure(method: str, buckets: bool, limit: int, suite: str) -> dict:
     model = fastdecode.load("zoo:dlm-small", device="cpu", graphs="replay")
     assert model.graphs is not None
     if not buckets:
         model.graphs.bucket = model.graphs.bucket_columns = 1
     with tempfile.TemporaryDirectory() as tmp:
-        run_bench("parallel-lists", model, [method], Path(tmp) / "rows.jsonl", limit=limit, warmup=False)
+        run_bench(suite, model, [method], Path(tmp) / "rows.jsonl", limit=limit, warmup=False)
         items = sum(1 for _ in open(Path(tmp) / "rows.jsonl"))
     stats = dict(model.graphs.stats)
     total = sum(stats.values())
-    return {"method": method, "baseline": "dlm.baseline", "model": "zoo:dlm-small", "suite": "parallel-lists",
+    return {"method": method, "baseline": "dlm.baseline", "model": "zoo:dlm-small", "suite": suite,
             "limit": limit, "rows": items, "buckets": [model.graphs.bucket, model.graphs.bucket_columns], **stats,
             "forwards": total, "replayed": round(stats["replays"] / total, 4)}
 
@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, help="the JSONL file to write (replaced)")
     ap.add_argument("--limit", type=int, default=2, help="items per task (default 2)")
     ap.add_argument("--methods", nargs="+", default=METHODS)
+    ap.add_argument("--suite", default="parallel-lists", help="a suite zoo:dlm-small runs (default parallel-lists)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
@@ -56,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for method in args.methods:
         for buckets in (True, False):
-            row = {**measure(method, buckets, args.limit), "commit": commit.stdout.strip(), "command": command}
+            row = {**measure(method, buckets, args.limit, args.suite), "commit": commit.stdout.strip(),
+                   "command": command}
             print(json.dumps(row), flush=True)
             rows.append(row)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

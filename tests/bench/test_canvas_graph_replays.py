@@ -17,12 +17,12 @@ def test_rows_count_every_forward_and_buckets_capture_no_more(tmp_path, capsys):
     sys.modules["canvas_graph_replays"] = module
     spec.loader.exec_module(module)
     out = tmp_path / "rows.jsonl"
-    module.main(["--out", str(out), "--limit", "1", "--methods", "dlm.threshold"])
+    module.main(["--out", str(out), "--limit", "1", "--methods", "dlm.threshold", "--suite", "puzzles"])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["buckets"] for r in rows] == [[16, 8], [1, 1]]
     for r in rows:
         assert r["forwards"] == r["eager"] + r["captures"] + r["replays"] and r["replays"] > 0
-        assert r["rows"] == 28  # 14 tasks, one item each, the method's row and dlm.baseline's
+        assert r["rows"] == 4  # 2 tasks, 1 item each, the method's rows and dlm.baseline's
     bucketed, plain = rows
     assert bucketed["forwards"] == plain["forwards"]  # the same generations: the padding changes no step
     assert bucketed["captures"] <= plain["captures"] and bucketed["replayed"] >= plain["replayed"]
