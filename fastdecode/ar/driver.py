@@ -22,6 +22,7 @@ from ..cache import DynamicKVCache, KVCache
 from ..config import MethodConfig
 from ..models.capabilities import attention_free
 from ..models.causal import CausalLM
+from ..models.exact import MARGIN
 from ..registry import RunContext
 from ..sampling.history import History
 from ..sampling.pipeline import LogitsPipeline
@@ -266,7 +267,8 @@ def autoregressive(
     cached columns the rule selects."""
     B = batch.size
     session = ARSession(model, cfg, slots=B, generator=generator,
-                        capacity=batch.input_ids.shape[1] + cfg.max_new_tokens, constraint=constraint, sparse=sparse)
+                        capacity=batch.input_ids.shape[1] + cfg.max_new_tokens + MARGIN, constraint=constraint,
+                        sparse=sparse)
     session.join(batch.input_ids, batch.attention_mask)
     step = 0
     while True:

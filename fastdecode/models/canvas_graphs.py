@@ -17,8 +17,9 @@ the right to a multiple of 16 columns that the mask hides, and the columns whose
 (the last one repeated); the outputs are cut back. So prompts of nearby lengths, and a canvas cut at its settled
 end, share a graph, and a generation of a few steps (a confident model's) replays one captured by an earlier
 generation. A shape seen for the first time runs eagerly; the second time it is captured (a warm-up run on a side
-stream, then the capture) and every later time replayed, so a shape seen once is never captured. A model keeps at most `limit` graphs (8; the least recently used go first), all in one memory pool: the
-outputs of each stay allocated while it lives, and only one graph runs at a time. A capture that fails (a model
+stream, then the capture) and every later time replayed, so a shape seen once is never captured. A model keeps at
+most `limit` graphs (8; the least recently used go first), all in one memory pool: the outputs of each stay
+allocated while it lives, and only one graph runs at a time. A capture that fails (a model
 whose code reads a tensor on the host, which a capture forbids) turns the graphs off for that model with a
 `FastDecodeWarning`; its forwards run eagerly from then on, with the same results.
 

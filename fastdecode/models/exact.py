@@ -12,6 +12,8 @@ path (measured in docs/gpu.md). Exact mode removes the shape from the arithmetic
   `width` from the start of the row, so a prompt is always cut at the same places;
 - every forward attends over the cache's whole storage (`KVCache(full_width=True)`), whose capacity is rounded up to
   `block` columns, so the key length is the same in every forward of a generation (columns not visible are masked);
+  every driver asks for the same capacity for a request (its prompt, `max_new_tokens` and `MARGIN`), so a lossless
+  method and its baseline run at one key length too;
 - the logits of all `width` positions are computed (the LM head's shape is fixed too) and sliced afterwards.
 
 A decode step and a verification are then the same computation on different inputs, with every row of a block
@@ -31,7 +33,10 @@ import torch
 from ..errors import ParameterError
 
 DEFAULT_WIDTH = 32  # query tokens per forward: the largest verification block of the default methods fits
-DEFAULT_BLOCK = 2048  # key columns are a multiple of this, so runs of different lengths share one key length
+DEFAULT_BLOCK = 256  # key columns are a multiple of this: runs of nearby lengths share one key length (a graph)
+# columns past prompt + max_new_tokens that every driver asks its cache for (a speculative step stores its block
+# before the budget cuts it): `ar.greedy`'s cache and a speculative method's then have one capacity, so one key length
+MARGIN = 64
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from ..attention import SparseSelector, make_selector
 from ..errors import IncompatibleMethodError
 from ..models.capabilities import sliding_windows, state_layer_types, uses_alibi
 from ..models.causal import CausalLM, CausalOutput
+from ..models.exact import MARGIN
 from ..registry import RunContext
 from ..sampling.pipeline import LogitsPipeline
 from ..sampling.samplers import make_generator
@@ -92,7 +93,7 @@ def speculative(
         check_tree_attention(model)
         if isinstance(ctx.draft, CausalLM):  # a draft model that grows the tree itself runs tree masks too
             check_tree_attention(ctx.draft, "draft model")
-    room = max(len(r.prompt) for r in rows) + cfg.max_new_tokens + 64
+    room = max(len(r.prompt) for r in rows) + cfg.max_new_tokens + MARGIN  # (the capacity ar.greedy's cache has)
     # a drafter that runs the target on the target's own cache (spec.sparse_self) needs a cache of its row alone
     shared = any(r.drafter.shares_target_cache for r in rows)
     if model.preallocated and not shared:
