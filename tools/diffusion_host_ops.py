@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import subprocess
 import sys
@@ -139,8 +140,8 @@ def count(prof: Any, reads: int) -> Count:
     return c
 
 
-def measure(model: Any, method: str, new_tokens: int, prompt: str) -> list[Count]:
-    """One generation of `method`, profiled step by step."""
+def measure(model: Any, method: str, new_tokens: int, prompt: str) -> tuple[list[Count], list[int]]:
+    """One generation of `method`, profiled step by step -> (the steps' counts, the output's token ids)."""
     counter, steps = Tolist(), []
     with counter.patched():
         events = fastdecode.stream(model, prompt, method, max_new_tokens=new_tokens)
@@ -149,9 +150,8 @@ def measure(model: Any, method: str, new_tokens: int, prompt: str) -> list[Count
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 event = next(events)
             if not isinstance(event, StepEvent):
-                break
+                return steps, list(event.results[0].token_ids)
             steps.append(count(prof, counter.calls - before))
-    return steps
 
 
 def by_line(model: Any, method: str, new_tokens: int, prompt: str) -> Counter[str]:
@@ -180,6 +180,7 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=0, help="print the N lines of fastdecode with the most ops")
     ap.add_argument("--jsonl", type=Path, help="append one row per method to this file")
     ap.add_argument("--state", default="", help="a label for the rows written with --jsonl (e.g. before / after)")
+    ap.add_argument("--commit", help="the commit measured, for the rows (default: this checkout's HEAD)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = fastdecode.load(args.model, device="cpu")
@@ -187,7 +188,7 @@ def main() -> None:
     print(f"{'method':<15}{'steps':>6}{'ops/step':>10}{'syncs/step':>11}{'uploads/step':>13}{'fwd ops/step':>13}"
           f"{'first step ops':>15}")
     for method in args.method:
-        steps = measure(model, method, args.new_tokens, args.prompt)
+        steps, ids = measure(model, method, args.new_tokens, args.prompt)
         n = len(steps)
         if args.steps:
             for i, s in enumerate(steps):
@@ -200,10 +201,11 @@ def main() -> None:
             for line, k in by_line(model, method, args.new_tokens, args.prompt).most_common(args.lines):
                 print(f"    {k / n:7.1f}  {line}")
         rows.append({"method": method, "model": args.model, "new_tokens": args.new_tokens, "threads": args.threads,
-                     "state": args.state, "commit": git_commit(), "steps": n,
+                     "state": args.state, "commit": args.commit or git_commit(), "steps": n,
                      "ops_per_step": round(mean["ops"], 1), "syncs_per_step": round(mean["syncs"], 2),
                      "uploads_per_step": round(mean["uploads"], 2),
                      "forward_ops_per_step": round(mean["forward_ops"], 1), "first_step_ops": steps[0].ops,
+                     "tokens_sha1": hashlib.sha1(json.dumps(ids).encode()).hexdigest()[:12],
                      "torch": torch.__version__})
     if args.jsonl:
         args.jsonl.parent.mkdir(parents=True, exist_ok=True)
