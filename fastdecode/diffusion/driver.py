@@ -139,11 +139,12 @@ def denoise(
             drop = cfg.eotp and not cfg.eotp_keep
             if drop or canvas.growing:
                 x, attention = canvas.visible(live, view.hi, settled=drop)
-        logits = forward(x, attention, live, view.lo + P, view.hi + P, view.block, steps)
+        logits = forward(x, attention, live, view.lo + P, view.hi + P, view.block, steps, view.width)
         forward.keep()
         if guard is not None:
             logits = guard.mask_frontier(logits, live, view.lo, view.hi, canvas.gen())
-        step = make_step(index, live, view, canvas.gen(), logits, canvas.mask_id, cfg.temperature, generator)
+        step = make_step(index, live, view, canvas.gen(), logits, canvas.mask_id, cfg.temperature, generator,
+                         canvas.cols)
         commit, tokens = policy.commit(step)
         commit = commit & step.masked
         commit |= top1(step.conf) & ~commit.any(-1, keepdim=True)  # a rule that committed nothing: its best
@@ -187,15 +188,16 @@ def cut(x: torch.Tensor, attention: torch.Tensor, P: int, end: torch.Tensor) -> 
 
 def make_step(
     index: int, rows: torch.Tensor, view: View, gen: torch.Tensor, logits: torch.Tensor, mask_id: int,
-    temperature: float, generator: torch.Generator | None,
+    temperature: float, generator: torch.Generator | None, cols: torch.Tensor | None = None,
 ) -> Step:
     """Gather the view's tokens, predict x0 and score it.
 
     The logits go through the logits pipeline (`sampling/pipeline.py`; today only the MASK suppression, as no
     dlm config has a history-dependent parameter); x0 is then drawn by LLaDA's float64 Gumbel-max at
-    `temperature` and its confidence read from the untempered logits, as the reference code does."""
+    `temperature` and its confidence read from the untempered logits, as the reference code does. `cols`:
+    `arange(N)` on the device, when the caller keeps one."""
     N, W = gen.shape[1], logits.shape[1]
-    j = torch.arange(W, device=gen.device)
+    j = torch.arange(W, device=gen.device) if cols is None else cols[:W]
     inview = j < (view.hi - view.lo)[:, None]  # [B', W]
     tokens = gen.gather(1, (view.lo[:, None] + j).clamp(max=N - 1)).masked_fill(~inview, mask_id)
     masked = inview & (tokens == mask_id)

@@ -97,8 +97,8 @@ class FreeDave:
             view = View(view.lo, torch.maximum(torch.minimum(view.hi, end), view.lo + 1), view.block)
             if not self.cfg.eotp_keep:
                 x, attention = cut(x, attention, c.P, torch.maximum(end, view.hi))
-        logits = self.forward(x, attention, rows, view.lo + c.P, view.hi + c.P, view.block, steps)
-        s = make_step(index, rows, view, gens, logits, self.mask_id, self.cfg.temperature, self.generator)
+        logits = self.forward(x, attention, rows, view.lo + c.P, view.hi + c.P, view.block, steps, view.width)
+        s = make_step(index, rows, view, gens, logits, self.mask_id, self.cfg.temperature, self.generator, c.cols)
         best = top1(s.conf).long().argmax(-1)  # [R] each state's next baseline commit (a row without masks: 0)
         host = torch.stack([view.lo, best, s.x0.gather(1, best[:, None])[:, 0]], dim=1).tolist()  # the one read
         return [State(lo, s.x0[i], s.conf[i], (lo + j, token)) for i, (lo, j, token) in enumerate(host)]
