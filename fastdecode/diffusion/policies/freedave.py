@@ -107,7 +107,6 @@ class FreeDave:
         """Draft i commits the i most confident masks of the state's view: the baseline's next i steps, if
         the ranking held."""
         gen, masked = self.canvas.x[row, self.canvas.P :], state.conf > float("-inf")
-        N = gen.shape[-1]
         # drafts for up to K of the view's columns, most confident first (ties: lowest offset); those past its
         # masks (ranked after them) are cut below, once the mask count is read with the rest
         K = min(self.cfg.draft_steps, len(state.conf))
@@ -115,12 +114,10 @@ class FreeDave:
             done = int((gen != self.mask_id).sum())
             K = min(K, max(1, self.every - (done - int(self.forward.ref_step[row]))))
         order = state.conf.argsort(descending=True, stable=True)[:K]
-        offsets = (state.lo + order).clamp(max=N - 1)  # a column past the region's end is never a real draft
-        tokens = state.x0[order]
-        ranks = torch.arange(K, device=gen.device)
-        upto = ranks[None, :] <= ranks[:, None]  # [K, K]: draft i holds commits 0..i
-        drafts = gen.expand(K, -1).clone()
-        drafts[ranks[:, None].expand(K, K)[upto], offsets.expand(K, K)[upto]] = tokens.expand(K, K)[upto]
+        offsets, tokens = state.lo + order, state.x0[order]  # [K] distinct offsets (some may lie past N)
+        at = offsets[:, None] == self.canvas.cols  # [K, N] the column commit k writes
+        holds = at.long().cumsum(0) > 0  # [K, N] draft i holds commits 0..i
+        drafts = torch.where(holds, (at * tokens[:, None]).sum(0), gen)  # [K, N]
         if self.cfg.eotp:  # each draft is the baseline's state after its commits, settled as the baseline's is
             drafts = settle(drafts, self.mask_id, self.canvas.eos)[0]
         ends = finished(drafts, self.mask_id, self.canvas.eos, cols=self.canvas.cols)
