@@ -246,12 +246,12 @@ def read_step(
 ) -> tuple[list[list[tuple[int, int]]], list[int], list[bool]]:
     """Everything the host needs of a step, in one read from the device (one synchronisation on a GPU)
     -> (per row the (offset, token) pairs committed, `proposed`, `done`)."""
-    W = commit.shape[1]
-    packed = torch.cat([lo[:, None], proposed[:, None], done[:, None].long(), commit.long(), tokens], dim=1)
+    chosen = torch.where(commit, tokens, -1)  # [B', W] the token committed at each column, -1 where none
+    packed = torch.cat([lo[:, None], proposed[:, None], done[:, None], chosen], dim=1)  # [B', 3 + W]
     pairs, offered, ended = [], [], []
-    for row in packed.tolist():  # [3 + 2W] per row
-        start, committed, chosen = row[0], row[3 : 3 + W], row[3 + W :]
-        pairs.append([(start + j, t) for j, (c, t) in enumerate(zip(committed, chosen, strict=True)) if c])
+    for row in packed.tolist():
+        start, written = row[0], row[3:]
+        pairs.append([(start + j, t) for j, t in enumerate(written) if t >= 0])
         offered.append(row[1])
         ended.append(bool(row[2]))
     return pairs, offered, ended
