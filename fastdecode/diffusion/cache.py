@@ -76,7 +76,7 @@ class Forwarder:
         lo: torch.Tensor,  # [R] canvas column of each view's start
         hi: torch.Tensor,  # [R] one past its end
         block: torch.Tensor,  # [R] block id of each view
-        step: torch.Tensor,  # [R] step number of each entry
+        step: torch.Tensor | int,  # [R] step number of each entry, or one int for all (read only by a cache)
         width: int | None = None,  # max(hi - lo) if the host knows it (`View.width`); None reads it from the device
     ) -> torch.Tensor:
         """-> `[R, W, V]` logits of columns lo + j (j < W = max(hi - lo)); past a row's view, its last column again.
@@ -87,6 +87,8 @@ class Forwarder:
         cols = torch.minimum(lo[:, None] + self._arange(W, x.device), (hi - 1)[:, None])  # [R, W]
         if self.mode == "none":
             return self.model.forward(x, attention, at=cols)
+        if isinstance(step, int):
+            step = torch.full_like(rows, step)
         self._fit(x.shape[1])
         refresh = ~self.has_cache[rows]
         if self.recap is not None:

@@ -132,14 +132,13 @@ def denoise(
     for index in count():
         live = canvas.live
         view = policy.view(canvas.gen(), live)
-        steps = torch.full_like(live, index)
         x, attention = canvas.of(canvas.x, live), canvas.of(canvas.attention, live)
         if cfg.eotp or canvas.growing:
             view = canvas.clip(view, live)
             drop = cfg.eotp and not cfg.eotp_keep
             if drop or canvas.growing:
                 x, attention = canvas.visible(live, view.hi, settled=drop)
-        logits = forward(x, attention, live, view.lo + P, view.hi + P, view.block, steps, view.width)
+        logits = forward(x, attention, live, view.lo + P, view.hi + P, view.block, index, view.width)
         forward.keep()
         if guard is not None:
             logits = guard.mask_frontier(logits, live, view.lo, view.hi, canvas.gen())
