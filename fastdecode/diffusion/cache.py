@@ -66,6 +66,7 @@ class Forwarder:
         self.cached: torch.Tensor | None = None  # [B, T] delayed: K/V stored for the column's current token
         self._pending: list[tuple[torch.Tensor, list, torch.Tensor | None, bool]] = []
         self._last: tuple[torch.Tensor, ...] = ()
+        self._j = torch.arange(0, device=device)  # `_arange`'s kept range
 
     def __call__(
         self,
@@ -75,16 +76,19 @@ class Forwarder:
         lo: torch.Tensor,  # [R] canvas column of each view's start
         hi: torch.Tensor,  # [R] one past its end
         block: torch.Tensor,  # [R] block id of each view
-        step: torch.Tensor,  # [R] step number of each entry
+        step: torch.Tensor | int,  # [R] step number of each entry, or one int for all (read only by a cache)
+        width: int | None = None,  # max(hi - lo) if the host knows it (`View.width`); None reads it from the device
     ) -> torch.Tensor:
         """-> `[R, W, V]` logits of columns lo + j (j < W = max(hi - lo)); past a row's view, its last column again.
 
         The output head runs only on those columns, and a cached forward recomputes each needed column once.
         """
-        W = int((hi - lo).max())
-        cols = torch.minimum(lo[:, None] + torch.arange(W, device=x.device), (hi - 1)[:, None])  # [R, W]
+        W = int((hi - lo).max()) if width is None else width
+        cols = torch.minimum(lo[:, None] + self._arange(W, x.device), (hi - 1)[:, None])  # [R, W]
         if self.mode == "none":
             return self.model.forward(x, attention, at=cols)
+        if isinstance(step, int):
+            step = torch.full_like(rows, step)
         self._fit(x.shape[1])
         refresh = ~self.has_cache[rows]
         if self.recap is not None:
@@ -121,6 +125,12 @@ class Forwarder:
             self._pending.append((g, kv, q, full))
         assert out is not None  # every row is in one of the two groups
         return out
+
+    def _arange(self, n: int, device: torch.device) -> torch.Tensor:
+        """`arange(n)`, cut from one kept across calls (made again only when a longer one is needed)."""
+        if self._j.numel() < n or self._j.device != device:
+            self._j = torch.arange(max(n, self._j.numel()), device=device)
+        return self._j[:n]
 
     def grow(self, rows: torch.Tensor) -> None:
         """`rows` `[R]` have grown: their appended masks have no K/V yet, so their next forward is a full one."""

@@ -13,6 +13,7 @@ step: the columns past a row's `size` are not born yet, so no forward sees them 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from itertools import count
 from typing import Any
@@ -41,11 +42,14 @@ class Canvas:
         self.attention = torch.cat([batch.attention_mask, torch.ones(B, n, dtype=torch.long)], dim=1).to(self.device)
         self.eos = torch.tensor(sorted(model.eos_token_ids), dtype=torch.long, device=self.device)
         self.live = torch.arange(B, device=self.device)  # rows still decoding; finished rows cost no more work
+        self.live_rows = list(range(B))  # the same on the host, so that no step reads it back
         self.B = B
         self.end = torch.full((B,), n, dtype=torch.long, device=self.device)  # generated offsets >= end are settled
         self.growing = start is not None
         size = n if start is None else max(1, min(start, n))
         self.size = torch.full((B,), size, dtype=torch.long, device=self.device)  # [B] born columns per row
+        self.cols = torch.arange(n, device=self.device)  # [N] generated offsets, built once per generation
+        self.pad = torch.full((B, n), self.mask_id, dtype=torch.long, device=self.device)  # room `write` spills into
 
     def grow(self, rows: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
         """Lengthen `rows`' canvases to `size` `[B']` (never shorter, at most `n`): masks appended at the end.
@@ -63,28 +67,44 @@ class Canvas:
 
     def clip(self, view: View, rows: torch.Tensor) -> View:
         """The view cut at each row's settled end and born size (at least one column)."""
-        hi = torch.minimum(torch.minimum(view.hi, self.end[rows]), self.size[rows])
+        hi = torch.minimum(torch.minimum(view.hi, self.of(self.end, rows)), self.of(self.size, rows))
         return View(view.lo, torch.maximum(hi, view.lo + 1), view.block)
 
     def visible(self, rows: torch.Tensor, hi: torch.Tensor, settled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """(canvases, attention) of `rows` as a forward sees them: without the unborn columns and, when `settled`
         (End-of-Text Prediction), without those after a committed EOS (`cut`)."""
-        end = torch.minimum(self.end[rows], self.size[rows]) if settled else self.size[rows]
-        return cut(self.x[rows], self.attention[rows], self.P, torch.maximum(end, hi))
+        end, size = self.of(self.end, rows), self.of(self.size, rows)
+        end = torch.minimum(end, size) if settled else size
+        return cut(self.of(self.x, rows), self.of(self.attention, rows), self.P, torch.maximum(end, hi))
+
+    def of(self, t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """`t[rows]` for a per-row tensor `t` `[B, ...]`; `t` itself (no copy, no operation) when `rows` are every
+        row, which the host knows from their count: `rows` are always a sorted subset of the batch."""
+        return t if len(rows) == self.B else t[rows]
 
     def gen(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """`[B', N]` generated regions of `rows` (default: the live rows)."""
-        return self.x[self.live if rows is None else rows, self.P :]
+        """`[B', N]` generated regions of `rows` (default: the live rows). Read it before the next `write`: with
+        every row live it is a view of the canvas."""
+        return self.of(self.x, self.live if rows is None else rows)[:, self.P :]
 
-    def write(self, rows: torch.Tensor, lo: torch.Tensor, commit: torch.Tensor, tokens: torch.Tensor) -> list[list]:
-        """Put `tokens` `[B', W]` where `commit` at offsets lo + j; -> per row the (offset, token) pairs written."""
-        i, j = commit.nonzero(as_tuple=True)
-        offset = lo[i] + j
-        self.x[rows[i], self.P + offset] = tokens[i, j]
-        pairs: list[list] = [[] for _ in range(len(rows))]
-        for a, o, t in zip(i.tolist(), offset.tolist(), tokens[i, j].tolist(), strict=True):
-            pairs[a].append((o, t))
-        return pairs
+    def write(self, rows: torch.Tensor, lo: torch.Tensor, commit: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Put `tokens` `[B', W]` where `commit` at offsets lo + j, on the device (nothing is read back: the host
+        learns the commits from `read_step`). A view's columns past the region's end (never committed) land in
+        padding cut off again."""
+        W = commit.shape[1]
+        gen = torch.cat([self.gen(rows), self.pad[: len(rows), :W]], dim=1)  # [B', N + W]
+        at = lo[:, None] + self.cols[:W]  # [B', W] distinct offsets, < N + W
+        gen.scatter_(1, at, torch.where(commit, tokens, gen.gather(1, at)))
+        if len(rows) == self.B:
+            self.x[:, self.P :] = gen[:, : self.N]
+        else:
+            self.x[rows, self.P :] = gen[:, : self.N]
+
+    def keep(self, done: list[bool]) -> None:
+        """Drop the live rows that are `done` (host values, from `read_step`)."""
+        if any(done):
+            self.live_rows = [r for r, d in zip(self.live_rows, done, strict=True) if not d]
+            self.live = torch.tensor(self.live_rows, dtype=torch.long, device=self.device)
 
 
 def denoise(
@@ -112,32 +132,34 @@ def denoise(
     for index in count():
         live = canvas.live
         view = policy.view(canvas.gen(), live)
-        steps = torch.full_like(live, index)
-        x, attention = canvas.x[live], canvas.attention[live]
+        x, attention = canvas.of(canvas.x, live), canvas.of(canvas.attention, live)
         if cfg.eotp or canvas.growing:
             view = canvas.clip(view, live)
             drop = cfg.eotp and not cfg.eotp_keep
             if drop or canvas.growing:
                 x, attention = canvas.visible(live, view.hi, settled=drop)
-        logits = forward(x, attention, live, view.lo + P, view.hi + P, view.block, steps)
+        logits = forward(x, attention, live, view.lo + P, view.hi + P, view.block, index, view.width)
         forward.keep()
         if guard is not None:
             logits = guard.mask_frontier(logits, live, view.lo, view.hi, canvas.gen())
-        step = make_step(index, live, view, canvas.gen(), logits, canvas.mask_id, cfg.temperature, generator)
+        step = make_step(index, live, view, canvas.gen(), logits, canvas.mask_id, cfg.temperature, generator,
+                         canvas.cols)
         commit, tokens = policy.commit(step)
         commit = commit & step.masked
         commit |= top1(step.conf) & ~commit.any(-1, keepdim=True)  # a rule that committed nothing: its best
         if guard is not None:
             commit, tokens = guard.filter(step, commit, tokens, canvas.gen(), generator)
-        pairs = canvas.write(live, view.lo, commit, tokens)
+        canvas.write(live, view.lo, commit, tokens)
         if growing is not None:
-            forward.grow(canvas.grow(live, growing.grow(step, canvas.gen(), canvas.size[live])))
+            forward.grow(canvas.grow(live, growing.grow(step, canvas.gen(), canvas.of(canvas.size, live))))
         if cfg.eotp:
             canvas.settle(live)
-        done = finished(canvas.gen(), canvas.mask_id, canvas.eos, canvas.size[live])
-        yield event(index, canvas.B, live, pairs, step.masked.sum(-1), done)
-        canvas.live = live[~done]
-        if canvas.live.numel() == 0:
+        done = finished(canvas.gen(), canvas.mask_id, canvas.eos, canvas.of(canvas.size, live), canvas.cols)
+        # the step's one read: the event streams its commits, and the host must know which rows are left
+        pairs, proposed, ended = read_step(view.lo, commit, tokens, step.masked.sum(-1), done)
+        yield event(index, canvas.B, canvas.live_rows, pairs, proposed, ended)
+        canvas.keep(ended)
+        if not canvas.live_rows:
             return
 
 
@@ -165,21 +187,28 @@ def cut(x: torch.Tensor, attention: torch.Tensor, P: int, end: torch.Tensor) -> 
 
 def make_step(
     index: int, rows: torch.Tensor, view: View, gen: torch.Tensor, logits: torch.Tensor, mask_id: int,
-    temperature: float, generator: torch.Generator | None,
+    temperature: float, generator: torch.Generator | None, cols: torch.Tensor | None = None,
 ) -> Step:
     """Gather the view's tokens, predict x0 and score it.
 
     The logits go through the logits pipeline (`sampling/pipeline.py`; today only the MASK suppression, as no
     dlm config has a history-dependent parameter); x0 is then drawn by LLaDA's float64 Gumbel-max at
-    `temperature` and its confidence read from the untempered logits, as the reference code does."""
+    `temperature` and its confidence read from the untempered logits, as the reference code does. `cols`:
+    `arange(N)` on the device, when the caller keeps one."""
     N, W = gen.shape[1], logits.shape[1]
-    j = torch.arange(W, device=gen.device)
+    j = torch.arange(W, device=gen.device) if cols is None else cols[:W]
     inview = j < (view.hi - view.lo)[:, None]  # [B', W]
     tokens = gen.gather(1, (view.lo[:, None] + j).clamp(max=N - 1)).masked_fill(~inview, mask_id)
     masked = inview & (tokens == mask_id)
-    logits = LogitsPipeline([SuppressTokens([mask_id])]).process(logits)  # never predict MASK
+    logits = never_mask(mask_id).process(logits)  # never predict MASK
     x0, conf = propose(logits, masked, temperature, generator)
     return Step(index, rows, view, tokens, inview, masked, logits, x0, conf)
+
+
+@functools.lru_cache(maxsize=8)
+def never_mask(mask_id: int) -> LogitsPipeline:
+    """The logits pipeline of every step, built once per mask id (its processor keeps its index on the device)."""
+    return LogitsPipeline([SuppressTokens([mask_id])])
 
 
 def propose(
@@ -190,9 +219,11 @@ def propose(
     return x0, confidence(logits, x0).masked_fill(~masked, float("-inf"))
 
 
-def finished(gen: torch.Tensor, mask_id: int, eos: torch.Tensor, size: torch.Tensor | None = None) -> torch.Tensor:
+def finished(gen: torch.Tensor, mask_id: int, eos: torch.Tensor, size: torch.Tensor | None = None,
+             cols: torch.Tensor | None = None) -> torch.Tensor:
     """`[B, N]` generated region -> `[B]` bool: no mask remains up to the first EOS (or anywhere, if none), counting
-    only the born columns (`size` `[B]`, default all): a row whose canvas did not grow ends at its size.
+    only the born columns (`size` `[B]`, default all): a row whose canvas did not grow ends at its size. `cols`:
+    `arange(N)` on the device, when the caller keeps one.
 
     Positions before the first EOS never change once committed, so the output is then final.
     """
@@ -201,23 +232,44 @@ def finished(gen: torch.Tensor, mask_id: int, eos: torch.Tensor, size: torch.Ten
     first = torch.where(is_eos.any(-1), is_eos.long().argmax(-1), N)  # [B] offset of the first EOS, or N
     if size is not None:
         first = torch.minimum(first, size)
-    before = torch.arange(N, device=gen.device) < first[:, None]  # [B, N]
+    before = (torch.arange(N, device=gen.device) if cols is None else cols) < first[:, None]  # [B, N]
     return ~((gen == mask_id) & before).any(-1)
+
+
+def read_step(
+    lo: torch.Tensor,  # [B'] each view's first offset
+    commit: torch.Tensor,  # [B', W] bool
+    tokens: torch.Tensor,  # [B', W]
+    proposed: torch.Tensor,  # [B'] masked positions the step could commit
+    done: torch.Tensor,  # [B'] bool
+) -> tuple[list[list[tuple[int, int]]], list[int], list[bool]]:
+    """Everything the host needs of a step, in one read from the device (one synchronisation on a GPU)
+    -> (per row the (offset, token) pairs committed, `proposed`, `done`)."""
+    chosen = torch.where(commit, tokens, -1)  # [B', W] the token committed at each column, -1 where none
+    packed = torch.cat([lo[:, None], proposed[:, None], done[:, None], chosen], dim=1)  # [B', 3 + W]
+    pairs, offered, ended = [], [], []
+    for row in packed.tolist():
+        start, written = row[0], row[3:]
+        pairs.append([(start + j, t) for j, t in enumerate(written) if t >= 0])
+        offered.append(row[1])
+        ended.append(bool(row[2]))
+    return pairs, offered, ended
 
 
 def event(
     index: int,
     B: int,
-    live: torch.Tensor,  # [B'] row ids
+    live: list[int],  # [B'] row ids
     pairs: list[list],  # per live row: (offset, token) committed
-    proposed: torch.Tensor,  # [B'] masked positions the step could commit
-    done: torch.Tensor,  # [B']
+    proposed: list[int],  # [B'] masked positions the step could commit
+    done: list[bool],  # [B']
     forwards: int = 1,
 ) -> StepEvent:
+    """The step's `StepEvent`, from host values only."""
     tokens: list[tuple[tuple[int, int], ...]] = [()] * B
     offered, accepted, fin = [0] * B, [0] * B, [True] * B  # rows not live finished earlier
-    for i, row in enumerate(live.tolist()):
+    for i, row in enumerate(live):
         tokens[row] = tuple(sorted(pairs[i]))
-        offered[row], accepted[row], fin[row] = int(proposed[i]), len(pairs[i]), bool(done[i])
+        offered[row], accepted[row], fin[row] = proposed[i], len(pairs[i]), done[i]
     return StepEvent(index, tuple(tokens), forwards=forwards, proposed=tuple(offered), accepted=tuple(accepted),
                      finished=tuple(fin))

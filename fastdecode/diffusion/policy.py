@@ -142,6 +142,8 @@ class View:
     lo: torch.Tensor
     hi: torch.Tensor
     block: torch.Tensor
+    width: int | None = None  # max(hi - lo) when the host knows it without reading the device (`block_view`), else
+    #   None; the forward's output width, which would otherwise be read back every step
 
 
 @dataclass(frozen=True)
@@ -196,10 +198,11 @@ def first_mask(gen: torch.Tensor, mask_id: int) -> torch.Tensor:
 
 
 def block_view(gen: torch.Tensor, mask_id: int, size: int) -> View:
-    """Fixed semi-AR blocks of `size`: the first block that still holds a mask (the last may be shorter)."""
+    """Fixed semi-AR blocks of `size`: the first block that still holds a mask (the last may be shorter). When the
+    blocks tile the region, every row with a mask has a full block, so the view's width is `size` on the host."""
     N = gen.shape[-1]
     lo = first_mask(gen, mask_id) // size * size
-    return View(lo, (lo + size).clamp(max=N), lo // size)
+    return View(lo, (lo + size).clamp(max=N), lo // size, size if N % size == 0 else None)
 
 
 def to_end(view: View, n: int) -> View:

@@ -118,11 +118,14 @@ class SuppressTokens:
 
     def __init__(self, ids: Sequence[int]) -> None:
         self.ids = list(ids)
+        self._index: torch.Tensor | None = None  # the ids on the logits' device, made once (not one upload a call)
 
     def __call__(self, logits: torch.Tensor, at: Positions | None = None) -> torch.Tensor:
         if not self.ids:
             return logits
-        return logits.index_fill(-1, torch.tensor(self.ids, device=logits.device), float("-inf"))
+        if self._index is None or self._index.device != logits.device:
+            self._index = torch.tensor(self.ids, device=logits.device)
+        return logits.index_fill(-1, self._index, float("-inf"))
 
 
 class LogitsPipeline:

@@ -52,22 +52,30 @@ class FreeDaveConfig(BlockConfig):
 
 @dataclass
 class State:
-    """A row's state with its logits' prediction: x0 and p(x0) over its view (from offset lo)."""
+    """A row's state with its logits' prediction: x0 and p(x0) over its view (from offset lo), and the baseline's
+    next commit from it (host values, read with the other states of its forward)."""
 
     lo: int
     x0: torch.Tensor  # [W]
     conf: torch.Tensor  # [W] float64, -inf off the view's masks
+    next: tuple[int, int]  # (offset, token): its most confident mask (lowest offset on ties) and x0 there
 
 
 @dataclass
 class Plan:
-    """A row's drafts for one round, d_1..d_K in commit order (cut after the first that finishes the row)."""
+    """A row's drafts for one round, d_1..d_K in commit order (cut after the first that finishes the row); all
+    but the drafts are host values, read in one go."""
 
     drafts: torch.Tensor  # [K, N] generated regions
-    offsets: torch.Tensor  # [K] the position each draft adds
-    tokens: torch.Tensor  # [K] and its token
-    done: torch.Tensor  # [K] the draft is decoded through its first EOS: it needs no forward
+    offsets: list[int]  # [K] the position each draft adds
+    tokens: list[int]  # [K] and its token
+    done: list[bool]  # [K] the draft is decoded through its first EOS: it needs no forward (only the last can be)
     offered: int  # masks of the state's view
+
+    @property
+    def pending(self) -> int:
+        """The drafts that need a forward: all but a last one that is done."""
+        return len(self.done) - self.done[-1]
 
 
 class FreeDave:
@@ -89,74 +97,81 @@ class FreeDave:
             view = View(view.lo, torch.maximum(torch.minimum(view.hi, end), view.lo + 1), view.block)
             if not self.cfg.eotp_keep:
                 x, attention = cut(x, attention, c.P, torch.maximum(end, view.hi))
-        logits = self.forward(x, attention, rows, view.lo + c.P, view.hi + c.P, view.block, steps)
-        s = make_step(index, rows, view, gens, logits, self.mask_id, self.cfg.temperature, self.generator)
-        return [State(int(view.lo[i]), s.x0[i], s.conf[i]) for i in range(len(rows))]
+        logits = self.forward(x, attention, rows, view.lo + c.P, view.hi + c.P, view.block, steps, view.width)
+        s = make_step(index, rows, view, gens, logits, self.mask_id, self.cfg.temperature, self.generator, c.cols)
+        best = top1(s.conf).long().argmax(-1)  # [R] each state's next baseline commit (a row without masks: 0)
+        host = torch.stack([view.lo, best, s.x0.gather(1, best[:, None])[:, 0]], dim=1).tolist()  # the one read
+        return [State(lo, s.x0[i], s.conf[i], (lo + j, token)) for i, (lo, j, token) in enumerate(host)]
 
     def plan(self, row: int, state: State) -> Plan:
         """Draft i commits the i most confident masks of the state's view: the baseline's next i steps, if
         the ranking held."""
         gen, masked = self.canvas.x[row, self.canvas.P :], state.conf > float("-inf")
-        order = state.conf.argsort(descending=True, stable=True)[: int(masked.sum())]  # ties: lowest offset
-        K = min(self.cfg.draft_steps, len(order))
+        # drafts for up to K of the view's columns, most confident first (ties: lowest offset); those past its
+        # masks (ranked after them) are cut below, once the mask count is read with the rest
+        K = min(self.cfg.draft_steps, len(state.conf))
         if self.every > 1:  # a periodic refresh may only fall on the last draft (at 1 every forward is full)
             done = int((gen != self.mask_id).sum())
             K = min(K, max(1, self.every - (done - int(self.forward.ref_step[row]))))
-        offsets, tokens = state.lo + order[:K], state.x0[order[:K]]
-        ranks = torch.arange(K, device=gen.device)
-        upto = ranks[None, :] <= ranks[:, None]  # [K, K]: draft i holds commits 0..i
-        drafts = gen.expand(K, -1).clone()
-        drafts[ranks[:, None].expand(K, K)[upto], offsets.expand(K, K)[upto]] = tokens.expand(K, K)[upto]
+        order = state.conf.argsort(descending=True, stable=True)[:K]
+        offsets, tokens = state.lo + order, state.x0[order]  # [K] distinct offsets (some may lie past N)
+        at = offsets[:, None] == self.canvas.cols  # [K, N] the column commit k writes
+        holds = at.long().cumsum(0) > 0  # [K, N] draft i holds commits 0..i
+        drafts = torch.where(holds, (at * tokens[:, None]).sum(0), gen)  # [K, N]
         if self.cfg.eotp:  # each draft is the baseline's state after its commits, settled as the baseline's is
             drafts = settle(drafts, self.mask_id, self.canvas.eos)[0]
-        ends = finished(drafts, self.mask_id, self.canvas.eos)
-        K = int(ends.long().argmax()) + 1 if ends.any() else K  # drafts past the row's end are never needed
-        return Plan(drafts[:K], offsets[:K], tokens[:K], ends[:K], int(masked.sum()))
+        ends = finished(drafts, self.mask_id, self.canvas.eos, cols=self.canvas.cols)
+        host = torch.cat([offsets, tokens, ends.long(), masked.sum()[None]]).tolist()  # the plan's one read
+        offered = host[-1]
+        K = min(K, offered)  # a draft per mask at most
+        ended = [bool(e) for e in host[2 * len(order) : 2 * len(order) + K]]
+        K = ended.index(True) + 1 if True in ended else K  # drafts past the row's end are never needed
+        return Plan(drafts[:K], host[:K], host[len(order) : len(order) + K], ended[:K], offered)
 
     def run(self) -> Iterator[StepEvent]:
         c, index = self.canvas, 0
-        states = dict(zip(c.live.tolist(), self.evaluate(c.gen(), c.live, index), strict=True))  # the priming forward
+        states = dict(zip(c.live_rows, self.evaluate(c.gen(), c.live, index), strict=True))  # the priming forward
         self.forward.keep()
         spent = {r: 1 for r in states}  # forwards each row used this round
-        while c.live.numel():
-            live = c.live.tolist()
+        while c.live_rows:
+            live = c.live_rows
             plans = {r: self.plan(r, states[r]) for r in live}
-            entries = [(r, i) for r in live for i, end in enumerate(plans[r].done.tolist()) if not end]
+            entries = [(r, i) for r in live for i in range(plans[r].pending)]
             evaluated: dict[tuple[int, int], State] = {}
             if entries:  # every draft of every row in one batched forward
                 rows = torch.tensor([r for r, _ in entries], device=c.device)
-                gens = torch.stack([plans[r].drafts[i] for r, i in entries])
+                gens = torch.cat([plans[r].drafts[: plans[r].pending] for r in live])  # in the order of entries
                 evaluated = dict(zip(entries, self.evaluate(gens, rows, index), strict=True))
             kept, pairs, finish = [], [], []
             for r in live:
                 p, j = plans[r], accepted(r, plans[r], evaluated)
                 c.x[r, c.P :] = p.drafts[j]
-                pairs.append(list(zip(p.offsets[: j + 1].tolist(), p.tokens[: j + 1].tolist(), strict=True)))
-                finish.append(bool(p.done[j]))
+                pairs.append(list(zip(p.offsets[: j + 1], p.tokens[: j + 1], strict=True)))
+                finish.append(p.done[j])
                 if not finish[-1]:
                     states[r] = evaluated[(r, j)]
                     kept.append(entries.index((r, j)))
-                spent[r] += int(any(e == r for e, _ in entries))
-            if kept:
+                spent[r] += int(p.pending > 0)
+            if kept and self.cfg.cache != "none":
                 self.forward.keep(torch.tensor(kept, device=c.device))
             yield from self._events(index, pairs, finish, spent, [plans[r].offered for r in live])
-            c.live = c.live[~torch.tensor(finish, device=c.device)]
-            spent = {r: 0 for r in c.live.tolist()}
+            c.keep(finish)
+            spent = {r: 0 for r in c.live_rows}
             index += 1
 
     def _events(self, index: int, pairs: list, finish: list[bool], spent: dict[int, int],
                 offered: list[int]) -> Iterator[StepEvent]:
         """One event per distinct forward count of this round, fewest first: the rows that spent fewer
         forwards all finish in theirs, so every row is charged exactly what it spent."""
-        c, live = self.canvas, self.canvas.live.tolist()
+        c, live = self.canvas, self.canvas.live_rows
         charged = 0
         for f in sorted(set(spent.values())):
             now = [spent[r] == f for r in live]
             before = [spent[r] < f for r in live]  # finished in an earlier event of this round
             sub = [pairs[i] if now[i] else [] for i in range(len(live))]
-            fin = torch.tensor([(finish[i] and now[i]) or before[i] for i in range(len(live))])
-            masks = torch.tensor([offered[i] if now[i] else 0 for i in range(len(live))])
-            yield event(index, c.B, self.canvas.live, sub, masks, fin, forwards=f - charged)
+            fin = [(finish[i] and now[i]) or before[i] for i in range(len(live))]
+            masks = [offered[i] if now[i] else 0 for i in range(len(live))]
+            yield event(index, c.B, live, sub, masks, fin, forwards=f - charged)
             charged = f
 
 
@@ -164,16 +179,10 @@ def accepted(row: int, plan: Plan, evaluated: dict[tuple[int, int], State]) -> i
     """Index j of the last accepted draft: d_1 always; d_(i+1) while it is d_i's own next baseline state."""
     j = 0
     while j + 1 < len(plan.drafts) and (row, j) in evaluated:
-        if _next(evaluated[(row, j)]) != (int(plan.offsets[j + 1]), int(plan.tokens[j + 1])):
+        if evaluated[(row, j)].next != (plan.offsets[j + 1], plan.tokens[j + 1]):
             break
         j += 1
     return j
-
-
-def _next(state: State) -> tuple[int, int]:
-    """The baseline's next commit from a state: its most confident mask (lowest offset on ties) and x0 there."""
-    j = int(top1(state.conf[None])[0].long().argmax())
-    return state.lo + j, int(state.x0[j])
 
 
 # its draft-and-verify loop over the canvas has no commit step the grammar mask could reach
