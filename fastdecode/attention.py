@@ -199,11 +199,11 @@ def grouped(
     matrix (no copy of the keys and values per query head), scores, masked softmax and the weighted values in float32,
     the result in the queries' dtype. `[B, Hq, Q, Dv]`.
 
-    Why (issue #30): in exact mode every forward attends over the cache's whole storage (2048 columns then) with a boolean
-    mask, which on CUDA leaves SDPA the memory-efficient kernel: one thread block per head and 64 queries, walking
-    the columns one tile after another. On an H200 that kernel took 42 % of a 1.1B decode step's device time (111 us
-    a layer for 32 queries; `docs/results/gpu/2026-11-27/kernels-graphs.txt`) while the keys and values it reads take
-    about 1 us. Here the work spreads over the whole GPU, and the 32x-repeated keys and values are never written.
+    Why (issue #30): in exact mode every forward attends over the cache's whole storage (2048 columns then) with a
+    boolean mask, which on CUDA leaves SDPA the memory-efficient kernel: one thread block per head and 64 queries,
+    walking the columns one tile after another. On an H200 that kernel took 42 % of a 1.1B decode step's device time
+    (111 us a layer for 32 queries; `docs/results/gpu/2026-11-27/kernels-graphs.txt`) while the keys and values it reads
+    take about 1 us. Here the work spreads over the whole GPU, and the 32x-repeated keys and values are never written.
     A row whose mask is all False gets a uniform average instead of NaN."""
     B, Hq, Q, D = q.shape
     Hkv, K = k.shape[1], k.shape[2]
