@@ -23,10 +23,11 @@ allocated while it lives, and only one graph runs at a time. A capture that fail
 whose code reads a tensor on the host, which a capture forbids) turns the graphs off for that model with a
 `FastDecodeWarning`; its forwards run eagerly from then on, with the same results.
 
-What is graphed: `MaskedDiffusionLM.forward` and the full forward of `forward_columns` (a cache refresh, whose
-keys and values are outputs too). A cached forward of some columns (`forward_columns` with `columns`) runs
-eagerly: the number of columns it recomputes changes from step to step. `mode="replay"` runs the same static-buffer
-path without capturing, so the CPU tests check everything but the capture itself.
+What is graphed: `MaskedDiffusionLM.forward`, the full forward of `forward_columns` (a cache refresh, whose keys
+and values are outputs too) and its cached forward of some columns (the others' keys and values are static inputs,
+copied in like the canvas; the columns recomputed are rounded up to a multiple of 8 by repeating a needed one).
+`mode="replay"` runs the same static-buffer path without capturing, so the CPU tests check everything but the
+capture itself.
 """
 
 from __future__ import annotations

@@ -106,21 +106,28 @@ class MaskedDiffusionLM(ModelAdapter):
                 logits, *flat = self._graphed("refresh", body, canvas, attention_mask, at)
             return logits, list(zip(flat[::2], flat[1::2], strict=True))
         at = columns if at is None else at
+        assert kv is not None, "recomputing some columns needs the cache of the others"
         B, L = canvas.shape
+        W = at.shape[1]
+        if self.graphs is not None:  # the read columns rounded up as a whole-canvas forward rounds them
+            at = _pad_right(at, at[:, -1:], self.graphs.bucket_columns)
         out_pos = self._outputs(at)  # [B, W]
         need = torch.zeros(B, L, dtype=torch.bool, device=canvas.device)
         need.scatter_(1, columns, True).scatter_(1, out_pos, True)
         n = need.sum(-1, keepdim=True)
         Q = int(n.max())
+        if self.graphs is not None:  # (more columns, each a needed one again: duplicates are padding)
+            Q = min(L, -(-Q // self.graphs.bucket_columns) * self.graphs.bucket_columns)
         order = need.long().argsort(dim=-1, descending=True, stable=True)[:, :Q]  # needed columns first, in order
         query = torch.where(torch.arange(Q, device=canvas.device) < n, order, order[:, :1])  # pad with a needed one
         slot = torch.zeros(B, L, dtype=torch.long, device=canvas.device)
         slot.scatter_(1, order, torch.arange(Q, device=canvas.device).expand(B, Q))  # column -> its place in query
-        assert kv is not None, "recomputing some columns needs the cache of the others"
-        past = [LayerKV(k, v) for k, v in kv]
-        out = self.model(input_ids=canvas.gather(1, query), attention_mask=attention_mask, cache=past,
-                         query_index=query, use_cache=True, logits_index=slot.gather(1, out_pos))
-        return out.logits.float(), [(layer.k, layer.v) for layer in out.cache]
+        inputs: dict[str, torch.Tensor | None] = {
+            "ids": canvas.gather(1, query), "attention_mask": attention_mask, "query": query,
+            "index": slot.gather(1, out_pos), **{f"kv{i}": t for i, t in enumerate(t for pair in kv for t in pair)}}
+        cached: Callable[..., tuple[torch.Tensor, ...]] = partial(_columns_logits_kv, self.model)
+        logits, *flat = cached(**inputs) if self.graphs is None else self.graphs.run("columns", cached, inputs)
+        return logits[:, :W], list(zip(flat[::2], flat[1::2], strict=True))
 
     def _outputs(self, at: torch.Tensor) -> torch.Tensor:
         return _outputs(self.shifted, at)
@@ -202,6 +209,20 @@ def _pad_canvas(
     B = canvas.shape[0]
     return (_pad_right(canvas, canvas.new_full((B, 1), fill), multiple),
             _pad_right(attention_mask, attention_mask.new_zeros((B, 1)), multiple))
+
+
+def _columns_logits_kv(
+    model: torch.nn.Module, ids: torch.Tensor, attention_mask: torch.Tensor, query: torch.Tensor,
+    index: torch.Tensor, **kv: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """The cached forward of the canvas columns `query` `[B, Q]` (their tokens `ids`), the others' keys and values
+    from `kv` (`kv0`, `kv1`, ...: each layer's keys, then its values): (float32 logits at the outputs `index`
+    `[B, W]`, then each layer's updated keys and values)."""
+    flat = [kv[f"kv{i}"] for i in range(len(kv))]
+    past = [LayerKV(k, v) for k, v in zip(flat[::2], flat[1::2], strict=True)]
+    out = model(input_ids=ids, attention_mask=attention_mask, cache=past, query_index=query, use_cache=True,
+                logits_index=index)
+    return (out.logits.float(), *(t for layer in out.cache for t in (layer.k, layer.v)))
 
 
 def _gather(logits: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:

@@ -57,13 +57,16 @@ def test_every_method_writes_the_eager_tokens_under_graphs(eager, graphed, name)
 
 
 @pytest.mark.parametrize("cache", ["dual", "prefix"])
-def test_cached_methods_graph_their_refreshes_and_write_the_eager_tokens(eager, graphed, cache):
-    """A cache's full refresh returns keys and values from the graph: the partial forwards after it read copies."""
+def test_cached_methods_graph_their_refreshes_and_partial_forwards_and_write_the_eager_tokens(eager, graphed, cache):
+    """A cache's full refresh returns keys and values from the graph, and its partial forwards (some columns against
+    the others' keys and values, which are static inputs) replay too."""
     name = "dlm.threshold"
+    graphed.graphs.clear()
     for prompt in PROMPTS:
         want = fastdecode.generate(eager, prompt, name, **kw(name, cache=cache))
         got = fastdecode.generate(graphed, prompt, name, **kw(name, cache=cache))
         assert got.token_ids == want.token_ids, (cache, prompt)
+    assert {key[0] for key in graphed.graphs.entries} == {"refresh", "columns"}
     assert graphed.graphs.stats["replays"] > 0
 
 
