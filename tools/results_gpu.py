@@ -47,7 +47,7 @@ from fastdecode import attention  # noqa: E402
 from fastdecode.bench.harness import run_bench  # noqa: E402
 from fastdecode.bench.jobs import machine, precision, versions  # noqa: E402
 from fastdecode.bench.suites import Suite, get_suite  # noqa: E402
-from fastdecode.models.exact import Exact, exact_mode  # noqa: E402
+from fastdecode.models.exact import MARGIN, Exact, exact_mode  # noqa: E402
 from fastdecode.models.graphs import graphs_mode  # noqa: E402
 from fastdecode.models.loading import pick_device  # noqa: E402
 from fastdecode.speculative.memory import DrafterMemory  # noqa: E402
@@ -205,10 +205,10 @@ def attention_kernels(model: fastdecode.CausalLM, prompt: list[int]) -> dict[str
 def step_probe(model: fastdecode.CausalLM, prompt: list[int], plan: Plan, out: Path,
                say: Callable[[str], None], profile: bool = True) -> dict[str, Any]:
     """Where a graphed `ar.greedy` step goes (CUDA graphs on): the steady-state wall time of a step (a generation of
-    `plan.new` tokens less one of `plan.new // 4`, so the prefill, the eager first forward and the capture cancel
-    out), the device time of one replay (synchronised before and after, medians), and the capture of a new cache's
-    graph (the model's kept storage dropped first: cache/pool.py); the host's top operations by self CPU time over a
-    short generation go to `engine-profile.txt`."""
+    `plan.new` tokens less a shorter one over a cache of the same capacity, so the prefill, the eager first forward and
+    the capture cancel out), the device time of one replay (synchronised before and after, medians), and the capture of
+    a new cache's graph (the model's kept storage dropped first: cache/pool.py); the host's top operations by self CPU
+    time over a short generation go to `engine-profile.txt`."""
     if model.graphs is None:
         return {}
     from fastdecode.models.graphs import Graphs
@@ -221,7 +221,12 @@ def step_probe(model: fastdecode.CausalLM, prompt: list[int], plan: Plan, out: P
         _sync(model.device)
         return time.perf_counter() - t
 
-    short = max(plan.new // 4, 2)
+    # the short generation's cache must have the long one's capacity (exact mode sizes a cache to its request), or
+    # its steps would attend over fewer key columns and the difference would not be one step's cost
+    assert model.exact is not None  # (graphs run in exact mode)
+    room = model.exact.capacity(len(prompt) + plan.new + MARGIN)
+    short = next((n for n in range(max(plan.new // 4, 2), plan.new)
+                  if model.exact.capacity(len(prompt) + n + MARGIN) == room), max(plan.new // 4, 2))
     walls = [(timed(plan.new), timed(short)) for _ in range(2)]
     step_ms = min(1e3 * (long - brief) / (plan.new - short) for long, brief in walls)
     replays: list[float] = []
