@@ -169,7 +169,7 @@ def git_commit() -> str:
     return out.stdout.strip() or "?"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="zoo:dlm-small")
     ap.add_argument("--method", nargs="+", default=list(METHODS))
@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--jsonl", type=Path, help="append one row per method to this file")
     ap.add_argument("--state", default="", help="a label for the rows written with --jsonl (e.g. before / after)")
     ap.add_argument("--commit", help="the commit measured, for the rows (default: this checkout's HEAD)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = fastdecode.load(args.model, device="cpu")
     rows = []
