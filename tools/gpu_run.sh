@@ -36,7 +36,7 @@ ar)
   # the call's time; the full list runs without it), then the zoo in bfloat16
   timeout 220 $py tools/results_gpu.py --out "$work" --reps 2 --budget-s 160 --stages engine bfloat16 \
     --engine-runs hf.greedy spec.suffix spec.pld ar.greedy:fused=true ar.greedy:grouped=true \
-    spec.suffix:fused=true,grouped=true --models zoo:ar-small 2>&1 | tee -a "$log"
+    spec.suffix:fused=true,grouped=true ar.greedy:fused=true,block=2048 --models zoo:ar-small 2>&1 | tee -a "$log"
   snap
   # where the device time of a step goes, by kernel, in each setting
   timeout 60 $py tools/gpu_kernels.py --out "$work" 2>&1 | tail -5 | tee -a "$log"

@@ -147,6 +147,7 @@ class Run:
     graphs: bool = True
     fused: bool = False
     grouped: bool = False
+    block: int | None = None  # exact mode's key block instead of the default (the cache's key columns)
 
     @property
     def kernels(self) -> tuple[bool, bool]:
@@ -162,19 +163,26 @@ ENGINE_RUNS = (
     Run("ar.greedy:grouped=true", "ar.greedy", grouped=True),
     Run("ar.greedy:fused=true,grouped=true", "ar.greedy", fused=True, grouped=True),
     Run("spec.suffix:fused=true,grouped=true", "spec.suffix", fused=True, grouped=True),
+    # the key block before the second device run (2048 columns, where the default is 256): the attention over the
+    # whole storage, measured against the default in the same run
+    Run("ar.greedy:block=2048", "ar.greedy", block=2048),
+    Run("ar.greedy:fused=true,block=2048", "ar.greedy", fused=True, block=2048),
 )
 RUNS = {r.name: r for r in ENGINE_RUNS}
 # the ar.greedy run each (fused, grouped) setting is compared with
-BASES = {r.kernels: r.name for r in ENGINE_RUNS if r.method == "ar.greedy" and r.exact and r.graphs}
+BASES = {r.kernels: r.name for r in ENGINE_RUNS
+         if r.method == "ar.greedy" and r.exact and r.graphs and r.block is None}
 
 
 @contextlib.contextmanager
 def setting(model: fastdecode.CausalLM, exact: bool, graphs: bool, fused: str | None = None,
-            grouped: bool = False) -> Iterator[None]:
-    """Exact mode, CUDA graphs, the fused kernels (`fused`: torch.compile's backend) and the grouped attention on or
-    off for the block, as loaded outside it (unfused, SDPA)."""
+            grouped: bool = False, block: int | None = None) -> Iterator[None]:
+    """Exact mode (at another key `block` if given), CUDA graphs, the fused kernels (`fused`: torch.compile's
+    backend) and the grouped attention on or off for the block, as loaded outside it (unfused, SDPA)."""
     saved = model.exact, model.graphs
     model.exact = saved[0] if exact else None
+    if block is not None and model.exact is not None:
+        model.exact = Exact(model.exact.width, block)
     model.graphs = saved[1] if exact and graphs else None
     if fused and model.native is not None:
         model.native.fuse(backend=fused)
@@ -282,7 +290,7 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
 
         def run(spec: Run = spec) -> tuple[list[int], int]:
             # a fresh memory each time: spec.suffix must not remember the previous repetition's output
-            with setting(model, spec.exact, spec.graphs, backend if spec.fused else None, spec.grouped):
+            with setting(model, spec.exact, spec.graphs, backend if spec.fused else None, spec.grouped, spec.block):
                 r = fastdecode.generate(model, prompt, spec.method, max_new_tokens=plan.new, memory=DrafterMemory())
             return r.token_ids, r.stats.forwards
         name = spec.name
@@ -326,6 +334,8 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
                 row["params"]["fused"] = True
             if spec.grouped:
                 row["params"]["grouped"] = True
+            if spec.block is not None:
+                row["params"]["block"] = spec.block
             row["exact"] = model.exact.width if spec.exact and model.exact is not None else None
             row["params"]["graphs"] = bool(spec.exact and spec.graphs and model.graphs is not None)
             rows.append(row)

@@ -29,10 +29,13 @@ def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys):
                                              "hf.greedy", "hf.static_compile", "spec.suffix", "spec.pld",
                                              "ar.greedy:fused=true", "spec.suffix:fused=true",
                                              "ar.greedy:grouped=true", "ar.greedy:fused=true,grouped=true",
-                                             "spec.suffix:fused=true,grouped=true"}
+                                             "spec.suffix:fused=true,grouped=true", "ar.greedy:block=2048",
+                                             "ar.greedy:fused=true,block=2048"}
     assert {r["method"] for r in engine if r["params"].get("fused")} == {
         "ar.greedy:fused=true", "spec.suffix:fused=true", "ar.greedy:fused=true,grouped=true",
-        "spec.suffix:fused=true,grouped=true"}
+        "spec.suffix:fused=true,grouped=true", "ar.greedy:fused=true,block=2048"}
+    assert {r["method"] for r in engine if r["params"].get("block") == 2048} == {
+        "ar.greedy:block=2048", "ar.greedy:fused=true,block=2048"}
     assert {r["method"] for r in engine if r["params"].get("grouped")} == {
         "ar.greedy:grouped=true", "ar.greedy:fused=true,grouped=true", "spec.suffix:fused=true,grouped=true"}
     assert all(r["dtype"] == "float32" and r["machine"]["device"] == "cpu" and r["new_tokens"] == 12 for r in engine)
