@@ -34,15 +34,15 @@ ar)
     tests/invariants/test_canvas_graphs.py
   # the 1.1B shape (hf.static_compile and the eager variants of ar.greedy: `--engine-runs` leaves them out to save
   # the call's time; the full list runs without it), then the zoo in bfloat16
-  timeout 220 $py tools/results_gpu.py --out "$work" --reps 2 --budget-s 160 --stages engine bfloat16 \
+  timeout 250 $py tools/results_gpu.py --out "$work" --reps 2 --budget-s 190 --stages engine bfloat16 \
     --engine-runs hf.greedy spec.suffix spec.pld ar.greedy:fused=true ar.greedy:grouped=true \
     spec.suffix:fused=true,grouped=true ar.greedy:fused=true,block=2048 --models zoo:ar-small 2>&1 | tee -a "$log"
   snap
   # where the device time of a step goes, by kernel, in each setting
-  timeout 60 $py tools/gpu_kernels.py --out "$work" 2>&1 | tail -5 | tee -a "$log"
+  timeout 50 $py tools/gpu_kernels.py --out "$work" 2>&1 | tail -5 | tee -a "$log"
   snap
   # the whole suite with the device switch, in parallel
-  tests pytest 190 -q -n 15 --dist loadfile --timeout 120 tests
+  tests pytest 170 -q -n 15 --dist loadfile --timeout 120 tests
   ;;
 dlm)
   # the diffusion forward's CUDA graphs are on in both dtypes; the -nographs stages run it eagerly
