@@ -138,12 +138,16 @@ class MaskedDiffusionLM(ModelAdapter):
     ) -> tuple[torch.Tensor, ...]:
         """A whole-canvas forward through the graphs, its shapes rounded up to the graphs' buckets so that canvases of
         nearby lengths (other prompts, a canvas cut at its settled end) share one graph: the canvas is padded on the
-        right with columns the attention mask hides (only where there is a mask: a forward without one takes
-        another attention path), the read columns `at` by repeating their last; the outputs are cut back. -> the
-        logits, then (a refresh) each layer's keys and values `[B, KVH, L, D]`."""
+        right with columns the attention mask hides, the read columns `at` by repeating their last; the outputs are
+        cut back. -> the logits, then (a refresh) each layer's keys and values `[B, KVH, L, D]`.
+
+        The canvas is padded only for the zoo's architecture (`supports_cache`), whose mask hides keys and nothing
+        else, and only where there is a mask (a forward without one takes another attention path): a checkpoint's
+        own code may also hide the padded queries (Dream builds a query-by-key mask), and a query row with nothing
+        to see can turn to NaN, which the next layer's values would carry into every row."""
         assert self.graphs is not None
         L, W = canvas.shape[1], None if at is None else at.shape[1]
-        if attention_mask is not None:
+        if attention_mask is not None and self.supports_cache:
             canvas, attention_mask = _pad_canvas(canvas, attention_mask, self.graphs.bucket, self.mask_token_id)
         if at is not None:
             at = _pad_right(at, at[:, -1:], self.graphs.bucket_columns)

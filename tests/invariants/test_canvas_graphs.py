@@ -180,3 +180,30 @@ def test_load_sets_the_diffusion_graphs(diffusion_dir):
         fastdecode.load(diffusion_dir, device="cpu", graphs=True)
     with pytest.raises(ParameterError, match="graphs='sometimes'"):
         fastdecode.load(diffusion_dir, device="cpu", graphs="sometimes")
+
+
+class Foreign(torch.nn.Module):
+    """A diffusion model without the zoo's partial-forward protocol (a checkpoint's own code: LLaDA, Dream)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.config = inner.config
+
+    def forward(self, input_ids, attention_mask=None, **_):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def test_a_checkpoints_own_model_is_graphed_at_its_own_length(diffusion):
+    """Its mask may hide padded queries too, so its canvas is never padded: one graph per length, the eager bits."""
+    from fastdecode.models.diffusion import MaskedDiffusionLM
+
+    model = MaskedDiffusionLM(Foreign(diffusion.model), mask_token_id=3, shifted=True, graphs="replay")
+    plain = MaskedDiffusionLM(Foreign(diffusion.model), mask_token_id=3, shifted=True)
+    assert not model.supports_cache
+    at = torch.tensor([[4, 5, 6], [7, 8, 9]], device=diffusion.device)
+    for seed in range(3):
+        x, attention = canvas(diffusion, seed)
+        assert torch.equal(model.forward(x, attention, at=at), plain.forward(x, attention, at=at))
+    assert [key[1][1] for key in model.graphs.entries] == [(2, 12)]  # the canvas as it came
+    assert model.graphs.stats == {"eager": 1, "captures": 1, "replays": 1}
