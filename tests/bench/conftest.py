@@ -33,3 +33,22 @@ def draft(draft_dir):
 @pytest.fixture(scope="session")
 def diffusion_long_dir(tmp_path_factory, tokenizer, save_diffusion_model) -> Path:
     return save_diffusion_model(tmp_path_factory.mktemp("bench-mdlm"), tokenizer, max_position_embeddings=1024)
+
+
+@pytest.fixture
+def tool():
+    """`tool(NAME)`: the module of `tools/NAME.py`, imported by path (tools are scripts, not a package); registered in
+    `sys.modules` under NAME, where dataclasses look their module up."""
+    import importlib.util
+    import sys
+
+    def load(name: str):
+        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "canvas_graph_replays.py"
 
 
-def test_rows_count_every_forward_and_buckets_capture_no_more(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("canvas_graph_replays", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["canvas_graph_replays"] = module
-    spec.loader.exec_module(module)
+def test_rows_count_every_forward_and_buckets_capture_no_more(tmp_path, tool):
+    module = tool("canvas_graph_replays")
     out = tmp_path / "rows.jsonl"
     module.main(["--out", str(out), "--limit", "1", "--methods", "dlm.threshold", "--suite", "puzzles"])
     rows = [json.loads(line) for line in out.read_text().splitlines()]

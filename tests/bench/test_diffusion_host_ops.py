@@ -3,20 +3,11 @@ apart from the step's, the step's device reads."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "diffusion_host_ops.py"
 
 
-def test_a_row_counts_the_steps_operations_and_reads(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("diffusion_host_ops", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["diffusion_host_ops"] = module
-    spec.loader.exec_module(module)
+def test_a_row_counts_the_steps_operations_and_reads(tmp_path, capsys, tool):
+    module = tool("diffusion_host_ops")
     out = tmp_path / "rows.jsonl"
     module.main(["--method", "dlm.threshold", "--new-tokens", "16", "--jsonl", str(out), "--state", "now",
                  "--commit", "abc"])
