@@ -2,10 +2,10 @@
 
 A diffusion step runs the model over the whole canvas, `[B, L]`, and the canvas keeps its shape from step to step
 of a generation (the rows, the prompt plus the generated region, the block whose logits are read). On a GPU a small
-model's step is launch-bound: zoo:dlm-small's forward issues ~290 kernels (~1400 torch operations with the views),
-and in bfloat16 ~60 more than in float32 (the casts of its float32 norms and rotary tables, which float32 skips),
-which is why the H200 ran it slower in bfloat16 than in float32 (docs/gpu.md). A CUDA graph replays all of them
-with one launch, in either dtype.
+model's step is launch-bound: zoo:dlm-small's forward is 1318 torch operations a step in float32 and 1408 in
+bfloat16 (the casts around its float32 norms and rotary tables, which float32 skips; `tools/diffusion_host_ops.py
+--dtype`), which is how the H200 came to run it slower in bfloat16 than in float32 (docs/gpu.md). A CUDA graph
+replays all of them with one launch, in either dtype.
 
 Unlike the causal graphs (models/graphs.py), nothing here depends on a cache's addresses: the forward reads its
 inputs (token ids, attention mask, the columns whose logits are wanted) and the weights, and writes its outputs. So

@@ -110,14 +110,14 @@ class MaskedDiffusionLM(ModelAdapter):
         B, L = canvas.shape
         W = at.shape[1]
         if self.graphs is not None:  # the read columns rounded up as a whole-canvas forward rounds them
-            at = _pad_right(at, at[:, -1:], self.graphs.bucket_columns)
+            at = _pad_columns(at, self.graphs.bucket_columns)
         out_pos = self._outputs(at)  # [B, W]
         need = torch.zeros(B, L, dtype=torch.bool, device=canvas.device)
         need.scatter_(1, columns, True).scatter_(1, out_pos, True)
         n = need.sum(-1, keepdim=True)
         Q = int(n.max())
         if self.graphs is not None:  # (more columns, each a needed one again: duplicates are padding)
-            Q = min(L, -(-Q // self.graphs.bucket_columns) * self.graphs.bucket_columns)
+            Q = min(L, _round_up(Q, self.graphs.bucket_columns))
         order = need.long().argsort(dim=-1, descending=True, stable=True)[:, :Q]  # needed columns first, in order
         query = torch.where(torch.arange(Q, device=canvas.device) < n, order, order[:, :1])  # pad with a needed one
         slot = torch.zeros(B, L, dtype=torch.long, device=canvas.device)
@@ -150,7 +150,7 @@ class MaskedDiffusionLM(ModelAdapter):
         if attention_mask is not None and self.supports_cache:
             canvas, attention_mask = _pad_canvas(canvas, attention_mask, self.graphs.bucket, self.mask_token_id)
         if at is not None:
-            at = _pad_right(at, at[:, -1:], self.graphs.bucket_columns)
+            at = _pad_columns(at, self.graphs.bucket_columns)
         logits, *kv = self.graphs.run(what, body, {"canvas": canvas, "attention_mask": attention_mask, "at": at})
         return (logits[:, :L] if W is None else logits[:, :W]), *(t[:, :, :L] for t in kv)
 
@@ -200,10 +200,19 @@ def _canvas_logits_kv(
     return (_align(shifted, logits) if at is None else logits, *kv)
 
 
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 def _pad_right(x: torch.Tensor, fill: torch.Tensor, multiple: int) -> torch.Tensor:
     """`[B, N]` -> `[B, N']`, N' the next multiple of `multiple`, the new columns `fill` `[B, 1]` repeated."""
-    extra = -x.shape[1] % multiple
+    extra = _round_up(x.shape[1], multiple) - x.shape[1]
     return x if extra == 0 else torch.cat([x, fill.expand(-1, extra)], dim=1)
+
+
+def _pad_columns(at: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Read columns `[B, W]` rounded up to a multiple of `multiple` by repeating the last (its logits are cut off)."""
+    return _pad_right(at, at[:, -1:], multiple)
 
 
 def _pad_canvas(
