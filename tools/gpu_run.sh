@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# The device check of issue #30 (docs/gpu.md), in two parts so that each call to a lent GPU carries under 64 MiB of
-# weights: `ar` (zoo:ar-small, zoo:ar-tiny, zoo:img-ar and two of ar-small's heads: the captured graphs' tests, the
-# engine on the 1.1B shape, the zoo's lossless methods, the whole test suite with FASTDECODE_TEST_DEVICE=cuda) and
-# `dlm` (zoo:dlm-small and its dParallel copy: the diffusion family, the tests that need them). Every stage has its
+# The device check of issue #30 (docs/gpu.md), in three parts, since a call to a lent GPU carries at most 64 MiB and
+# the zoo's weights are about 150 MB; `python tools/gpu_parts.py carry PART` gives each part's `carry` list. `ar`
+# (zoo:ar-small, zoo:ar-tiny, three of ar-small's heads, the image model): the zoo's lossless methods in bfloat16, the
+# engine on the 1.1B shape, the kernels, the whole test suite with FASTDECODE_TEST_DEVICE=cuda (a test whose weights
+# the call did not carry is skipped, the file named: tests/carried.py). `dlm` (zoo:dlm-small and its dParallel copy):
+# the diffusion family, the tests that name those models, spec.dlm_draft where zoo:ar-small is still on the machine.
+# `rest` (zoo:ar-long, the DFlash head, the image generators): spec.dflash where zoo:ar-small is still there, the tests
+# that name them. A warm machine keeps the files of earlier calls, so run the parts back to back. Every stage has its
 # own time limit, so a slow one costs only itself; OUT gets PART-log.txt and PART.tgz (the rows, the test logs, each
 # failure's traceback), the most important stages first.
 #
-#   tools/gpu_run.sh ar  OUT      # at most 10 minutes on one H100/H200 (about 8)
-#   tools/gpu_run.sh dlm OUT      # at most 3 minutes
+#   tools/gpu_run.sh ar   OUT      # at most 10 minutes on one H100/H200 (about 8)
+#   tools/gpu_run.sh dlm  OUT      # at most 4 minutes
+#   tools/gpu_run.sh rest OUT      # at most 4 minutes
 set -u
 part=${1:?part: ar or dlm}
 out=${2:?output folder}
@@ -26,34 +31,42 @@ tests() { FASTDECODE_TEST_DEVICE=cuda FASTDECODE_FAILURES="$work/$1-failures.txt
 transformers.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee "$log"
 case $part in
 ar)
-  # on the device first: the captured graphs and their reuse, the host-work guard, tree confirmation, the fused kernels
-  # and the grouped attention
-  tests pytest-graphs 120 -q tests/invariants/test_graphs.py tests/invariants/test_graph_reuse.py \
-    tests/invariants/test_host_ops.py tests/invariants/test_exact_mode.py tests/invariants/test_exact_trees.py \
-    tests/invariants/test_native_fused.py tests/unit/test_grouped_attention.py \
-    tests/invariants/test_canvas_graphs.py
-  # the 1.1B shape (hf.static_compile and the eager variants of ar.greedy: `--engine-runs` leaves them out to save
-  # the call's time; the full list runs without it), then the zoo in bfloat16
-  timeout 250 $py tools/results_gpu.py --out "$work" --reps 2 --budget-s 190 --stages engine bfloat16 \
-    --engine-runs hf.greedy spec.suffix spec.pld ar.greedy:fused=true ar.greedy:grouped=true \
-    spec.suffix:fused=true,grouped=true ar.greedy:fused=true,block=2048 --models zoo:ar-small 2>&1 | tee -a "$log"
+  # the zoo's lossless methods in bfloat16 (exact mode and graphs, the CUDA default): those whose head is not here are
+  # left out with the file named (the DFlash head comes with `rest`)
+  timeout 170 $py tools/results_gpu.py --out "$work" --budget-s 140 --stages bfloat16 --models zoo:ar-small 2>&1 \
+    | tee -a "$log"
+  snap
+  # the 1.1B shape, in the default setting (fused kernels) and against it: the grouped attention, exact mode's old key
+  # block (2048 columns); hf.static_compile and the other variants run without `--engine-runs`
+  timeout 170 $py tools/results_gpu.py --out "$work" --reps 2 --stages engine --engine-runs hf.greedy spec.pld \
+    ar.greedy:fused=true spec.suffix:fused=true ar.greedy:fused=true,grouped=true \
+    spec.suffix:fused=true,grouped=true ar.greedy:fused=true,block=2048 2>&1 | tee -a "$log"
   snap
   # where the device time of a step goes, by kernel, in each setting
   timeout 50 $py tools/gpu_kernels.py --out "$work" 2>&1 | tail -5 | tee -a "$log"
   snap
-  # the whole suite with the device switch, in parallel
-  tests pytest 170 -q -n 15 --dist loadfile --timeout 120 tests
+  # the whole suite with the device switch, in parallel (the captured graphs' tests among them)
+  tests pytest 200 -q -n 15 --dist loadfile --timeout 120 -rs tests
   ;;
 dlm)
   # the diffusion forward's CUDA graphs are on in both dtypes; the -nographs stages run it eagerly
   timeout 110 $py tools/results_gpu.py --out "$work" --budget-s 75 --stages warm bfloat16 float32 \
     bfloat16-nographs float32-nographs --models zoo:dlm-small 2>&1 | tee -a "$log"
   snap
-  # the tests that need zoo:dlm-small or its dParallel copy (the `ar` part does not carry them)
-  tests pytest-dlm 80 -q -n 8 --dist loadfile tests/invariants/test_canvas_graphs.py \
-    tests/invariants/test_spec_dlm_draft.py \
-    tests/invariants/test_dlm_dystruct.py tests/unit/test_learn2pd.py tests/unit/test_dparallel_card.py \
-    tests/unit/test_dparallel.py tests/statistical/test_spec_dlm_draft_sampling.py tests/test_threads.py
+  # the tests that name the diffusion models (the `ar` part skipped them), and the diffusion forward's graphs
+  tests pytest-dlm 90 -q -n 15 --dist loadfile --timeout 80 -rs tests/invariants/test_canvas_graphs.py \
+    $($py tools/gpu_parts.py tests dlm)
+  # spec.dlm_draft (zoo:ar-small with zoo:dlm-small as its draft): left out unless `ar` ran on this machine
+  timeout 60 $py tools/results_gpu.py --out "$work" --stages bfloat16 --models zoo:ar-small \
+    --methods spec.dlm_draft 2>&1 | tee -a "$log"
+  snap
   ;;
-*) echo "part: ar or dlm, not $part" >&2; exit 2 ;;
+rest)
+  # spec.dflash (the DFlash head of zoo:ar-small): left out unless `ar` ran on this machine
+  timeout 70 $py tools/results_gpu.py --out "$work" --stages bfloat16 --models zoo:ar-small --methods spec.dflash \
+    2>&1 | tee -a "$log"
+  snap
+  tests pytest-rest 150 -q -n 15 --dist loadfile --timeout 100 -rs $($py tools/gpu_parts.py tests rest)
+  ;;
+*) echo "part: ar, dlm or rest, not $part" >&2; exit 2 ;;
 esac

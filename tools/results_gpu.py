@@ -58,10 +58,18 @@ TINYLLAMA = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num
                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
 TINY = {**TINYLLAMA, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
-# zoo:ar-small's lossless methods: draft-free, then those that draft with zoo:ar-tiny
+# zoo:ar-small's lossless methods: draft-free, those that draft with zoo:ar-tiny, those that draft with a head trained
+# against zoo:ar-small (shipped beside it), and spec.dlm_draft, whose draft is zoo:dlm-small
 LOSSLESS = ["spec.pld", "hf.prompt_lookup", "spec.ngram", "spec.suffix", "spec.suffix:tree=true", "spec.recycling",
-            "spec.lookahead", "spec.jacobi", "spec.layerskip", "hf.greedy", "spec.draft_model", "hf.assisted",
-            "spec.rsd", "spec.dyntree"]
+            "spec.lookahead", "spec.jacobi", "spec.layerskip", "spec.sparse_self", "hf.greedy", "spec.draft_model",
+            "hf.assisted", "spec.rsd", "spec.dyntree", "spec.medusa", "spec.medusa:hydra=true", "spec.eagle3",
+            "spec.dflash", "spec.dlm_draft"]
+# the zoo weights a method of zoo:ar-small needs beyond its own (a device call carries a few: tools/gpu_parts.py)
+ZOO_DIR = ROOT / "fastdecode" / "zoo"
+DRAFTS = {"spec.draft_model": "zoo:ar-tiny", "hf.assisted": "zoo:ar-tiny", "spec.rsd": "zoo:ar-tiny",
+          "spec.dyntree": "zoo:ar-tiny", "spec.dlm_draft": "zoo:dlm-small"}
+HEADS = {"spec.medusa": "ar-small/heads/medusa", "spec.medusa:hydra=true": "ar-small/heads/hydra",
+         "spec.eagle3": "ar-small/heads/eagle3", "spec.dflash": "ar-small/heads/dflash"}
 DIFFUSION = ["dlm.threshold", "dlm.factor", "dlm.entropy_bound", "dlm.localleap", "dlm.prophet", "dlm.credit",
              "dlm.freedave", "dlm.adablock", "dlm.dcd", "dlm.r2", "dlm.ccd", "dlm.ete"]
 ZOO = ("zoo:ar-small", "zoo:dlm-small")
@@ -89,8 +97,8 @@ class Plan:
 FULL = Plan(TINYLLAMA, 512, 256, 3, True, (("code", 3), ("parallel-lists", 1)), (("parallel-lists", 1),),
             tuple(LOSSLESS), tuple(DIFFUSION), BLOCKS, False)
 SMOKE = Plan(TINY, 32, 12, 1, False, (("code", 1),), (("parallel-lists", 1),), ("spec.pld", "spec.suffix"),
-             ("dlm.threshold",), {"ar.greedy": {"max_new_tokens": 8}, "spec.pld": {"max_new_tokens": 8},
-                                  "spec.suffix": {"max_new_tokens": 8}}, True)
+             ("dlm.threshold",), {m.partition(":")[0]: {"max_new_tokens": 8} for m in ["ar.greedy", *LOSSLESS]},
+             True)
 
 
 def _sync(device: torch.device) -> None:
@@ -389,24 +397,53 @@ def suite_of(name: str, one_task: bool) -> Suite | str:
     return Suite(s.name, s.description, s.tasks[:1])
 
 
+def weights(name: str) -> Path:
+    """The weights file of a zoo model (`zoo:NAME`) or shipped head (`MODEL/heads/KIND`)."""
+    return ZOO_DIR / name.removeprefix("zoo:") / "model.safetensors"
+
+
+def absent(model: str, method: str) -> Path | None:
+    """A weights file that `method` on `model` needs and this checkout lacks (None: it can run)."""
+    needed = [model, DRAFTS.get(method.partition(":")[0]), HEADS.get(method)]
+    return next((weights(n) for n in needed if n is not None and not weights(n).exists()), None)
+
+
 def zoo(plan: Plan, device: torch.device, dtype: str, exact: bool | Exact | None, out: Path, command: str,
         say: Callable[[str], None], time_left: Callable[[], bool], models: list[str],
         graphs: bool | None = None) -> None:
+    """Each zoo model's methods on its suites, one bench run per draft model; a method whose weights (its model, draft
+    or head) this checkout lacks is left out with a line saying which file."""
     load = {"device": str(device), "dtype": dtype, **({} if exact is None else {"exact": exact}),
             **({} if graphs is None else {"graphs": graphs})}
-    for model, draft, methods, suites in (("zoo:ar-small", "zoo:ar-tiny", plan.lossless, plan.ar_suites),
-                                          ("zoo:dlm-small", None, plan.diffusion, plan.dlm_suites)):
+    for model, methods, suites in (("zoo:ar-small", plan.lossless, plan.ar_suites),
+                                   ("zoo:dlm-small", plan.diffusion, plan.dlm_suites)):
         if model not in models or not methods:  # (--methods named none of this model's)
             continue
-        names = {m.partition(":")[0] for m in methods} | {"ar.greedy", "dlm.baseline"}
-        params = {m: p for m, p in plan.zoo_params.items() if m in names}
-        for suite, limit in suites:
-            if not time_left():
-                say(f"{model} {suite} {dtype} skipped: past --budget-s; run the command again to finish it")
-                continue
-            run_bench(suite_of(suite, plan.one_task), model, list(methods), out, draft=draft, params=params,
-                      limit=limit, command=command, load_kwargs=load, warmup=not plan.one_task)
-            say(f"{model} {suite} {dtype} exact={exact}: {out}")
+        runnable = []
+        for method in methods:
+            missing = absent(model, method)
+            if missing is None:
+                runnable.append(method)
+            else:
+                say(f"{model} {method} {dtype} left out: {missing.relative_to(ROOT)} is not in this checkout")
+        # one bench run for the methods that draft with zoo:ar-tiny or nothing (the draft-free ones ignore it), one for
+        # those whose draft is another model
+        by_draft: dict[str | None, list[str]] = {}
+        for method in runnable:
+            draft = DRAFTS.get(method.partition(":")[0])
+            by_draft.setdefault(None if draft == "zoo:ar-tiny" else draft, []).append(method)
+        if any(DRAFTS.get(m.partition(":")[0]) == "zoo:ar-tiny" for m in by_draft.get(None, [])):
+            by_draft["zoo:ar-tiny"] = by_draft.pop(None)
+        for draft, group in by_draft.items():
+            names = {m.partition(":")[0] for m in group} | {"ar.greedy", "dlm.baseline"}
+            params = {m: p for m, p in plan.zoo_params.items() if m in names}
+            for suite, limit in suites:
+                if not time_left():
+                    say(f"{model} {suite} {dtype} skipped: past --budget-s; run the command again to finish it")
+                    continue
+                run_bench(suite_of(suite, plan.one_task), model, group, out, draft=draft, params=params,
+                          limit=limit, command=command, load_kwargs=load, warmup=not plan.one_task)
+                say(f"{model} {suite} {dtype} exact={exact} draft={draft}: {out}")
 
 
 def warm(device: torch.device, models: list[str], say: Callable[[str], None]) -> None:

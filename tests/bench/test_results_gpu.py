@@ -84,3 +84,40 @@ def test_warm_and_eager_float32_stages_of_the_diffusion_part(tmp_path, capsys):
     rows = [json.loads(line) for line in (tmp_path / "zoo-float32-nographs.jsonl").read_text().splitlines()]
     assert {r["method"] for r in rows} == {"dlm.baseline", "dlm.threshold"}
     assert all(r["dtype"] == "float32" and r["graphs"] is False for r in rows)
+
+
+def test_a_method_whose_weights_are_not_here_is_left_out_with_the_file_named(tmp_path, capsys, monkeypatch):
+    """A device call carries a few of the zoo's weights at a time: the zoo stage runs what it can and says what not."""
+    tool = _tool()
+    assert tool.absent("zoo:ar-small", "spec.medusa:hydra=true") is None  # all shipped here
+    # every lossless method of zoo:ar-small is in the GPU run's list
+    import fastdecode
+    lossless = {m.name for m in fastdecode.methods() if m.lossless and m.kind == "causal" and m.name != "ar.greedy"}
+    images = {"spec.sjd"}  # the image models' method: lossless as a sampler, measured by the image suites
+    assert lossless - images <= {m.partition(":")[0] for m in tool.LOSSLESS}
+    monkeypatch.setitem(tool.HEADS, "spec.medusa", "ar-small/heads/no-such-head")
+    assert tool.absent("zoo:ar-small", "spec.medusa") == tool.ZOO_DIR / "ar-small/heads/no-such-head/model.safetensors"
+    assert tool.absent("zoo:ar-small", "spec.dlm_draft") is None
+    tool.main(["--smoke", "--out", str(tmp_path), "--stages", "bfloat16", "--models", "zoo:ar-small", "--methods",
+               "spec.pld", "spec.medusa", "spec.dlm_draft"])
+    said = capsys.readouterr().out
+    assert "spec.medusa bfloat16 left out: fastdecode/zoo/ar-small/heads/no-such-head/model.safetensors" in said
+    rows = [json.loads(line) for line in (tmp_path / "zoo-bfloat16.jsonl").read_text().splitlines()]
+    # spec.dlm_draft drafts with zoo:dlm-small: its own bench run, beside its own baseline rows
+    assert {(r["method"], r["draft"]) for r in rows} == {("ar.greedy", None), ("spec.pld", None),
+                                                         ("ar.greedy", "zoo:dlm-small"),
+                                                         ("spec.dlm_draft", "zoo:dlm-small")}
+    assert all(r["equal_to_baseline"] for r in rows)
+
+
+def test_the_device_parts_fit_a_call_and_carry_every_weights_file(tool):
+    """tools/gpu_parts.py: each part of tools/gpu_run.sh fits in a call's 64 MiB with the working tree, the parts
+    together carry every weights file of the zoo, and each part after `ar` finds the tests that name its models."""
+    parts = tool("gpu_parts")
+    assert parts.check() == []
+    assert set(parts.PARTS) == {"ar", "dlm", "rest"} and all(len(p) <= 8 for p in parts.PARTS.values())  # carry: 8
+    assert "tests/unit/test_learn2pd.py" in parts.test_files("dlm")
+    assert "tests/unit/test_dflash_card.py" in parts.test_files("rest")
+    assert "tests/sparse/test_duo.py" in parts.test_files("rest")
+    script = (TOOL.parent / "gpu_run.sh").read_text()
+    assert all(f"\n{p})" in script for p in parts.PARTS)  # every part is a case of the script
