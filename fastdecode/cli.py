@@ -71,8 +71,8 @@ GraphsOpt = Annotated[Optional[bool], typer.Option(
     "--graphs/--no-graphs", help="CUDA graphs of exact mode's forwards, or of a diffusion model's canvas forwards "
     "(default: on wherever exact mode is on CUDA; for diffusion models on CUDA; docs/gpu.md).")]
 FusedOpt = Annotated[Optional[bool], typer.Option(
-    "--fused/--no-fused", help="The direct forward's elementwise runs compiled into fused kernels (torch.compile; "
-    "default: on with CUDA graphs on CUDA; docs/gpu.md).")]
+    "--fused/--no-fused", help="The layers' elementwise runs compiled into fused kernels (torch.compile; causal "
+    "models with the direct forward, the zoo's diffusion models; default: on with CUDA graphs on CUDA; docs/gpu.md).")]
 ThreadsOpt = Annotated[Optional[int], typer.Option(
     help="torch CPU threads (default: 1 for a model under 50 M parameters on the CPU, else torch's choice; "
     "docs/cli.md); recorded in bench's rows.")]

@@ -11,7 +11,7 @@
 # failure's traceback), the most important stages first.
 #
 #   tools/gpu_run.sh ar   OUT      # at most 10 minutes on one H100/H200 (about 8)
-#   tools/gpu_run.sh dlm  OUT      # at most 4 minutes
+#   tools/gpu_run.sh dlm  OUT      # at most 5 minutes
 #   tools/gpu_run.sh rest OUT      # at most 4 minutes
 set -u
 part=${1:?part: ar or dlm}
@@ -49,13 +49,14 @@ ar)
   tests pytest 200 -q -n 15 --dist loadfile --timeout 120 -rs tests
   ;;
 dlm)
-  # the diffusion forward's CUDA graphs are on in both dtypes; the -nographs stages run it eagerly
-  timeout 110 $py tools/results_gpu.py --out "$work" --budget-s 75 --stages warm bfloat16 float32 \
-    bfloat16-nographs float32-nographs --models zoo:dlm-small 2>&1 | tee -a "$log"
+  # the diffusion forward's CUDA graphs and fused kernels are on in both dtypes; -unfused runs the graphs without the
+  # fused kernels, the -nographs stages run it eagerly (and unfused); the warm-up compiles the kernels
+  timeout 130 $py tools/results_gpu.py --out "$work" --budget-s 95 --stages warm bfloat16 float32 \
+    bfloat16-unfused bfloat16-nographs float32-nographs --models zoo:dlm-small 2>&1 | tee -a "$log"
   snap
   # the tests that name the diffusion models (the `ar` part skipped them), and the diffusion forward's graphs
   tests pytest-dlm 90 -q -n 15 --dist loadfile --timeout 80 -rs tests/invariants/test_canvas_graphs.py \
-    $($py tools/gpu_parts.py tests dlm)
+    tests/invariants/test_dlm_fused.py $($py tools/gpu_parts.py tests dlm)
   # spec.dlm_draft (zoo:ar-small with zoo:dlm-small as its draft): left out unless `ar` ran on this machine
   timeout 60 $py tools/results_gpu.py --out "$work" --stages bfloat16 --models zoo:ar-small \
     --methods spec.dlm_draft 2>&1 | tee -a "$log"

@@ -410,11 +410,11 @@ def absent(model: str, method: str) -> Path | None:
 
 def zoo(plan: Plan, device: torch.device, dtype: str, exact: bool | Exact | None, out: Path, command: str,
         say: Callable[[str], None], time_left: Callable[[], bool], models: list[str],
-        graphs: bool | None = None) -> None:
+        graphs: bool | None = None, fused: bool | None = None) -> None:
     """Each zoo model's methods on its suites, one bench run per draft model; a method whose weights (its model, draft
     or head) this checkout lacks is left out with a line saying which file."""
     load = {"device": str(device), "dtype": dtype, **({} if exact is None else {"exact": exact}),
-            **({} if graphs is None else {"graphs": graphs})}
+            **({} if graphs is None else {"graphs": graphs}), **({} if fused is None else {"fused": fused})}
     for model, methods, suites in (("zoo:ar-small", plan.lossless, plan.ar_suites),
                                    ("zoo:dlm-small", plan.diffusion, plan.dlm_suites)):
         if model not in models or not methods:  # (--methods named none of this model's)
@@ -513,6 +513,10 @@ def main(argv: list[str] | None = None) -> None:
         # and without them
         "float32-nographs": lambda: zoo(plan, device, "float32", None, out / "zoo-float32-nographs.jsonl", command,
                                         say, time_left, args.models, graphs=False),
+        # the CUDA graphs without the fused kernels (on by default with them): what the fusion saves
+        "bfloat16-unfused": lambda: zoo(plan, device, "bfloat16", Exact(8, 256) if args.smoke else None,
+                                        out / "zoo-bfloat16-unfused.jsonl", command, say, time_left, args.models,
+                                        fused=False),
         # one short generation per zoo model and dtype, nothing written: the process's first CUDA work (context,
         # cuBLAS handles, the allocator's first blocks) goes here rather than into the first stage's rows
         "warm": lambda: warm(device, args.models, say),

@@ -65,11 +65,12 @@ def machine(device: torch.device) -> dict[str, Any]:
 
 def precision(target: ModelAdapter) -> dict[str, Any]:
     """The target's dtype and exact mode (its block width, or None: off), which decide whether a lossless method can
-    be told identical to its baseline (in low precision outside exact mode the rows report agreement instead), and
-    whether its exact-mode forwards run as CUDA graphs (models/graphs.py)."""
+    be told identical to its baseline (in low precision outside exact mode the rows report agreement instead),
+    whether its forwards run as CUDA graphs (models/graphs.py, models/canvas_graphs.py) and whether through the fused
+    kernels (models/native.py, models/mdlm.py: a setting whose rounding is its own)."""
     exact = getattr(target, "exact", None)
     return {"dtype": str(target.dtype).removeprefix("torch."), "exact": exact.width if exact is not None else None,
-            "graphs": getattr(target, "graphs", None) is not None}
+            "graphs": getattr(target, "graphs", None) is not None, "fused": bool(getattr(target, "fused", False))}
 
 
 def cpu_name() -> str:

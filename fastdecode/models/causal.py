@@ -92,6 +92,11 @@ class CausalLM(ModelAdapter):
             assert self.native is not None
             self.native.fuse()
 
+    @property
+    def fused(self) -> bool:
+        """Whether the direct forward runs the fused kernels (`NativeForward.fuse`)."""
+        return self.native is not None and self.native.fused
+
     def new_cache(self, batch: int = 1, capacity: int = 0) -> KVCache | DynamicKVCache:
         """A cache for `batch` rows; `capacity` columns are allocated at once (more are added in chunks)."""
         if self.preallocated and self.exact is not None:

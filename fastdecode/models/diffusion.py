@@ -8,9 +8,11 @@ from typing import Protocol
 
 import torch
 
+from ..errors import ParameterError
 from .base import ModelAdapter
 from .canvas_graphs import CanvasGraphs, Mode
 from .mdlm import LayerKV
+from .native import check_fused, fused_default
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), batch first, over the whole canvas
 
@@ -53,7 +55,7 @@ class MaskedDiffusionLM(ModelAdapter):
 
     def __init__(
         self, model: torch.nn.Module, tokenizer=None, name: str = "", *, mask_token_id: int, shifted: bool,
-        graphs: Mode | None = None,
+        graphs: Mode | None = None, fused: bool | None = False,
     ) -> None:
         super().__init__(model, tokenizer, name)
         self.mask_token_id = mask_token_id
@@ -61,6 +63,20 @@ class MaskedDiffusionLM(ModelAdapter):
         # CUDA graphs of the whole-canvas forwards (models/canvas_graphs.py); None: eager. `load(graphs=None)` turns
         # them on on CUDA; `model.graphs = None` turns them off
         self.graphs: CanvasGraphs | None = None if graphs is None else CanvasGraphs(graphs)
+        # the zoo architecture's elementwise runs compiled into fused kernels (mdlm.py `fuse`); None = on with CUDA
+        # graphs on a CUDA device
+        fused = check_fused(fused)
+        fuse = getattr(model, "fuse", None)
+        if fused and fuse is None:
+            raise ParameterError(f"fused=True compiles the zoo diffusion architecture's kernels, which "
+                                 f"{type(model).__name__} does not run: leave fused=None or False.")
+        if fuse is not None and (fused or (fused is None and fused_default(self.device, graphs))):
+            fuse()
+
+    @property
+    def fused(self) -> bool:
+        """Whether the forward runs the fused kernels (`fuse` on the zoo architecture)."""
+        return bool(getattr(self.model, "fused", False))
 
     @property
     def supports_cache(self) -> bool:

@@ -9,8 +9,28 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class RMSNorm(nn.Module):
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32 and cast back before the weight, as Llama does (the same numbers in any dtype)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def add_rms_norm(
+    x: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add, then the next norm: (the new residual stream, its normed copy)."""
+    x = x + out
+    return x, rms_norm(x, weight, eps)
+
+
+def gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's elementwise part: silu(gate) * up."""
+    return F.silu(gate) * up
+
+
+class RMSNorm(nn.Module):
+    """`rms_norm` with its weight."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -18,9 +38,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class SwiGLU(nn.Module):
@@ -33,4 +51,4 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(gated(self.gate_proj(x), self.up_proj(x)))

@@ -267,9 +267,10 @@ def load(
     token in low precision (models/exact.py, docs/gpu.md); None turns it on for CUDA in bfloat16/float16, an int
     sets the block width. `graphs`: CUDA graphs of a causal model's exact-mode forwards (models/graphs.py; None turns
     them on wherever exact mode is on CUDA) or of a diffusion model's whole-canvas forwards (models/canvas_graphs.py;
-    None turns them on on CUDA, in any dtype); False off. `fused` (causal models with the direct forward): the
-    layers' elementwise runs compiled into fused kernels (models/native.py); None turns them on with CUDA graphs on
-    CUDA (where Triton is present), True on anywhere torch.compile works, False off.
+    None turns them on on CUDA, in any dtype); False off. `fused` (causal models with the direct forward, and the
+    zoo's diffusion architecture): the layers' elementwise runs compiled into fused kernels (models/native.py,
+    models/mdlm.py); None turns them on with CUDA graphs on CUDA (where Triton is present), True on anywhere
+    torch.compile works, False off.
     """
     if kind is not None and kind not in KINDS:
         raise ModelLoadError(f"kind must be 'causal' or 'diffusion', not {kind!r} "
@@ -324,7 +325,7 @@ def load(
             return ImageLM(model, tokenizer, name, exact=fixed, graphs=mode, fused=fused, image=image)
         return CausalLM(model, tokenizer, name, exact=fixed, graphs=mode, fused=fused)
     return MaskedDiffusionLM(model, tokenizer, name, mask_token_id=_mask_token_id(cfg, tokenizer, folder),
-                             shifted=_shifted(cfg, model_type), graphs=canvas_graphs_mode(graphs, dev))
+                             shifted=_shifted(cfg, model_type), graphs=canvas_graphs_mode(graphs, dev), fused=fused)
 
 
 def _load_tokenizer(folder: Path, trust_remote_code: bool) -> Any:

@@ -7,7 +7,9 @@ AR-to-diffusion adaptation of Dream / DiffuLLaMA). Importing fastdecode register
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,7 +17,8 @@ from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, Pretrained
 from transformers.utils import ModelOutput
 
 from ..attention import sdpa
-from .layers import RMSNorm, SwiGLU
+from .layers import RMSNorm, SwiGLU, add_rms_norm, gated, rms_norm
+from .native import compiled, warn_unfused
 
 
 class MDLMConfig(PretrainedConfig):
@@ -61,6 +64,26 @@ def _cached_length(cache: list[LayerKV] | None) -> int:
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries and keys rotated by their positions' `cos`, `sin` (Llama's half-rotation layout)."""
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The elementwise runs of a layer: the plain functions, or the same compiled (`MDLMForMaskedDiffusion.fuse`)."""
+
+    rms: Callable[..., Any] = rms_norm
+    add_rms: Callable[..., Any] = add_rms_norm
+    rope: Callable[..., Any] = apply_rope
+    gated: Callable[..., Any] = gated
+
+
+PLAIN = Ops()
 
 
 def rope(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,12 +132,13 @@ class Attention(nn.Module):
         mask: torch.Tensor | None,  # [B, 1, 1, L]
         kv: LayerKV | None = None,
         index: torch.Tensor | None = None,  # [B, Q] canvas columns of x; None: x is the whole canvas
+        ops: Ops = PLAIN,
     ) -> torch.Tensor:
         B, L, _ = x.shape
         q = self.q_proj(x).view(B, L, self.h, self.d).transpose(1, 2)  # [B, H, Q, D]
         k = self.k_proj(x).view(B, L, self.kvh, self.d).transpose(1, 2)
         v = self.v_proj(x).view(B, L, self.kvh, self.d).transpose(1, 2)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        q, k = ops.rope(q, k, cos, sin)
         if kv is not None and index is None:  # the whole canvas: remember its K/V
             kv.k, kv.v = k, v
         elif kv is not None and index is not None:  # some columns: write their fresh K/V in, attend to the whole canvas
@@ -144,10 +168,13 @@ class Block(nn.Module):
         mask: torch.Tensor | None,
         kv: LayerKV | None = None,
         index: torch.Tensor | None = None,
+        ops: Ops = PLAIN,
     ) -> torch.Tensor:
-        h = self.input_layernorm(x)
-        x = x + (self.self_attn(h, cos, sin, mask) if kv is None else self.self_attn(h, cos, sin, mask, kv, index))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        """The layer: the norms and the gated MLP as `ops` gives them (the modules' own operations, or compiled)."""
+        norm, post, mlp = self.input_layernorm, self.post_attention_layernorm, self.mlp
+        out = self.self_attn(ops.rms(x, norm.weight, norm.eps), cos, sin, mask, kv, index, ops)
+        x, h = ops.add_rms(x, out, post.weight, post.eps)
+        return x + mlp.down_proj(ops.gated(mlp.gate_proj(h), mlp.up_proj(h)))
 
 
 class Backbone(nn.Module):
@@ -169,6 +196,26 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
         self.model = Backbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+        self.ops = PLAIN
+        self._proven = False  # a fused forward has run: torch.compile works here
+
+    @property
+    def fused(self) -> bool:
+        return self.ops is not PLAIN
+
+    def fuse(self, on: bool = True, backend: Any = "inductor") -> None:
+        """Run the layers' elementwise runs (the norms with the residual add before the second, the rotary products,
+        the gated MLP's SiLU times up) as compiled functions (`on`), or the plain ones: the same operations fused into
+        a few kernels per layer, where a forward of this small model on a GPU is bound by its number of kernels
+        (docs/gpu.md). The compiled functions take any canvas length (`dynamic=True`: a diffusion forward's shapes
+        change with the prompt, the canvas and the columns a cache recomputes). Their rounding differs from the plain
+        functions' (a fused norm keeps float32 inside), so it is a setting of its own: a lossless method equals its
+        baseline run with the same setting. `backend` is `torch.compile`'s (`"eager"` traces without generating
+        kernels, as the CPU tests do)."""
+        self._proven = False
+        self.ops = (Ops(*(compiled(fn, self, backend, dynamic=True) for fn in (rms_norm, add_rms_norm, apply_rope,
+                                                                              gated)))
+                    if on else PLAIN)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -204,9 +251,31 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
 
         With it, only those columns run through the layers; they attend to all L columns, taking the K/V of
         the others from `cache` (stale where the canvas changed since: that is the cache's trade).
+
+        The first fused forward (`fuse`) is where torch.compile builds its kernels; where it cannot (no Triton, no C
+        compiler), the forward runs again unfused, which stays the setting, with a warning. Rerunning is safe: a
+        partial forward writes the same keys and values into `cache` again.
         """
+        args = (input_ids, attention_mask, position_ids, cache if cache is not None else past_key_values,
+                query_index, use_cache, logits_at, logits_index)
+        if self.ops is PLAIN:
+            return self._forward(*args)
+        try:
+            out = self._forward(*args)
+        except Exception as e:  # noqa: BLE001  (whatever the compiler raised; the unfused run re-raises real errors)
+            self.ops = PLAIN
+            out = self._forward(*args)
+            warn_unfused(e, self._proven)
+            return out
+        self._proven = True
+        return out
+
+    def _forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+        cache: list[LayerKV] | None, query_index: torch.Tensor | None, use_cache: bool,
+        logits_at: torch.Tensor | None, logits_index: torch.Tensor | None,
+    ) -> MDLMOutput:
         cfg = self.config
-        cache = cache if cache is not None else past_key_values
         if query_index is not None and cache is None:
             raise ValueError("query_index needs a cache: the K/V of the columns that are not recomputed")
         x = self.model.embed_tokens(input_ids)
@@ -230,9 +299,10 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
             mask = attention_mask.bool() if full_mask else attention_mask.bool()[:, None, None, :]  # [B, 1, Q | 1, L]
         if cache is None and use_cache:
             cache = [LayerKV() for _ in self.model.layers]
+        ops = self.ops
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, mask) if cache is None else layer(x, cos, sin, mask, cache[i], query_index)
-        x = self.model.norm(x)
+            x = layer(x, cos, sin, mask, None if cache is None else cache[i], query_index, ops)
+        x = ops.rms(x, self.model.norm.weight, self.model.norm.eps)
         if logits_at is not None:
             x = x[logits_at]
         elif logits_index is not None:

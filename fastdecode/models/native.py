@@ -35,6 +35,7 @@ from .. import attention
 from ..cache import KVCache
 from ..errors import FastDecodeWarning, ParameterError
 from .capabilities import sliding_windows
+from .layers import add_rms_norm, gated, rms_norm
 
 # decoder classes whose layers have exactly the structure below (others, e.g. Qwen3's per-head q/k norms or Gemma's
 # extra norms and scaled embeddings, keep the transformers path)
@@ -62,13 +63,6 @@ class _Layer:
     window: int | None
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
-
-
 def _swap_halves(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((x[..., half:], x[..., :half]), dim=-1)
@@ -78,14 +72,9 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + _swap_halves(x) * sin
 
 
-def _add_rms(h: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The residual add, then the next norm: (the new residual stream, its normed copy)."""
-    h = h + out
-    return h, _rms(h, weight, eps)
-
-
-def _gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return F.silu(gate) * up
+# the norms and the gated MLP's elementwise part are the zoo's own (models/layers.py): the same operations as
+# transformers' Llama, in the same order
+_rms, _add_rms, _gated = rms_norm, add_rms_norm, gated
 
 
 @dataclass(frozen=True)
@@ -131,17 +120,7 @@ class NativeForward:
         if not on:
             self.ops = _PLAIN
             return
-        # each shape compiles once (exact mode: a few per model, one per batch size); torch's default of 8 compiled
-        # versions per function would leave a server of many batch sizes without kernels
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _RECOMPILE_LIMIT)
-
-        def compiled(fn: Any) -> Any:
-            # a copy of the function with its own code object: torch.compile keeps its compiled versions on the code
-            # object, so this model's shapes never count against another model's (or another backend's) versions
-            own = types.FunctionType(fn.__code__.replace(co_name=f"{fn.__name__}_{id(self):x}"), fn.__globals__,
-                                     fn.__name__, fn.__defaults__, fn.__closure__)
-            return torch.compile(own, dynamic=False, fullgraph=True, backend=backend)
-        self.ops = _Ops(compiled(_rms), compiled(_rope), compiled(_add_rms), compiled(_gated))
+        self.ops = _Ops(*(compiled(fn, self, backend, dynamic=False) for fn in (_rms, _rope, _add_rms, _gated)))
 
     def __call__(
         self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, plan: attention.Plan,
@@ -161,17 +140,7 @@ class NativeForward:
         except Exception as e:  # noqa: BLE001  (whatever the compiler raised; the unfused run re-raises real errors)
             self.ops = _PLAIN
             out = self._forward(ids, positions, cache, plan, num_logits, picked)
-            cause: BaseException = e
-            while True:  # torch.compile wraps what failed (BackendCompilerFailed's inner exception, or a cause)
-                inner = getattr(cause, "inner_exception", None) or cause.__cause__
-                if not isinstance(inner, BaseException):
-                    break
-                cause = inner
-            first = (str(cause).splitlines() or [""])[0][:200]
-            where = ("from this forward on (a new shape could not be compiled)" if self._proven else
-                     "(load(fused=False) / --no-fused skips the attempt)")
-            warnings.warn(f"the fused kernels could not be built here ({type(cause).__name__}: {first}); this model "
-                          f"runs unfused {where}", FastDecodeWarning, stacklevel=2)
+            warn_unfused(e, self._proven)
             return out
         self._proven = True
         return out
@@ -227,6 +196,33 @@ class NativeForward:
         last = h if num_logits is None else h[:, -num_logits:]
         layers = tuple(kept[i] for i in picked) if picked else ()
         return F.linear(last, self.lm_head.weight, self.lm_head.bias), h, layers
+
+
+def compiled(fn: Any, owner: object, backend: Any, dynamic: bool | None) -> Any:
+    """`fn` through `torch.compile` (whole: `fullgraph=True`), as a copy with its own code object: torch.compile keeps
+    its compiled versions on the code object, so one model's shapes never count against another model's (or another
+    backend's) versions. Each shape compiles once; torch's default of 8 compiled versions per function would leave
+    a server of many batch sizes without kernels, so the limit is raised to 64."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _RECOMPILE_LIMIT)
+    own = types.FunctionType(fn.__code__.replace(co_name=f"{fn.__name__}_{id(owner):x}"), fn.__globals__,
+                             fn.__name__, fn.__defaults__, fn.__closure__)
+    return torch.compile(own, dynamic=dynamic, fullgraph=True, backend=backend)
+
+
+def warn_unfused(error: BaseException, proven: bool) -> None:
+    """The warning of a fused forward that could not be compiled (and ran again unfused): what the compiler raised,
+    under torch.compile's wrappers, and from when on the model runs unfused."""
+    cause = error
+    while True:  # torch.compile wraps what failed (BackendCompilerFailed's inner exception, or a cause)
+        inner = getattr(cause, "inner_exception", None) or cause.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        cause = inner
+    first = (str(cause).splitlines() or [""])[0][:200]
+    where = ("from this forward on (a new shape could not be compiled)" if proven else
+             "(load(fused=False) / --no-fused skips the attempt)")
+    warnings.warn(f"the fused kernels could not be built here ({type(cause).__name__}: {first}); this model "
+                  f"runs unfused {where}", FastDecodeWarning, stacklevel=3)
 
 
 def fused_default(device: torch.device, graphs: object) -> bool:

@@ -76,14 +76,17 @@ def test_kernel_tables_smoke(tmp_path):
 
 
 def test_warm_and_eager_float32_stages_of_the_diffusion_part(tmp_path, capsys):
-    """tools/gpu_run.sh's `dlm` part: a warm-up that writes nothing, then float32 with the canvas graphs off."""
-    _tool().main(["--smoke", "--out", str(tmp_path), "--stages", "warm", "float32-nographs", "--models",
-                  "zoo:dlm-small"])
+    """tools/gpu_run.sh's `dlm` part: a warm-up that writes nothing, then float32 with the canvas graphs off, and
+    bfloat16 without the fused kernels."""
+    _tool().main(["--smoke", "--out", str(tmp_path), "--stages", "warm", "float32-nographs", "bfloat16-unfused",
+                  "--models", "zoo:dlm-small"])
     assert "warmed up: zoo:dlm-small" in capsys.readouterr().out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["zoo-float32-nographs.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["zoo-bfloat16-unfused.jsonl", "zoo-float32-nographs.jsonl"]
     rows = [json.loads(line) for line in (tmp_path / "zoo-float32-nographs.jsonl").read_text().splitlines()]
     assert {r["method"] for r in rows} == {"dlm.baseline", "dlm.threshold"}
-    assert all(r["dtype"] == "float32" and r["graphs"] is False for r in rows)
+    assert all(r["dtype"] == "float32" and r["graphs"] is False and r["fused"] is False for r in rows)
+    unfused = [json.loads(line) for line in (tmp_path / "zoo-bfloat16-unfused.jsonl").read_text().splitlines()]
+    assert unfused and all(r["dtype"] == "bfloat16" and r["fused"] is False for r in unfused)
 
 
 def test_a_method_whose_weights_are_not_here_is_left_out_with_the_file_named(tmp_path, capsys, monkeypatch):

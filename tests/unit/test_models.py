@@ -75,7 +75,7 @@ def test_mdlm_initialised_from_llama_with_causal_mask_matches_llama(causal, to_d
 
 
 def _with_mask(fn, mask):
-    return lambda x, cos, sin, _mask: fn(x, cos, sin, mask)
+    return lambda x, cos, sin, _mask, *rest: fn(x, cos, sin, mask, *rest)
 
 
 def test_causal_forward_returns_the_last_hidden_states_only_when_asked(causal):
