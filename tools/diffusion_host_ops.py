@@ -177,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="float32", help="the model's dtype (bfloat16 adds the casts around its norms)")
+    ap.add_argument("--fused", action="store_true", help="the fused kernels (torch.compile's inductor; compiled by a "
+                    "first generation outside the counts): what `load` turns on with CUDA graphs on a GPU")
     ap.add_argument("--steps", action="store_true", help="print every step's row, not only the mean")
     ap.add_argument("--lines", type=int, default=0, help="print the N lines of fastdecode with the most ops")
     ap.add_argument("--jsonl", type=Path, help="append one row per method to this file")
@@ -184,7 +186,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--commit", help="the commit measured, for the rows (default: this checkout's HEAD)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model = fastdecode.load(args.model, device="cpu", dtype=args.dtype)
+    model = fastdecode.load(args.model, device="cpu", dtype=args.dtype, fused=args.fused)
+    if args.fused:
+        for method in args.method:  # each shape's kernels compiled before the counts
+            fastdecode.generate(model, args.prompt, method, max_new_tokens=args.new_tokens)
+        if not model.fused:
+            raise SystemExit("the fused kernels could not be built here (see the warning); drop --fused")
     rows = []
     print(f"{'method':<15}{'steps':>6}{'ops/step':>10}{'syncs/step':>11}{'uploads/step':>13}{'fwd ops/step':>13}"
           f"{'first step ops':>15}")
@@ -202,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
             for line, k in by_line(model, method, args.new_tokens, args.prompt).most_common(args.lines):
                 print(f"    {k / n:7.1f}  {line}")
         rows.append({"method": method, "model": args.model, "new_tokens": args.new_tokens, "threads": args.threads,
-                     "dtype": args.dtype,
+                     "dtype": args.dtype, "fused": args.fused,
                      "state": args.state, "commit": args.commit or git_commit(), "steps": n,
                      "ops_per_step": round(mean["ops"], 1), "syncs_per_step": round(mean["syncs"], 2),
                      "uploads_per_step": round(mean["uploads"], 2),
