@@ -2,8 +2,9 @@
 
 `FASTDECODE_TEST_DEVICE` (default cpu) is the one switch that runs the suite on another device, e.g. cuda: every
 model the tests load without naming a device goes there, in float32 (`load` defaults to bfloat16 on CUDA, which the
-token-for-token tests do not assume), and the `to_device` fixture moves a model a test builds itself (a draft, a
-head) to the same device. Asked for a device this machine lacks, the suite is skipped with the reason.
+token-for-token tests do not assume) and without the fused kernels unless a test asks for them, and the `to_device`
+fixture moves a model a test builds itself (a draft, a head) to the same device. Asked for a device this machine
+lacks, the suite is skipped with the reason.
 
 On another device, a test that fails because a file of the zoo (weights) or of docs/results is absent from the
 checkout is skipped with that file named: a call to a lent GPU carries at most 64 MiB, so the zoo travels there a few
@@ -23,6 +24,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import fastdecode
 from fastdecode.errors import DeviceError
+from fastdecode.models import causal as causal_module
+from fastdecode.models import diffusion as diffusion_module
 from fastdecode.models import loading
 from fastdecode.models.mdlm import MDLMConfig, MDLMForMaskedDiffusion
 from fastdecode.train.tokenizer import train_tokenizer
@@ -85,10 +88,15 @@ def _models_on_the_test_device():
         return picked(device if dev is None else dev, torch.float32 if dtype is None and dev is None else dtype)
 
     loading.pick_device_dtype = on_test_device
+    # and unfused unless asked (`fused=True`, `fuse()`): the fused kernels round as they do, and the tests that compare
+    # a graphed model with an eager one assume one setting (tests/invariants/test_*_fused.py ask for them)
+    defaults = causal_module.fused_default, diffusion_module.fused_default
+    causal_module.fused_default = diffusion_module.fused_default = lambda device, graphs: False
     try:
         yield
     finally:
         loading.pick_device_dtype = picked
+        causal_module.fused_default, diffusion_module.fused_default = defaults
 
 
 @pytest.fixture(scope="session")

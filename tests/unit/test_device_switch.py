@@ -14,9 +14,13 @@ import fastdecode
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_loaded_and_built_models_are_on_the_switched_device(causal, causal_dir, device, to_device):
+def test_loaded_and_built_models_are_on_the_switched_device(causal, causal_dir, diffusion_dir, device, to_device):
     assert device == torch.device(os.environ.get("FASTDECODE_TEST_DEVICE", "").strip() or "cpu")
     assert causal.device.type == device.type and causal.dtype == torch.float32
+    # without the fused kernels unless asked (on CUDA `load` fuses wherever its graphs are on)
+    diffusion = fastdecode.load(diffusion_dir)
+    assert diffusion.device.type == device.type and not diffusion.fused and not causal.fused
+    assert fastdecode.load(diffusion_dir, fused=True).fused
     assert fastdecode.load(causal_dir, dtype="bfloat16").device.type == device.type  # a named dtype is kept
     assert fastdecode.load(causal_dir, dtype="bfloat16").dtype == torch.bfloat16
     built = to_device(torch.nn.Linear(2, 2))
