@@ -29,6 +29,7 @@ from .drafter import Draft, Drafter, DrafterFactory, Side, SpecConfig, Verificat
 from .tree import (
     ancestor_mask,
     depths,
+    first_branch_prefix,
     on_first_branch,
     preorder,
     reorder,
@@ -325,6 +326,11 @@ class _Group:
             verdicts[b] = row.judge(draft, slices[b])
             spent[b] = _clock(model) - t2
         confirm = [b for b, v in verdicts.items() if self.rows[b].needs_chain(drafts[b], v)]
+        for b in list(confirm):  # a path that leaves the first branch late is cut there instead
+            short = self.rows[b].shortened(drafts[b], verdicts[b])
+            if short is not None:
+                verdicts[b] = short
+                confirm.remove(b)
 
         # 4. each row keeps its tokens and rolls its part of the cache back; a confirmed row settles on the chain
         # forward's verdict instead, and keeps that forward's entries of its accepted prefix as a chain does
@@ -513,6 +519,18 @@ class _Row:
             return False
         path = verdict.tokens[: verdict.accepted]
         return not on_first_branch(draft.tokens.tolist(), draft.parents, path)
+
+    def shortened(self, draft: Draft | None, verdict: Verdict) -> Verdict | None:
+        """A verdict that `needs_chain`, cut after the path's first node off the tree's first branch, where that keeps
+        at least half the tokens of a confirmation; else None (confirm it). That node was decided by its parent's row
+        (or the context's), on the first branch, which a chain computes alike; every later decision read a row with
+        siblings among its keys. So the cut keeps `m + 1` tokens for no further forward (`m` nodes accepted, the
+        node off the branch in the place of the target's own token), where the confirmation keeps about `a + 1` for
+        one more forward (docs/gpu.md, "Trees on a GPU")."""
+        assert draft is not None and draft.parents is not None
+        path = verdict.tokens[: verdict.accepted]
+        m = first_branch_prefix(draft.tokens.tolist(), draft.parents, path)
+        return Verdict(m, path[: m + 1]) if 2 * (m + 1) >= verdict.accepted + 1 else None
 
     def settle(self, draft: Draft, verdict: Verdict, logits: torch.Tensor, cached: int, P: int, chained: bool = False,
                hidden: torch.Tensor | None = None, layers: dict[int, torch.Tensor] | None = None) -> tuple[_Out, int]:

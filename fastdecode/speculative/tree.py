@@ -83,8 +83,16 @@ def on_first_branch(tokens: list[int], parents: list[int], path: list[int]) -> b
     Those nodes sit at consecutive columns right after the context in the verification forward, exactly where a
     chain (and `ar.greedy`) puts the same tokens; any other path has siblings between its nodes (exact mode on a
     GPU confirms such a path as a chain: docs/gpu.md, "Trees on a GPU")."""
-    a = len(path)
-    return parents[:a] == list(range(-1, a - 1)) and tokens[:a] == path
+    return first_branch_prefix(tokens, parents, path) == len(path)
+
+
+def first_branch_prefix(tokens: list[int], parents: list[int], path: list[int]) -> int:
+    """How many leading nodes of an accepted path are the tree's first branch (nodes 0..m-1, node i the child of node
+    i - 1): the nodes whose logits rows a verification forward computes where a chain would."""
+    m = 0
+    while m < len(path) and m < len(parents) and parents[m] == m - 1 and tokens[m] == path[m]:
+        m += 1
+    return m
 
 
 def verify_tree_sampling(

@@ -1,6 +1,7 @@
 """Exact mode and tree drafts (docs/gpu.md, "Trees on a GPU"): a greedy tree path that is not the tree's first
-branch is confirmed as a chain by one more target forward, counted in the step's forwards; the output stays
-ar.greedy's token for token; sampling and non-exact runs never confirm."""
+branch is cut after its first node off that branch, or confirmed as a chain by one more target forward (counted in
+the step's forwards) where the cut would keep less than half of what the confirmation keeps; the output stays
+ar.greedy's token for token; sampling and non-exact runs never cut or confirm."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
 from fastdecode.speculative.drafter import BaseDrafter, Draft, SpecConfig
 from fastdecode.speculative.driver import _Row, speculative
-from fastdecode.speculative.tree import on_first_branch, preorder, reorder
+from fastdecode.speculative.tree import first_branch_prefix, on_first_branch, preorder, reorder
 
 PROMPTS = ["Sort this", "the quick brown fox"]
 NEW = 24
@@ -61,11 +62,47 @@ def run(model, second: list[bool], cfg: SpecConfig | None = None):
 def test_a_path_off_the_first_branch_is_confirmed_by_one_more_forward(bf16):
     truth, tokens, events = run(bf16, [True, True])
     assert tokens == truth
-    drafted = [e for e in events if any(e.proposed)]
-    assert drafted and all(e.forwards == 2 for e in drafted)  # every step's path went through node 1
+    # every step's path went through node 1, off the first branch from its first node: a path of 2 or 3 nodes is
+    # confirmed (cut at its first node it would keep 1 token a forward, confirmed (a + 1) / 2)
+    long = [e for e in events if any(p >= 3 for p in e.proposed)]
+    assert long and all(e.forwards == 2 for e in long)
     assert all(e.forwards == 1 for e in events if not any(e.proposed))
     # the chain verdict accepts the whole path: the truth, up to 3 tokens and the bonus per step
-    assert all(a == p - 1 for e in drafted for a, p in zip(e.accepted, e.proposed, strict=True) if p)
+    assert all(a == p - 1 for e in long for a, p in zip(e.accepted, e.proposed, strict=True) if p >= 3)
+
+
+class Departs(BaseDrafter):
+    """Drafts the truth's next 4 tokens as the tree's first branch for 2 nodes, then a wrong child of node 1 (node 2)
+    and the truth's third and fourth tokens under node 1 after it (nodes 3, 4): the accepted path leaves the first
+    branch at its third node."""
+
+    tree_drafts = True
+
+    def __init__(self, truth: list[int], prompt_len: int, vocab: int) -> None:
+        self.truth, self.prompt_len, self.vocab = truth, prompt_len, vocab
+
+    def propose(self, context: torch.Tensor, k: int) -> Draft:
+        made = context.numel() - self.prompt_len
+        right = list(self.truth[made : made + min(k, 4)])
+        if len(right) < 4:
+            return Draft(torch.tensor(right, dtype=torch.long))
+        wrong = (right[2] + 1) % self.vocab
+        tokens = [right[0], right[1], wrong, right[2], right[3]]
+        return Draft(torch.tensor(tokens, dtype=torch.long), parents=[-1, 0, 1, 1, 3])
+
+
+def test_a_path_that_leaves_the_first_branch_late_is_cut_where_it_leaves_without_a_forward(bf16):
+    """Its nodes on the first branch and the first one off it were decided by rows a chain computes alike: those 3
+    tokens in one forward beat the path's 4 and the bonus in two (docs/gpu.md, "Trees on a GPU")."""
+    prompt = bf16.encode(PROMPTS[1])
+    truth = fastdecode.generate(bf16, prompt, "ar.greedy", max_new_tokens=NEW).token_ids
+    drafter = Departs(truth, len(prompt), bf16.vocab_size)
+    cfg = SpecConfig(max_new_tokens=NEW)
+    events = list(speculative(bf16, encode_batch(bf16, [prompt], NEW), cfg, RunContext(), lambda g: drafter))
+    assert [t for e in events for _, t in e.tokens[0]] == truth
+    assert all(e.forwards == 1 for e in events)
+    trees = [e for e in events if e.proposed[0] == 5]
+    assert trees and all(e.accepted[0] == 2 and len(e.tokens[0]) == 3 for e in trees)
 
 
 def test_the_first_branch_needs_no_confirmation(bf16):
@@ -135,6 +172,8 @@ def test_first_branch_is_nodes_zero_to_a_minus_one_in_a_row():
     assert on_first_branch(tokens, parents, []) and on_first_branch(tokens, parents, [5, 6])
     assert not on_first_branch(tokens, parents, [7, 8]) and not on_first_branch(tokens, parents, [7])
     assert not on_first_branch([5, 6, 7], [-1, -1, 1], [5, 6])  # node 1 is the root's child, not node 0's
+    assert first_branch_prefix(tokens, parents, [5, 6]) == 2 and first_branch_prefix(tokens, parents, [7, 8]) == 0
+    assert first_branch_prefix([5, 6, 7, 9], [-1, 0, 1, 1], [5, 6, 9]) == 2  # leaves it at node 3, node 1's 2nd child
 
 
 @pytest.fixture
