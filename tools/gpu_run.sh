@@ -14,7 +14,7 @@
 #   tools/gpu_run.sh dlm  OUT      # at most 5 minutes
 #   tools/gpu_run.sh rest OUT      # at most 4 minutes
 set -u
-part=${1:?part: ar or dlm}
+part=${1:?part: ar, dlm or rest}
 out=${2:?output folder}
 work=/tmp/fastdecode-$part
 mkdir -p "$out" "$work"
