@@ -218,6 +218,27 @@ def attention_kernels(model: fastdecode.CausalLM, prompt: list[int]) -> dict[str
     return {"attention_kernels": names[:20]}
 
 
+def device_reads(model: fastdecode.CausalLM, prompt: list[int], new: int,
+                 methods: tuple[str, ...] = ("ar.greedy", "spec.suffix", "spec.pld")) -> dict[str, Any]:
+    """Copies from the device to the host per target forward of a generation of each method (CUDA: torch's profiler;
+    each such copy waits for the device, a synchronisation): the issue asks for at most one a speculative step. The
+    generation runs once unprofiled first (compilation, captures)."""
+    if model.device.type != "cuda":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    found = {}
+    for method in methods:
+        fastdecode.generate(model, prompt, method, max_new_tokens=new, memory=DrafterMemory())
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            r = fastdecode.generate(model, prompt, method, max_new_tokens=new, memory=DrafterMemory())
+        copies = sum(1 for e in prof.events() if "DtoH" in e.name or "Device -> Pageable" in e.name)
+        syncs = sum(1 for e in prof.events() if e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize"))
+        found[method] = {"forwards": r.stats.forwards, "dtoh_per_forward": round(copies / r.stats.forwards, 2),
+                         "stream_syncs_per_forward": round(syncs / r.stats.forwards, 2)}
+    return {"device_reads": found}
+
+
 def step_probe(model: fastdecode.CausalLM, prompt: list[int], plan: Plan, out: Path,
                say: Callable[[str], None], profile: bool = True) -> dict[str, Any]:
     """Where a graphed `ar.greedy` step goes (CUDA graphs on): the steady-state wall time of a step (a generation of
@@ -356,7 +377,8 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
             continue
         rate = sum(r["new_tokens"] for r in mine) / sum(r["wall_s"] for r in mine)
         say(f"engine {name}: {rate:.1f} tokens/s, equal to ar.greedy {sum(r['score'] for r in mine):.0f}/{len(mine)}")
-    probe = {**attention_kernels(model, prompt[:64]), **step_probe(model, prompt, plan, out, say)}
+    probe = {**attention_kernels(model, prompt[:64]), **device_reads(model, prompt, 64),
+             **step_probe(model, prompt, plan, out, say)}
     for key, fused, grouped in (("step_fused", True, False), ("step_grouped", False, True),
                                 ("step_fused_grouped", True, True)):
         if BASES[fused, grouped] in runners:
