@@ -372,7 +372,10 @@ class _Group:
         model = self.model
         T = max(b.tokens.numel() for b in blocks if b is not None)
         B = len(self.rows)
-        inp = torch.full((B, T), model.pad_token_id, dtype=torch.long)
+        # the ids where the drafts are: on the host, or on the device where a drafter left them unread (`_Row.block`)
+        where = next((b.tokens.device for b in blocks if b is not None and b.tokens.device.type != "cpu"),
+                     torch.device("cpu"))
+        inp = torch.full((B, T), model.pad_token_id, dtype=torch.long, device=where)
         pos = torch.zeros(B, T, dtype=torch.long)
         vis = torch.zeros(B, T, T, dtype=torch.bool)
         real = torch.zeros(B, T, dtype=torch.long)
@@ -380,7 +383,7 @@ class _Group:
             if blk is None:
                 continue
             n = blk.tokens.numel()
-            inp[b, :n], pos[b, :n], vis[b, :n, :n], real[b, :n] = blk.tokens, blk.positions, blk.visible, 1
+            inp[b, :n], pos[b, :n], vis[b, :n, :n], real[b, :n] = blk.tokens.to(where), blk.positions, blk.visible, 1
             pos[b, n:] = blk.positions[-1]
         first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
         device = model.device
@@ -497,7 +500,11 @@ class _Row:
         n, k = self.n, draft.tokens.numel()
         P = n - cached
         side = draft.side
-        tokens = torch.cat([self.ids[n - P : n], draft.tokens.cpu()] + ([side.tokens.cpu()] if side else []))
+        # where the drafts are: a drafter that left them unread on the device (a draft model's greedy chain on a GPU)
+        # gets its block built there, so that reading them waits for the verdict (`_Group._forward`)
+        where = draft.tokens.device
+        tokens = torch.cat([self.ids[n - P : n].to(where), draft.tokens]
+                           + ([side.tokens.to(where)] if side else []))
         if draft.parents is None and side is None:  # a chain: plain causal attention
             return _Block(tokens, torch.arange(n - P, n + k), torch.ones(P + k, P + k, dtype=torch.bool).tril(), P,
                           chain=True)

@@ -51,9 +51,10 @@ class ModelChainDrafter(BaseDrafter):
     def draft_chain(self, context: torch.Tensor, k: int) -> Draft:
         """At most k tokens after `context`; ends at an end of text, or early at an unsure token.
 
-        Greedy on a GPU without `confidence_stop`, the loop reads nothing from the device: it drafts k tokens and cuts
-        the chain after its first end of text at the single read of the drafted tokens (on a GPU each read is a
-        synchronisation, issue #30; the forwards past an end of text are the price, paid only in that step). An
+        Greedy on a GPU without `confidence_stop`, the loop reads nothing from the device: it drafts k tokens and
+        returns them unread on the device, where the target's verification reads them with its own verdict, the
+        step's one read (on a GPU each read is a synchronisation, issue #30); an end of text among them ends the
+        output where the driver settles the step (the forwards past it are the price, paid only in that step). An
         unsure token's stop decides the next forward, so with `confidence_stop` (or when sampling, see `each`)
         every token is read as it comes."""
         n = context.numel()
@@ -80,7 +81,11 @@ class ModelChainDrafter(BaseDrafter):
         if not tokens:
             self._base, self._drafted = n, 0
             return Draft.empty()
-        drafted = torch.stack(tokens).cpu()  # [m] the step's read of its drafts
+        if not each:  # unread, on the device: the verification reads them with its verdict, and its settling ends
+            # the output at the first end of text among the accepted tokens
+            self._base, self._drafted = n, len(tokens)
+            return Draft(torch.stack(tokens))
+        drafted = torch.stack(tokens).cpu()  # [m] (each token was read as it came)
         # nothing after an end of text can be emitted: the chain ends with it
         m = next((i + 1 for i, t in enumerate(drafted.tolist()) if t in self.eos), len(tokens))
         self._base, self._drafted = n, m

@@ -10,6 +10,7 @@ from transformers import LlamaForCausalLM, MistralConfig, MistralForCausalLM
 import fastdecode
 from fastdecode.engine import encode_batch
 from fastdecode.errors import IncompatibleMethodError, ParameterError
+from fastdecode.models.host_ops import HostOps
 from fastdecode.registry import RunContext
 from fastdecode.speculative.drafter import BaseDrafter, Draft, SpecConfig, Verification
 from fastdecode.speculative.drafters.draft_model import DraftModelConfig, ModelDrafter
@@ -334,20 +335,29 @@ def test_model_drafters_stop_drafting_at_end_of_text(causal):
     draft = drafter.propose(torch.tensor([0, 5, 6, 7]), 6)
     assert draft.tokens.numel() == 2 and draft.tokens[-1] == eos
     assert drafter.forwards == (2 if causal.device.type == "cpu" else 6)
-    # the GPU's path on any device: the same draft, cut at the one read, after the k forwards asked
-    cut = ModelDrafter(EosFirst(), DraftModelConfig(num_draft_tokens=6), None)
-    cut.read_each_token = False
-    draft = cut.propose(torch.tensor([0, 5, 6, 7]), 6)
-    assert draft.tokens.numel() == 2 and draft.tokens[-1] == eos and cut.forwards == 6
-    assert cut.cache.length == 4 + 5  # the context and the 5 fed drafts; `observe` drops the rejected ones
-    cut.observe(Verification(accepted=2, tokens=(), logits=torch.zeros(0), num_draft=2))
-    assert cut.cache.length == 4 + 1  # the context and x_1 (x_2, the EOS, was never fed)
+    # the GPU's path on any device: the k forwards asked, the drafts left unread where the model is (the
+    # verification reads them with its verdict; settling the step ends the output at the EOS)
+    unread = ModelDrafter(EosFirst(), DraftModelConfig(num_draft_tokens=6), None)
+    unread.read_each_token = False
+    with HostOps() as count:
+        draft = unread.propose(torch.tensor([0, 5, 6, 7]), 6)
+    assert count.reads == 0
+    assert draft.tokens.numel() == 6 and draft.tokens.device == causal.device and draft.tokens[1] == eos
+    assert unread.forwards == 6
+    assert unread.cache.length == 4 + 5  # the context and the 5 fed drafts; `observe` drops the rejected ones
+    unread.observe(Verification(accepted=1, tokens=(), logits=torch.zeros(0), num_draft=6))
+    assert unread.cache.length == 4 + 1  # the context and x_1
 
 
 def test_draft_model_without_per_token_reads_equals_greedy(causal, other_draft, monkeypatch):
-    """spec.draft_model with the GPU's drafting loop (no read until the chain ends) is still ar.greedy's output."""
+    """spec.draft_model with the GPU's drafting loop (the drafts unread until the verification reads them with its
+    verdict) is still ar.greedy's output, in a batch and one by one, and past an end of text."""
     monkeypatch.setattr(ModelChainDrafter, "read_each_token", False)
     want = [r.token_ids for r in fastdecode.generate(causal, PROMPTS, "ar.greedy", max_new_tokens=24)]
     got = fastdecode.generate(causal, PROMPTS, "spec.draft_model", max_new_tokens=24, draft=other_draft,
                               num_draft_tokens=5)
     assert [r.token_ids for r in got] == want
+    for prompt, tokens in zip(PROMPTS, want, strict=True):
+        one = fastdecode.generate(causal, prompt, "spec.draft_model", max_new_tokens=24, draft=other_draft,
+                                  num_draft_tokens=5)
+        assert one.token_ids == tokens
