@@ -218,20 +218,30 @@ def attention_kernels(model: fastdecode.CausalLM, prompt: list[int]) -> dict[str
     return {"attention_kernels": names[:20]}
 
 
-def device_reads(model: fastdecode.CausalLM, prompt: list[int], new: int,
-                 methods: tuple[str, ...] = ("ar.greedy", "spec.suffix", "spec.pld")) -> dict[str, Any]:
-    """Copies from the device to the host per target forward of a generation of each method (CUDA: torch's profiler;
-    each such copy waits for the device, a synchronisation): the issue asks for at most one a speculative step. The
-    generation runs once unprofiled first (compilation, captures)."""
-    if model.device.type != "cuda":
+# the methods whose device reads the engine probe counts: the baseline, two host drafters, and a draft model's greedy
+# chain (the target's own first layers: spec.layerskip with a fixed skip set and no confidence stop)
+READ_PROBES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("ar.greedy", {}), ("spec.suffix", {}), ("spec.pld", {}),
+    ("spec.layerskip", {"skip_layers": "8,9,10,11,12,13,14,15", "confidence_stop": 0.0, "max_draft_tokens": 4}))
+
+
+def device_reads(model: fastdecode.CausalLM, prompt: list[int], new: int, anywhere: bool = False) -> dict[str, Any]:
+    """Copies from the device to the host per target forward of a generation of each of `READ_PROBES` (CUDA: torch's
+    profiler; each such copy waits for the device, a synchronisation): the issue asks for at most one a speculative
+    step. The generation runs once unprofiled first (compilation, captures). Off the GPU nothing is counted
+    (`anywhere` runs the generations there all the same: the smoke test)."""
+    cuda = model.device.type == "cuda"
+    if not cuda and not anywhere:
         return {}
     from torch.profiler import ProfilerActivity, profile
 
     found = {}
-    for method in methods:
-        fastdecode.generate(model, prompt, method, max_new_tokens=new, memory=DrafterMemory())
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            r = fastdecode.generate(model, prompt, method, max_new_tokens=new, memory=DrafterMemory())
+    for method, params in READ_PROBES:
+        if method == "spec.layerskip" and model.model.config.num_hidden_layers <= 16:
+            params = {**params, "skip_layers": "1"}  # (a small model)
+        fastdecode.generate(model, prompt, method, max_new_tokens=new, memory=DrafterMemory(), **params)
+        with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+            r = fastdecode.generate(model, prompt, method, max_new_tokens=new, memory=DrafterMemory(), **params)
         copies = sum(1 for e in prof.events() if "DtoH" in e.name or "Device -> Pageable" in e.name)
         syncs = sum(1 for e in prof.events() if e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize"))
         found[method] = {"forwards": r.stats.forwards, "dtoh_per_forward": round(copies / r.stats.forwards, 2),

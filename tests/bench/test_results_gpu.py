@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from fastdecode.bench.report import build_report
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "results_gpu.py"
@@ -124,3 +126,14 @@ def test_the_device_parts_fit_a_call_and_carry_every_weights_file(tool):
     assert "tests/sparse/test_duo.py" in parts.test_files("rest")
     script = (TOOL.parent / "gpu_run.sh").read_text()
     assert all(f"\n{p})" in script for p in parts.PARTS)  # every part is a case of the script
+
+
+def test_the_device_read_probe_runs_each_method_it_counts():
+    """The engine probe's copies from the device per target forward (`device_reads`, counted on a GPU): on the CPU
+    the same generations run, a draft model's greedy chain among them, and no copy is counted."""
+    tool = _tool()
+    model = tool.random_llama(tool.SMOKE, torch.device("cpu"), torch.float32)
+    found = tool.device_reads(model, tool.repeated_prompt(tool.SMOKE, model.vocab_size), 8, anywhere=True)
+    assert set(found["device_reads"]) == {m for m, _ in tool.READ_PROBES}
+    assert all(r["forwards"] >= 1 and r["dtoh_per_forward"] == 0 for r in found["device_reads"].values())
+    assert tool.device_reads(model, [5, 6, 7], 4) == {}  # off the GPU the engine probe has none
