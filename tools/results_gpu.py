@@ -473,8 +473,21 @@ def zoo(plan: Plan, device: torch.device, dtype: str, exact: bool | Exact | None
                 if not time_left():
                     say(f"{model} {suite} {dtype} skipped: past --budget-s; run the command again to finish it")
                     continue
-                run_bench(suite_of(suite, plan.one_task), model, group, out, draft=draft, params=params,
-                          limit=limit, command=command, load_kwargs=load, warmup=not plan.one_task)
+                attempts = [group]  # on a lent device one broken method must not cost the others' rows
+                while attempts:
+                    methods = attempts.pop(0)
+                    try:
+                        run_bench(suite_of(suite, plan.one_task), model, methods, out, draft=draft, params=params,
+                                  limit=limit, command=command, load_kwargs=load, warmup=not plan.one_task)
+                    except Exception as e:
+                        if plan.one_task:
+                            raise
+                        what = f"{type(e).__name__}: {str(e)[:300]}"
+                        if len(methods) > 1:  # each on its own (rows resume: the baseline's and done ones are kept)
+                            say(f"{model} {suite} {dtype}: {what}; each method on its own")
+                            attempts = [[m] for m in methods] + attempts
+                        else:
+                            say(f"{model} {suite} {dtype} {methods[0]} FAILED: {what}")
                 say(f"{model} {suite} {dtype} exact={exact} draft={draft}: {out}")
 
 

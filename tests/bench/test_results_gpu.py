@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from fastdecode.bench.report import build_report
@@ -137,3 +138,31 @@ def test_the_device_read_probe_runs_each_method_it_counts():
     assert set(found["device_reads"]) == {m for m, _ in tool.READ_PROBES}
     assert all(r["forwards"] >= 1 and r["dtoh_per_forward"] == 0 for r in found["device_reads"].values())
     assert tool.device_reads(model, [5, 6, 7], 4) == {}  # off the GPU the engine probe has none
+
+
+def test_a_method_that_breaks_on_the_device_costs_only_its_own_rows(tmp_path, monkeypatch):
+    """On a lent device (not the smoke run, which raises) a bench run that fails is run again method by method, and
+    only the broken one is left out, with its error in the log."""
+    import dataclasses
+
+    tool = _tool()
+    calls: list[list[str]] = []
+
+    def bench(suite, model, methods, out, **kwargs):
+        calls.append(list(methods))
+        if "spec.medusa" in methods:
+            raise RuntimeError("no kernel for this")
+
+    monkeypatch.setattr(tool, "run_bench", bench)
+    plan = dataclasses.replace(tool.SMOKE, one_task=False, lossless=("spec.pld", "spec.medusa"),
+                               ar_suites=(("code", 1),))
+    said: list[str] = []
+    tool.zoo(plan, torch.device("cpu"), "bfloat16", None, tmp_path / "rows.jsonl", "cmd", said.append,
+             lambda: True, ["zoo:ar-small"])
+    assert calls == [["spec.pld", "spec.medusa"], ["spec.pld"], ["spec.medusa"]]
+    assert any("each method on its own" in line for line in said)
+    assert any("spec.medusa FAILED: RuntimeError: no kernel for this" in line for line in said)
+    smoke = dataclasses.replace(plan, one_task=True)
+    with pytest.raises(RuntimeError, match="no kernel"):  # the CPU's smoke run fails loudly
+        tool.zoo(smoke, torch.device("cpu"), "bfloat16", None, tmp_path / "rows.jsonl", "cmd", said.append,
+                 lambda: True, ["zoo:ar-small"])
