@@ -572,7 +572,12 @@ def main(argv: list[str] | None = None) -> None:
         if not time_left():
             say(f"stage {name} skipped: past --budget-s {args.budget_s:.0f}; run the command again to finish it")
             continue
-        stages[name]()
+        try:
+            stages[name]()
+        except Exception as e:  # on a lent device a broken stage must not cost the next ones
+            if args.smoke:
+                raise
+            say(f"stage {name} FAILED: {type(e).__name__}: {str(e)[:300]}")
     say("done")
 
 

@@ -166,3 +166,19 @@ def test_a_method_that_breaks_on_the_device_costs_only_its_own_rows(tmp_path, mo
     with pytest.raises(RuntimeError, match="no kernel"):  # the CPU's smoke run fails loudly
         tool.zoo(smoke, torch.device("cpu"), "bfloat16", None, tmp_path / "rows.jsonl", "cmd", said.append,
                  lambda: True, ["zoo:ar-small"])
+
+
+def test_a_stage_that_breaks_on_the_device_leaves_the_next_ones(tmp_path, monkeypatch, capsys):
+    tool = _tool()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no CUDA context")
+
+    monkeypatch.setattr(tool, "warm", broken)
+    monkeypatch.setattr(tool, "pick_device", lambda name: torch.device("cpu"))  # a "GPU" run on the CPU
+    monkeypatch.setattr(tool, "zoo", lambda *a, **k: print("zoo stage ran"))
+    tool.main(["--out", str(tmp_path), "--stages", "warm", "float32", "--models", "zoo:dlm-small"])
+    said = capsys.readouterr().out
+    assert "stage warm FAILED: RuntimeError: no CUDA context" in said and "zoo stage ran" in said
+    with pytest.raises(RuntimeError, match="no CUDA context"):  # the smoke run fails loudly
+        tool.main(["--smoke", "--out", str(tmp_path), "--stages", "warm", "--models", "zoo:dlm-small"])
