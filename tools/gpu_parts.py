@@ -29,15 +29,16 @@ PARTS = {
     "ar": (f"{ZOO}/ar-small/model.safetensors", f"{ZOO}/ar-tiny/model.safetensors",
            f"{ZOO}/ar-small/heads/medusa", f"{ZOO}/ar-small/heads/hydra", f"{ZOO}/ar-small/heads/eagle3",
            f"{ZOO}/img-ar/model.safetensors", f"{ZOO}/img-ar/vq", f"{ZOO}/img-eval"),
-    # the diffusion models: the diffusion family in both dtypes, and their tests
-    "dlm": (f"{ZOO}/dlm-small", f"{ZOO}/dlm-small-dparallel/model.safetensors"),
-    # the rest: the long-context model and its gates, the DFlash head, the image generators
-    "rest": (f"{ZOO}/ar-long", f"{ZOO}/ar-small/heads/dflash", f"{ZOO}/img-ar/heads"),
+    # the diffusion model, the DFlash head and the image generators: the diffusion family in both dtypes, the last
+    # two lossless methods (spec.dlm_draft, spec.dflash: with the `ar` part's zoo:ar-small), their tests
+    "dlm": (f"{ZOO}/dlm-small", f"{ZOO}/ar-small/heads/dflash", f"{ZOO}/img-ar/heads"),
+    # the rest: the dParallel copy of the diffusion model, the long-context model and its gates; their tests
+    "rest": (f"{ZOO}/dlm-small-dparallel/model.safetensors", f"{ZOO}/ar-long"),
 }
 # how tests name each part's weights (the ar part runs the whole suite)
 WORDS = {"ar": ("ar-small", "ar-tiny", "medusa", "hydra", "eagle3", "img-ar", "img-eval"),
-         "dlm": ("dlm-small", "dparallel", "learn2pd"),
-         "rest": ("ar-long", "dflash", "duo", "dd1", "dd2")}
+         "dlm": ("dlm-small", "learn2pd", "dflash", "dd1", "dd2"),
+         "rest": ("dparallel", "ar-long", "duo")}
 
 
 def weights_in(path: str) -> list[Path]:

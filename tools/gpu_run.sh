@@ -3,16 +3,16 @@
 # the zoo's weights are about 150 MB; `python tools/gpu_parts.py carry PART` gives each part's `carry` list. `ar`
 # (zoo:ar-small, zoo:ar-tiny, three of ar-small's heads, the image model): the zoo's lossless methods in bfloat16, the
 # engine on the 1.1B shape, the kernels, the whole test suite with FASTDECODE_TEST_DEVICE=cuda (a test whose weights
-# the call did not carry is skipped, the file named: tests/carried.py). `dlm` (zoo:dlm-small and its dParallel copy):
-# the diffusion family, the tests that name those models, spec.dlm_draft where zoo:ar-small is still on the machine.
-# `rest` (zoo:ar-long, the DFlash head, the image generators): spec.dflash where zoo:ar-small is still there, the tests
-# that name them. A warm machine keeps the files of earlier calls, so run the parts back to back. Every stage has its
+# the call did not carry is skipped, the file named: tests/carried.py). `dlm` (zoo:dlm-small, the DFlash head, the
+# image generators): the diffusion family, the tests that name them, spec.dlm_draft and spec.dflash where zoo:ar-small
+# is still on the machine. `rest` (zoo:ar-long, the dParallel copy of zoo:dlm-small): the tests that name them. A
+# warm machine keeps the files of earlier calls, so run the parts back to back. Every stage has its
 # own time limit, so a slow one costs only itself; OUT gets PART-log.txt and PART.tgz (the rows, the test logs, each
 # failure's traceback), the most important stages first.
 #
 #   tools/gpu_run.sh ar   OUT      # at most 10 minutes on one H100/H200 (about 8)
-#   tools/gpu_run.sh dlm  OUT      # at most 5 minutes
-#   tools/gpu_run.sh rest OUT      # at most 4 minutes
+#   tools/gpu_run.sh dlm  OUT      # at most 5 minutes and a half
+#   tools/gpu_run.sh rest OUT      # at most 3 minutes
 set -u
 part=${1:?part: ar, dlm or rest}
 out=${2:?output folder}
@@ -32,7 +32,7 @@ transformers.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee "$log"
 case $part in
 ar)
   # the zoo's lossless methods in bfloat16 (exact mode and graphs, the CUDA default): those whose head is not here are
-  # left out with the file named (the DFlash head comes with `rest`)
+  # left out with the file named (the DFlash head comes with `dlm`)
   timeout 170 $py tools/results_gpu.py --out "$work" --budget-s 140 --stages bfloat16 --models zoo:ar-small 2>&1 \
     | tee -a "$log"
   snap
@@ -54,19 +54,16 @@ dlm)
   timeout 130 $py tools/results_gpu.py --out "$work" --budget-s 95 --stages warm bfloat16 float32 \
     bfloat16-unfused bfloat16-nographs float32-nographs --models zoo:dlm-small 2>&1 | tee -a "$log"
   snap
-  # the tests that name the diffusion models (the `ar` part skipped them), and the diffusion forward's graphs
-  tests pytest-dlm 90 -q -n 15 --dist loadfile --timeout 80 -rs tests/invariants/test_canvas_graphs.py \
-    tests/invariants/test_dlm_fused.py $($py tools/gpu_parts.py tests dlm)
-  # spec.dlm_draft (zoo:ar-small with zoo:dlm-small as its draft): left out unless `ar` ran on this machine
-  timeout 60 $py tools/results_gpu.py --out "$work" --stages bfloat16 --models zoo:ar-small \
-    --methods spec.dlm_draft 2>&1 | tee -a "$log"
+  # the last two lossless methods in bfloat16: spec.dlm_draft (zoo:dlm-small the draft) and spec.dflash (the DFlash
+  # head), on zoo:ar-small: left out, the file named, unless `ar` ran on this machine
+  timeout 90 $py tools/results_gpu.py --out "$work" --stages bfloat16 --models zoo:ar-small \
+    --methods spec.dlm_draft spec.dflash 2>&1 | tee -a "$log"
   snap
+  # the tests that name what this part carries (the `ar` part skipped them), and the diffusion forward's graphs
+  tests pytest-dlm 110 -q -n 15 --dist loadfile --timeout 90 -rs tests/invariants/test_canvas_graphs.py \
+    tests/invariants/test_dlm_fused.py $($py tools/gpu_parts.py tests dlm)
   ;;
 rest)
-  # spec.dflash (the DFlash head of zoo:ar-small): left out unless `ar` ran on this machine
-  timeout 70 $py tools/results_gpu.py --out "$work" --stages bfloat16 --models zoo:ar-small --methods spec.dflash \
-    2>&1 | tee -a "$log"
-  snap
   tests pytest-rest 150 -q -n 15 --dist loadfile --timeout 100 -rs $($py tools/gpu_parts.py tests rest)
   ;;
 *) echo "part: ar, dlm or rest, not $part" >&2; exit 2 ;;
