@@ -61,13 +61,8 @@ def tree_bytes() -> int:
 
 
 def carried_bytes(part: str) -> int:
-    """The part's carried files (weights, and whatever else its folders hold that the tree does not already count)."""
-    total = 0
-    for path in PARTS[part]:
-        at = ROOT / path
-        files = [f for f in at.rglob("*") if f.is_file()] if at.is_dir() else [at]
-        total += sum(f.stat().st_size for f in files if f.suffix == ".safetensors")
-    return total
+    """The part's weights files (the other files of its folders are tracked: the tree counts them)."""
+    return sum(w.stat().st_size for path in PARTS[part] for w in weights_in(path))
 
 
 def test_files(part: str) -> list[str]:
