@@ -171,6 +171,26 @@ def test_sparse_self_speculation_equals_greedy(model, rule):
     assert sum(r.stats.proposed for r in out) > 0
 
 
+def test_sparse_self_with_the_gpus_unread_drafts_equals_greedy(model, monkeypatch):
+    """Greedy on a GPU the sparse drafts stay on the device until the verification reads them with its verdict (one
+    read a step): the same output, run here with that path on the CPU."""
+    from fastdecode.models.host_ops import HostOps
+    from fastdecode.speculative.drafters.sparse_self import SparseSelfDrafter
+
+    ids = [prompt(100, seed) for seed in (1, 2)]
+    ref = fastdecode.generate(model, ids, "ar.greedy", max_new_tokens=24)
+    kw = {k: v for k, v in SMALL.items() if k != "dense_layers"}
+    with HostOps() as each:
+        fastdecode.generate(model, ids[0], "spec.sparse_self", max_new_tokens=24, rule="quest", **kw)
+    monkeypatch.setattr(SparseSelfDrafter, "read_each_token", False)
+    out = fastdecode.generate(model, ids, "spec.sparse_self", max_new_tokens=24, rule="quest", **kw)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]
+    with HostOps() as unread:
+        one = fastdecode.generate(model, ids[0], "spec.sparse_self", max_new_tokens=24, rule="quest", **kw)
+    assert one.token_ids == ref[0].token_ids
+    assert unread.reads < each.reads  # no read per drafted token
+
+
 def test_attention_option_of_ar_and_spec_methods(model):
     ids = prompt(90)
     a = fastdecode.generate(model, [ids], "ar.sample", max_new_tokens=8, temperature=0.0,

@@ -68,6 +68,9 @@ class Watch:
 
 class SparseSelfDrafter(BaseDrafter):
     shares_target_cache = True
+    # whether a greedy draft reads each token as it comes (and stops at an end of text): None = on the CPU only, as
+    # `ModelChainDrafter.read_each_token`; tests set False to run the GPU's path on the CPU
+    read_each_token: bool | None = None
 
     def __init__(self, model: CausalLM, cfg: SparseSelfConfig, generator: torch.Generator | None) -> None:
         self.model, self.cfg, self.generator = model, cfg, generator
@@ -91,6 +94,11 @@ class SparseSelfDrafter(BaseDrafter):
         device = self.model.device
         feed = context[base:].to(device)
         pos = torch.arange(base, n, device=device)
+        # greedy on a GPU, the drafts stay unread on the device (the verification reads them with its verdict, the
+        # step's one synchronisation; an end of text among them ends the output where the step settles); sampled
+        # drafts and the CPU read each token and stop at an end of text (`read_each_token`)
+        on_cpu = device.type == "cpu" if self.read_each_token is None else self.read_each_token
+        each = not self.cfg.greedy or on_cpu
         tokens, probs = [], []
         try:
             for _ in range(min(k, self.cfg.draft_tokens)):
@@ -100,13 +108,14 @@ class SparseSelfDrafter(BaseDrafter):
                 x, q = pick_token(logits, self.cfg, self.generator)
                 tokens.append(x)
                 probs.append(q)
-                if int(x) in self.eos:
+                if each and int(x) in self.eos:
                     break
                 feed, pos = x.view(1), pos[-1:] + 1
         finally:
             self.cache.crop(base)  # the verification forward writes these columns again, densely
         q_all = torch.stack(cast(list[torch.Tensor], probs)) if probs[0] is not None else None
-        return Draft(torch.stack(tokens).cpu(), q_all)
+        drafted = torch.stack(tokens)
+        return Draft(drafted.cpu() if each else drafted, q_all)
 
 
 # joins=False: its drafter runs the target on the target's own cache, row by row, so rows cannot join a running batch
