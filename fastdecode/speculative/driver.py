@@ -30,7 +30,6 @@ from .tree import (
     ancestor_mask,
     depths,
     first_branch_prefix,
-    on_first_branch,
     preorder,
     reorder,
     verify_tree_greedy,
@@ -325,12 +324,13 @@ class _Group:
             slices[b] = logits[b, lo : lo + 1 + blk.tokens.numel() - blk.pending]  # [1 + k + S, V]
             verdicts[b] = row.judge(draft, slices[b])
             spent[b] = _clock(model) - t2
-        confirm = [b for b, v in verdicts.items() if self.rows[b].needs_chain(drafts[b], v)]
-        for b in list(confirm):  # a path that leaves the first branch late is cut there instead
-            short = self.rows[b].shortened(drafts[b], verdicts[b])
-            if short is not None:
-                verdicts[b] = short
-                confirm.remove(b)
+        confirm = []  # rows whose tree path must be confirmed as a chain first (exact mode)
+        for b, verdict in list(verdicts.items()):
+            kept = self.rows[b].exact_verdict(drafts[b], verdict)
+            if kept is None:
+                confirm.append(b)
+            else:
+                verdicts[b] = kept
 
         # 4. each row keeps its tokens and rolls its part of the cache back; a confirmed row settles on the chain
         # forward's verdict instead, and keeps that forward's entries of its accepted prefix as a chain does
@@ -454,7 +454,7 @@ class _Row:
         self.order = None
         if draft.parents is not None and self.model.exact is not None and self.cfg.greedy:
             # depth first, so the drafter's first-listed path sits where a chain would and needs no confirmation
-            # (`needs_chain`); the drafter is told the outcome in its own order (`_as_drafted`)
+            # (`exact_verdict`); the drafter is told the outcome in its own order (`_as_drafted`)
             order = preorder(draft.parents)
             if order != list(range(len(order))):
                 self.order = order
@@ -519,24 +519,21 @@ class _Row:
         """The verdict on `draft` from the `[1 + k + S, V]` logits of its forward (side tokens' rows unread)."""
         return self._verify(draft, logits[: draft.tokens.numel() + 1])
 
-    def needs_chain(self, draft: Draft | None, verdict: Verdict) -> bool:
-        """Whether a greedy tree verdict must be confirmed as a chain before it is accepted: in exact mode, when its
-        path is not the tree's first branch (whose nodes sit where a chain's would)."""
-        if draft is None or draft.parents is None or self.model.exact is None or not self.cfg.greedy:
-            return False
-        path = verdict.tokens[: verdict.accepted]
-        return not on_first_branch(draft.tokens.tolist(), draft.parents, path)
+    def exact_verdict(self, draft: Draft | None, verdict: Verdict) -> Verdict | None:
+        """The verdict to keep, or None where it must first be confirmed as a chain (`_Group._confirm`).
 
-    def shortened(self, draft: Draft | None, verdict: Verdict) -> Verdict | None:
-        """A verdict that `needs_chain`, cut after the path's first node off the tree's first branch, where that keeps
-        at least half the tokens of a confirmation; else None (confirm it). That node was decided by its parent's row
-        (or the context's), on the first branch, which a chain computes alike; every later decision read a row with
-        siblings among its keys. So the cut keeps `m + 1` tokens for no further forward (`m` nodes accepted, the
-        node off the branch in the place of the target's own token), where the confirmation keeps about `a + 1` for
-        one more forward (docs/gpu.md, "Trees on a GPU")."""
-        assert draft is not None and draft.parents is not None
+        In exact mode a greedy tree verdict whose path leaves the tree's first branch (nodes 0..m-1, which sit where a
+        chain's would) read rows with siblings among their keys, which a GPU's kernel can round otherwise. The path's
+        first node off that branch was still decided by a first-branch row (or the context's), so the verdict can be
+        cut there: `m` nodes accepted and that node in the place of the target's own token, `m + 1` tokens for no
+        further forward. The confirmation keeps about `a + 1` for one more forward, so the cut is taken when it keeps
+        at least half as many (docs/gpu.md, "Trees on a GPU"). Any other verdict is kept as it is."""
+        if draft is None or draft.parents is None or self.model.exact is None or not self.cfg.greedy:
+            return verdict
         path = verdict.tokens[: verdict.accepted]
         m = first_branch_prefix(draft.tokens.tolist(), draft.parents, path)
+        if m == len(path):
+            return verdict
         return Verdict(m, path[: m + 1]) if 2 * (m + 1) >= verdict.accepted + 1 else None
 
     def settle(self, draft: Draft, verdict: Verdict, logits: torch.Tensor, cached: int, P: int, chained: bool = False,

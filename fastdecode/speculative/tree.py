@@ -82,7 +82,7 @@ def on_first_branch(tokens: list[int], parents: list[int], path: list[int]) -> b
 
     Those nodes sit at consecutive columns right after the context in the verification forward, exactly where a
     chain (and `ar.greedy`) puts the same tokens; any other path has siblings between its nodes (exact mode on a
-    GPU confirms such a path as a chain: docs/gpu.md, "Trees on a GPU")."""
+    GPU cuts such a path where it leaves the branch or confirms it as a chain: docs/gpu.md, "Trees on a GPU")."""
     return first_branch_prefix(tokens, parents, path) == len(path)
 
 

@@ -208,6 +208,6 @@ def test_trees_equal_ar_greedy_under_an_attention_that_depends_on_gaps(bf16, gap
 
     truth = [r.token_ids for r in fastdecode.generate(bf16, PROMPTS, "ar.greedy", max_new_tokens=NEW)]
     assert tokens() == truth
-    # the control: without the confirmation the same run leaves ar.greedy (the offset bites)
-    monkeypatch.setattr(_Row, "needs_chain", lambda self, draft, verdict: False)
+    # the control: without the confirmation (or the cut) the same run leaves ar.greedy (the offset bites)
+    monkeypatch.setattr(_Row, "exact_verdict", lambda self, draft, verdict: verdict)
     assert tokens() != truth
