@@ -25,13 +25,24 @@ def pick_token(
     return torch.multinomial(q, 1, generator=generator)[0], q
 
 
+def reads_each_token(read_each_token: bool | None, device: torch.device, cfg: SpecConfig, stops: bool = False) -> bool:
+    """Whether a drafting loop reads each token as it comes (and stops at an end of text) rather than leaving its
+    drafts unread on the device for the verification to read with its verdict: where a stop decides the next forward
+    (`stops`: an unsure token's), where drafting on would draw from the shared generator (a sampled draft past its end
+    would change the run's later draws), and on the CPU, where a read costs nothing and a forward past an end of text
+    does. `read_each_token` (a drafter class's attribute; None: by the device) lets tests run the GPU's path on the
+    CPU."""
+    on_cpu = device.type == "cpu" if read_each_token is None else read_each_token
+    return stops or not cfg.greedy or on_cpu
+
+
 class ModelChainDrafter(BaseDrafter):
     """Drafts a chain with `model`, one forward per token, keeping the model's KV cache in step with the accepted
     context: `propose` feeds the context the cache has not seen, then each drafted token; `observe` drops the
     rejected drafts from the cache. Subclasses choose the draft length and wrap the loop (`draft_chain`)."""
 
-    # whether a greedy chain reads each token as it comes (and stops at an end of text): None = on the CPU only
-    # (`draft_chain`); tests set False to run the GPU's path on the CPU
+    # whether a greedy chain reads each token as it comes (`reads_each_token`): None = on the CPU only; tests set
+    # False to run the GPU's path on the CPU
     read_each_token: bool | None = None
 
     def __init__(
@@ -61,11 +72,7 @@ class ModelChainDrafter(BaseDrafter):
         device = self.model.device
         feed = context[self.cache.length :].to(device)  # context the cache has not seen (>= 1 token)
         pos = torch.arange(self.cache.length, n, device=device)
-        # read every token as it comes where a stop decides the next forward, where drafting on would draw from
-        # the shared generator (a sampled draft past its end would change the run's later draws), and on the CPU,
-        # where a read costs nothing and a forward past the end of text does (`read_each_token`)
-        on_cpu = device.type == "cpu" if self.read_each_token is None else self.read_each_token
-        each = bool(self.confidence_stop) or not self.cfg.greedy or on_cpu
+        each = reads_each_token(self.read_each_token, device, self.cfg, stops=bool(self.confidence_stop))
         tokens, probs = [], []
         for _ in range(k):
             logits = self.model.forward(feed[None], pos[None], self.cache, num_logits=1)[0, -1]  # [V]

@@ -30,7 +30,7 @@ from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
 from ..drafter import BaseDrafter, Draft, SpecConfig, register_spec
 from ..driver import check_rollback, speculative
-from ..model_chain import pick_token
+from ..model_chain import pick_token, reads_each_token
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,8 @@ class Watch:
 
 class SparseSelfDrafter(BaseDrafter):
     shares_target_cache = True
-    # whether a greedy draft reads each token as it comes (and stops at an end of text): None = on the CPU only, as
-    # `ModelChainDrafter.read_each_token`; tests set False to run the GPU's path on the CPU
+    # whether a greedy draft reads each token as it comes (`reads_each_token`): None = on the CPU only; tests set
+    # False to run the GPU's path on the CPU
     read_each_token: bool | None = None
 
     def __init__(self, model: CausalLM, cfg: SparseSelfConfig, generator: torch.Generator | None) -> None:
@@ -94,11 +94,8 @@ class SparseSelfDrafter(BaseDrafter):
         device = self.model.device
         feed = context[base:].to(device)
         pos = torch.arange(base, n, device=device)
-        # greedy on a GPU, the drafts stay unread on the device (the verification reads them with its verdict, the
-        # step's one synchronisation; an end of text among them ends the output where the step settles); sampled
-        # drafts and the CPU read each token and stop at an end of text (`read_each_token`)
-        on_cpu = device.type == "cpu" if self.read_each_token is None else self.read_each_token
-        each = not self.cfg.greedy or on_cpu
+        # greedy on a GPU the drafts stay unread on the device, as a draft model's chain's (`reads_each_token`)
+        each = reads_each_token(self.read_each_token, device, self.cfg)
         tokens, probs = [], []
         try:
             for _ in range(min(k, self.cfg.draft_tokens)):
