@@ -18,7 +18,7 @@ from transformers.utils import ModelOutput
 
 from ..attention import sdpa
 from .layers import RMSNorm, SwiGLU, add_rms_norm, gated, rms_norm
-from .native import compiled, warn_unfused
+from .native import compiled, guarded
 
 
 class MDLMConfig(PretrainedConfig):
@@ -258,17 +258,7 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
         """
         args = (input_ids, attention_mask, position_ids, cache if cache is not None else past_key_values,
                 query_index, use_cache, logits_at, logits_index)
-        if self.ops is PLAIN:
-            return self._forward(*args)
-        try:
-            out = self._forward(*args)
-        except Exception as e:  # noqa: BLE001  (whatever the compiler raised; the unfused run re-raises real errors)
-            self.ops = PLAIN
-            out = self._forward(*args)
-            warn_unfused(e, self._proven)
-            return out
-        self._proven = True
-        return out
+        return guarded(self, PLAIN, lambda: self._forward(*args))
 
     def _forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,

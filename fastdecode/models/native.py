@@ -25,8 +25,9 @@ from __future__ import annotations
 import importlib.util
 import types
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +89,7 @@ class _Ops:
 
 
 _PLAIN = _Ops()
+T = TypeVar("T")
 _RECOMPILE_LIMIT = 64  # compiled versions allowed per fused function (torch's default: 8)
 
 
@@ -133,17 +135,7 @@ class NativeForward:
         on a GPU machine), the forward runs again unfused, which stays the setting, with a warning. Rerunning is safe:
         it writes the same cache columns, and no fused output was used yet. A later forward whose new shape cannot be
         compiled does the same (the rest of that generation then rounds as the unfused forward does)."""
-        if self.ops is _PLAIN:
-            return self._forward(ids, positions, cache, plan, num_logits, picked)
-        try:
-            out = self._forward(ids, positions, cache, plan, num_logits, picked)
-        except Exception as e:  # noqa: BLE001  (whatever the compiler raised; the unfused run re-raises real errors)
-            self.ops = _PLAIN
-            out = self._forward(ids, positions, cache, plan, num_logits, picked)
-            warn_unfused(e, self._proven)
-            return out
-        self._proven = True
-        return out
+        return guarded(self, _PLAIN, lambda: self._forward(ids, positions, cache, plan, num_logits, picked))
 
     def _layer(self, layer: Any) -> _Layer:
         """What the forward reads of one decoder layer, collected once. The layer list is read at every forward, so a
@@ -209,6 +201,23 @@ def compiled(fn: Any, owner: object, backend: Any, dynamic: bool | None) -> Any:
     return torch.compile(own, dynamic=dynamic, fullgraph=True, backend=backend)
 
 
+def guarded(owner: Any, plain: Any, run: Callable[[], T]) -> T:
+    """`run()` under `owner.ops`. Where those are compiled and the run raises (torch.compile could not build the
+    kernels), `owner.ops` becomes `plain` for good and the run is repeated, with one warning; `owner._proven` records
+    that a fused run has succeeded (so a later failure is a new shape's). The unfused run re-raises real errors."""
+    if owner.ops is plain:
+        return run()
+    try:
+        out = run()
+    except Exception as e:  # noqa: BLE001  (whatever the compiler raised)
+        owner.ops = plain
+        out = run()
+        warn_unfused(e, owner._proven)
+        return out
+    owner._proven = True
+    return out
+
+
 def warn_unfused(error: BaseException, proven: bool) -> None:
     """The warning of a fused forward that could not be compiled (and ran again unfused): what the compiler raised,
     under torch.compile's wrappers, and from when on the model runs unfused."""
@@ -222,7 +231,7 @@ def warn_unfused(error: BaseException, proven: bool) -> None:
     where = ("from this forward on (a new shape could not be compiled)" if proven else
              "(load(fused=False) / --no-fused skips the attempt)")
     warnings.warn(f"the fused kernels could not be built here ({type(cause).__name__}: {first}); this model "
-                  f"runs unfused {where}", FastDecodeWarning, stacklevel=3)
+                  f"runs unfused {where}", FastDecodeWarning, stacklevel=4)
 
 
 def fused_default(device: torch.device, graphs: object) -> bool:
