@@ -24,9 +24,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import fastdecode
 from fastdecode.errors import DeviceError
-from fastdecode.models import causal as causal_module
-from fastdecode.models import diffusion as diffusion_module
-from fastdecode.models import loading
+from fastdecode.models import loading, native
 from fastdecode.models.mdlm import MDLMConfig, MDLMForMaskedDiffusion
 from fastdecode.train.tokenizer import train_tokenizer
 
@@ -90,13 +88,13 @@ def _models_on_the_test_device():
     loading.pick_device_dtype = on_test_device
     # and unfused unless asked (`fused=True`, `fuse()`): the fused kernels round as they do, and the tests that compare
     # a graphed model with an eager one assume one setting (tests/invariants/test_*_fused.py ask for them)
-    defaults = causal_module.fused_default, diffusion_module.fused_default
-    causal_module.fused_default = diffusion_module.fused_default = lambda device, graphs: False
+    default = native.fused_default
+    native.fused_default = lambda device, graphs: False
     try:
         yield
     finally:
         loading.pick_device_dtype = picked
-        causal_module.fused_default, diffusion_module.fused_default = defaults
+        native.fused_default = default
 
 
 @pytest.fixture(scope="session")

@@ -14,12 +14,13 @@ from transformers import DynamicCache
 from .. import attention
 from ..cache import DynamicKVCache, KVCache
 from ..errors import ParameterError
+from . import native as _native
 from .base import ModelAdapter
 from .capabilities import check_sparse_attention, layer_types
 from .exact import Exact, chunk_past, pad_block
 from .graphs import Graphs, Mode
 from .hidden import captured, collect, layer_list, wanted
-from .native import check_fused, fused_default, native_forward
+from .native import check_fused, native_forward
 
 # layer types the preallocated cache serves (a sliding window is applied by the attention plan, keys are kept)
 _PREALLOCATED_LAYERS = {"full_attention", "sliding_attention"}
@@ -88,7 +89,7 @@ class CausalLM(ModelAdapter):
             raise ParameterError(f"fused=True compiles the direct forward's kernels, which {type(self.model).__name__} "
                                  "does not run (Llama-shaped decoders only): leave fused=None or False.")
         if fused or (fused is None and self.native is not None
-                     and fused_default(self.device, self.graphs.mode if self.graphs else None)):
+                     and _native.fused_default(self.device, self.graphs.mode if self.graphs else None)):
             assert self.native is not None
             self.native.fuse()
 

@@ -9,10 +9,11 @@ from typing import Protocol
 import torch
 
 from ..errors import ParameterError
+from . import native as _native
 from .base import ModelAdapter
 from .canvas_graphs import CanvasGraphs, Mode
 from .mdlm import LayerKV
-from .native import check_fused, fused_default
+from .native import check_fused
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), batch first, over the whole canvas
 
@@ -70,7 +71,7 @@ class MaskedDiffusionLM(ModelAdapter):
         if fused and fuse is None:
             raise ParameterError(f"fused=True compiles the zoo diffusion architecture's kernels, which "
                                  f"{type(model).__name__} does not run: leave fused=None or False.")
-        if fuse is not None and (fused or (fused is None and fused_default(self.device, graphs))):
+        if fuse is not None and (fused or (fused is None and _native.fused_default(self.device, graphs))):
             fuse()
 
     @property
