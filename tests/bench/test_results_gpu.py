@@ -3,9 +3,7 @@ their dtype, exact mode and machine, and the report shows them like any other.""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,20 +11,9 @@ import torch
 
 from fastdecode.bench.report import build_report
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "results_gpu.py"
 
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("results_gpu", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["results_gpu"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys):
-    _tool().main(["--smoke", "--out", str(tmp_path), "--stages", "engine", "bfloat16"])
+def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys, tool):
+    tool("results_gpu").main(["--smoke", "--out", str(tmp_path), "--stages", "engine", "bfloat16"])
     engine = [json.loads(line) for line in (tmp_path / "engine.jsonl").read_text().splitlines()]
     assert {r["method"] for r in engine} == {"ar.greedy", "ar.greedy:graphs=false", "ar.greedy:exact=false",
                                              "hf.greedy", "hf.static_compile", "spec.suffix", "spec.pld",
@@ -65,12 +52,9 @@ def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys):
     assert "skipped" not in capsys.readouterr().out  # nothing skipped for time
 
 
-def test_kernel_tables_smoke(tmp_path):
+def test_kernel_tables_smoke(tmp_path, tool):
     """tools/gpu_kernels.py on the CPU: one table of a step's operators per setting (the GPU run adds kernels)."""
-    spec = importlib.util.spec_from_file_location("gpu_kernels", TOOL.with_name("gpu_kernels.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = tool("gpu_kernels")
     module.main(["--smoke", "--out", str(tmp_path), "--steps", "3"])
     names = {p.name for p in tmp_path.iterdir()}
     assert names == {f"kernels-{n}.txt" for n in ("graphs", "graphs-fused-grouped", "graphs-grouped", "graphs-fused",
@@ -78,11 +62,11 @@ def test_kernel_tables_smoke(tmp_path):
     assert "aten::mm" in (tmp_path / "kernels-graphs-fused-grouped.txt").read_text()
 
 
-def test_warm_and_eager_float32_stages_of_the_diffusion_part(tmp_path, capsys):
+def test_warm_and_eager_float32_stages_of_the_diffusion_part(tmp_path, capsys, tool):
     """tools/gpu_run.sh's `dlm` part: a warm-up that writes nothing, then float32 with the canvas graphs off, and
     bfloat16 without the fused kernels."""
-    _tool().main(["--smoke", "--out", str(tmp_path), "--stages", "warm", "float32-nographs", "bfloat16-unfused",
-                  "--models", "zoo:dlm-small"])
+    tool("results_gpu").main(["--smoke", "--out", str(tmp_path), "--stages", "warm", "float32-nographs",
+                              "bfloat16-unfused", "--models", "zoo:dlm-small"])
     assert "warmed up: zoo:dlm-small" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["zoo-bfloat16-unfused.jsonl", "zoo-float32-nographs.jsonl"]
     rows = [json.loads(line) for line in (tmp_path / "zoo-float32-nographs.jsonl").read_text().splitlines()]
@@ -92,19 +76,19 @@ def test_warm_and_eager_float32_stages_of_the_diffusion_part(tmp_path, capsys):
     assert unfused and all(r["dtype"] == "bfloat16" and r["fused"] is False for r in unfused)
 
 
-def test_a_method_whose_weights_are_not_here_is_left_out_with_the_file_named(tmp_path, capsys, monkeypatch):
+def test_a_method_whose_weights_are_not_here_is_left_out_with_the_file_named(tmp_path, capsys, monkeypatch, tool):
     """A device call carries a few of the zoo's weights at a time: the zoo stage runs what it can and says what not."""
-    tool = _tool()
-    assert tool.absent("zoo:ar-small", "spec.medusa:hydra=true") is None  # all shipped here
+    gpu = tool("results_gpu")
+    assert gpu.absent("zoo:ar-small", "spec.medusa:hydra=true") is None  # all shipped here
     # every lossless method of zoo:ar-small is in the GPU run's list
     import fastdecode
     lossless = {m.name for m in fastdecode.methods() if m.lossless and m.kind == "causal" and m.name != "ar.greedy"}
     images = {"spec.sjd"}  # the image models' method: lossless as a sampler, measured by the image suites
-    assert lossless - images <= {m.partition(":")[0] for m in tool.LOSSLESS}
-    monkeypatch.setitem(tool.HEADS, "spec.medusa", "ar-small/heads/no-such-head")
-    assert tool.absent("zoo:ar-small", "spec.medusa") == tool.ZOO_DIR / "ar-small/heads/no-such-head/model.safetensors"
-    assert tool.absent("zoo:ar-small", "spec.dlm_draft") is None
-    tool.main(["--smoke", "--out", str(tmp_path), "--stages", "bfloat16", "--models", "zoo:ar-small", "--methods",
+    assert lossless - images <= {m.partition(":")[0] for m in gpu.LOSSLESS}
+    monkeypatch.setitem(gpu.HEADS, "spec.medusa", "ar-small/heads/no-such-head")
+    assert gpu.absent("zoo:ar-small", "spec.medusa") == gpu.ZOO_DIR / "ar-small/heads/no-such-head/model.safetensors"
+    assert gpu.absent("zoo:ar-small", "spec.dlm_draft") is None
+    gpu.main(["--smoke", "--out", str(tmp_path), "--stages", "bfloat16", "--models", "zoo:ar-small", "--methods",
                "spec.pld", "spec.medusa", "spec.dlm_draft"])
     said = capsys.readouterr().out
     assert "spec.medusa bfloat16 left out: fastdecode/zoo/ar-small/heads/no-such-head/model.safetensors" in said
@@ -124,27 +108,27 @@ def test_the_device_parts_fit_a_call_and_carry_every_weights_file(tool):
     assert set(parts.PARTS) == {"ar", "dlm", "rest"} and all(len(p) <= 8 for p in parts.PARTS.values())  # carry: 8
     assert {"tests/unit/test_learn2pd.py", "tests/unit/test_dflash_card.py"} <= set(parts.test_files("dlm"))
     assert {"tests/sparse/test_duo.py", "tests/unit/test_dparallel_card.py"} <= set(parts.test_files("rest"))
-    script = (TOOL.parent / "gpu_run.sh").read_text()
+    script = (Path(parts.__file__).parent / "gpu_run.sh").read_text()
     assert all(f"\n{p})" in script for p in parts.PARTS)  # every part is a case of the script
 
 
-def test_the_device_read_probe_runs_each_method_it_counts():
+def test_the_device_read_probe_runs_each_method_it_counts(tool):
     """The engine probe's copies from the device per target forward (`device_reads`, counted on a GPU): on the CPU
     the same generations run, a draft model's greedy chain among them, and no copy is counted."""
-    tool = _tool()
-    model = tool.random_llama(tool.SMOKE, torch.device("cpu"), torch.float32)
-    found = tool.device_reads(model, tool.repeated_prompt(tool.SMOKE, model.vocab_size), 8, anywhere=True)
-    assert set(found["device_reads"]) == {m for m, _ in tool.READ_PROBES}
+    gpu = tool("results_gpu")
+    model = gpu.random_llama(gpu.SMOKE, torch.device("cpu"), torch.float32)
+    found = gpu.device_reads(model, gpu.repeated_prompt(gpu.SMOKE, model.vocab_size), 8, anywhere=True)
+    assert set(found["device_reads"]) == {m for m, _ in gpu.READ_PROBES}
     assert all(r["forwards"] >= 1 and r["dtoh_per_forward"] == 0 for r in found["device_reads"].values())
-    assert tool.device_reads(model, [5, 6, 7], 4) == {}  # off the GPU the engine probe has none
+    assert gpu.device_reads(model, [5, 6, 7], 4) == {}  # off the GPU the engine probe has none
 
 
-def test_a_method_that_breaks_on_the_device_costs_only_its_own_rows(tmp_path, monkeypatch):
+def test_a_method_that_breaks_on_the_device_costs_only_its_own_rows(tmp_path, monkeypatch, tool):
     """On a lent device (not the smoke run, which raises) a bench run that fails is run again method by method, and
     only the broken one is left out, with its error in the log."""
     import dataclasses
 
-    tool = _tool()
+    gpu = tool("results_gpu")
     calls: list[list[str]] = []
 
     def bench(suite, model, methods, out, **kwargs):
@@ -152,32 +136,32 @@ def test_a_method_that_breaks_on_the_device_costs_only_its_own_rows(tmp_path, mo
         if "spec.medusa" in methods:
             raise RuntimeError("no kernel for this")
 
-    monkeypatch.setattr(tool, "run_bench", bench)
-    plan = dataclasses.replace(tool.SMOKE, one_task=False, lossless=("spec.pld", "spec.medusa"),
+    monkeypatch.setattr(gpu, "run_bench", bench)
+    plan = dataclasses.replace(gpu.SMOKE, one_task=False, lossless=("spec.pld", "spec.medusa"),
                                ar_suites=(("code", 1),))
     said: list[str] = []
-    tool.zoo(plan, torch.device("cpu"), "bfloat16", None, tmp_path / "rows.jsonl", "cmd", said.append,
+    gpu.zoo(plan, torch.device("cpu"), "bfloat16", None, tmp_path / "rows.jsonl", "cmd", said.append,
              lambda: True, ["zoo:ar-small"])
     assert calls == [["spec.pld", "spec.medusa"], ["spec.pld"], ["spec.medusa"]]
     assert any("each method on its own" in line for line in said)
     assert any("spec.medusa FAILED: RuntimeError: no kernel for this" in line for line in said)
     smoke = dataclasses.replace(plan, one_task=True)
     with pytest.raises(RuntimeError, match="no kernel"):  # the CPU's smoke run fails loudly
-        tool.zoo(smoke, torch.device("cpu"), "bfloat16", None, tmp_path / "rows.jsonl", "cmd", said.append,
+        gpu.zoo(smoke, torch.device("cpu"), "bfloat16", None, tmp_path / "rows.jsonl", "cmd", said.append,
                  lambda: True, ["zoo:ar-small"])
 
 
-def test_a_stage_that_breaks_on_the_device_leaves_the_next_ones(tmp_path, monkeypatch, capsys):
-    tool = _tool()
+def test_a_stage_that_breaks_on_the_device_leaves_the_next_ones(tmp_path, monkeypatch, capsys, tool):
+    gpu = tool("results_gpu")
 
     def broken(*args, **kwargs):
         raise RuntimeError("no CUDA context")
 
-    monkeypatch.setattr(tool, "warm", broken)
-    monkeypatch.setattr(tool, "pick_device", lambda name: torch.device("cpu"))  # a "GPU" run on the CPU
-    monkeypatch.setattr(tool, "zoo", lambda *a, **k: print("zoo stage ran"))
-    tool.main(["--out", str(tmp_path), "--stages", "warm", "float32", "--models", "zoo:dlm-small"])
+    monkeypatch.setattr(gpu, "warm", broken)
+    monkeypatch.setattr(gpu, "pick_device", lambda name: torch.device("cpu"))  # a "GPU" run on the CPU
+    monkeypatch.setattr(gpu, "zoo", lambda *a, **k: print("zoo stage ran"))
+    gpu.main(["--out", str(tmp_path), "--stages", "warm", "float32", "--models", "zoo:dlm-small"])
     said = capsys.readouterr().out
     assert "stage warm FAILED: RuntimeError: no CUDA context" in said and "zoo stage ran" in said
     with pytest.raises(RuntimeError, match="no CUDA context"):  # the smoke run fails loudly
-        tool.main(["--smoke", "--out", str(tmp_path), "--stages", "warm", "--models", "zoo:dlm-small"])
+        gpu.main(["--smoke", "--out", str(tmp_path), "--stages", "warm", "--models", "zoo:dlm-small"])
