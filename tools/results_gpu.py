@@ -219,10 +219,16 @@ def attention_kernels(model: fastdecode.CausalLM, prompt: list[int]) -> dict[str
 
 
 # the methods whose device reads the engine probe counts: the baseline, two host drafters, and a draft model's greedy
-# chain (the target's own first layers: spec.layerskip with a fixed skip set and no confidence stop)
+# chain (the target's own first layers: spec.layerskip with a fixed skip set, `skip_layers` below, and no confidence
+# stop)
 READ_PROBES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("ar.greedy", {}), ("spec.suffix", {}), ("spec.pld", {}),
-    ("spec.layerskip", {"skip_layers": "8,9,10,11,12,13,14,15", "confidence_stop": 0.0, "max_draft_tokens": 4}))
+    ("spec.layerskip", {"confidence_stop": 0.0, "max_draft_tokens": 4}))
+
+
+def skip_layers(layers: int) -> str:
+    """The upper half of a model's layers but its last (at least layer 1): spec.layerskip's fixed skip set."""
+    return ",".join(str(i) for i in range(max(layers // 2, 1), max(layers - 1, 2)))
 
 
 def device_reads(model: fastdecode.CausalLM, prompt: list[int], new: int, anywhere: bool = False) -> dict[str, Any]:
@@ -237,8 +243,8 @@ def device_reads(model: fastdecode.CausalLM, prompt: list[int], new: int, anywhe
 
     found = {}
     for method, params in READ_PROBES:
-        if method == "spec.layerskip" and model.model.config.num_hidden_layers <= 16:
-            params = {**params, "skip_layers": "1"}  # (a small model)
+        if method == "spec.layerskip":
+            params = {**params, "skip_layers": skip_layers(model.model.config.num_hidden_layers)}
         fastdecode.generate(model, prompt, method, max_new_tokens=new, memory=DrafterMemory(), **params)
         with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
             r = fastdecode.generate(model, prompt, method, max_new_tokens=new, memory=DrafterMemory(), **params)

@@ -2,7 +2,7 @@
 
 A diffusion step runs the model over the whole canvas, `[B, L]`, and the canvas keeps its shape from step to step
 of a generation (the rows, the prompt plus the generated region, the block whose logits are read). On a GPU a small
-model's step is launch-bound: zoo:dlm-small's forward is 1318 torch operations a step in float32 and 1408 in
+model's step is launch-bound: zoo:dlm-small's forward is 1318 torch operations a step in float32 and 1426 in
 bfloat16 (the casts around its float32 norms and rotary tables, which float32 skips; `tools/diffusion_host_ops.py
 --dtype`), which is how the H200 came to run it slower in bfloat16 than in float32 (docs/gpu.md). A CUDA graph
 replays all of them with one launch, in either dtype.
