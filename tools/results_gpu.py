@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import shlex
@@ -440,10 +441,48 @@ def weights(name: str) -> Path:
     return ZOO_DIR / name.removeprefix("zoo:") / "model.safetensors"
 
 
+def draft_of(method: str) -> str | None:
+    """The draft model a method of zoo:ar-small drafts with (None: it drafts without one)."""
+    return DRAFTS.get(method.partition(":")[0])
+
+
 def absent(model: str, method: str) -> Path | None:
     """A weights file that `method` on `model` needs and this checkout lacks (None: it can run)."""
-    needed = [model, DRAFTS.get(method.partition(":")[0]), HEADS.get(method)]
+    needed = [model, draft_of(method), HEADS.get(method)]
     return next((weights(n) for n in needed if n is not None and not weights(n).exists()), None)
+
+
+def by_draft(methods: list[str]) -> dict[str | None, list[str]]:
+    """The methods by the draft their bench run loads: those that draft with zoo:ar-tiny share one run with the
+    draft-free ones (which ignore it), and each other draft model has a run of its own."""
+    groups: dict[str | None, list[str]] = {}
+    for method in methods:
+        draft = draft_of(method)
+        groups.setdefault(None if draft == "zoo:ar-tiny" else draft, []).append(method)
+    if any(draft_of(m) for m in groups.get(None, [])):  # (one of them drafts with zoo:ar-tiny)
+        groups["zoo:ar-tiny"] = groups.pop(None)
+    return groups
+
+
+def bench_apart(run: Callable[..., Any], methods: list[str], say: Callable[[str], None], label: str,
+                strict: bool) -> None:
+    """`run(methods=...)` (a bench run); where it raises on a lent device (not `strict`), each method again on its own,
+    so that one broken method costs only its own rows (rows resume: the baseline's and the done methods' are kept);
+    each failure is a FAILED line."""
+    attempts = [methods]
+    while attempts:
+        these = attempts.pop(0)
+        try:
+            run(methods=these)
+        except Exception as e:
+            if strict:
+                raise
+            what = f"{type(e).__name__}: {str(e)[:300]}"
+            if len(these) > 1:
+                say(f"{label}: {what}; each method on its own")
+                attempts = [[m] for m in these] + attempts
+            else:
+                say(f"{label} {these[0]} FAILED: {what}")
 
 
 def zoo(plan: Plan, device: torch.device, dtype: str, exact: bool | Exact | None, out: Path, command: str,
@@ -464,36 +503,17 @@ def zoo(plan: Plan, device: torch.device, dtype: str, exact: bool | Exact | None
                 runnable.append(method)
             else:
                 say(f"{model} {method} {dtype} left out: {missing.relative_to(ROOT)} is not in this checkout")
-        # one bench run for the methods that draft with zoo:ar-tiny or nothing (the draft-free ones ignore it), one for
-        # those whose draft is another model
-        by_draft: dict[str | None, list[str]] = {}
-        for method in runnable:
-            draft = DRAFTS.get(method.partition(":")[0])
-            by_draft.setdefault(None if draft == "zoo:ar-tiny" else draft, []).append(method)
-        if any(DRAFTS.get(m.partition(":")[0]) == "zoo:ar-tiny" for m in by_draft.get(None, [])):
-            by_draft["zoo:ar-tiny"] = by_draft.pop(None)
-        for draft, group in by_draft.items():
+        for draft, group in by_draft(runnable).items():
             names = {m.partition(":")[0] for m in group} | {"ar.greedy", "dlm.baseline"}
             params = {m: p for m, p in plan.zoo_params.items() if m in names}
             for suite, limit in suites:
                 if not time_left():
                     say(f"{model} {suite} {dtype} skipped: past --budget-s; run the command again to finish it")
                     continue
-                attempts = [group]  # on a lent device one broken method must not cost the others' rows
-                while attempts:
-                    methods = attempts.pop(0)
-                    try:
-                        run_bench(suite_of(suite, plan.one_task), model, methods, out, draft=draft, params=params,
-                                  limit=limit, command=command, load_kwargs=load, warmup=not plan.one_task)
-                    except Exception as e:
-                        if plan.one_task:
-                            raise
-                        what = f"{type(e).__name__}: {str(e)[:300]}"
-                        if len(methods) > 1:  # each on its own (rows resume: the baseline's and done ones are kept)
-                            say(f"{model} {suite} {dtype}: {what}; each method on its own")
-                            attempts = [[m] for m in methods] + attempts
-                        else:
-                            say(f"{model} {suite} {dtype} {methods[0]} FAILED: {what}")
+                run = functools.partial(run_bench, suite_of(suite, plan.one_task), model, out=out, draft=draft,
+                                        params=params, limit=limit, command=command, load_kwargs=load,
+                                        warmup=not plan.one_task)
+                bench_apart(run, group, say, f"{model} {suite} {dtype}", strict=plan.one_task)
                 say(f"{model} {suite} {dtype} exact={exact} draft={draft}: {out}")
 
 
