@@ -67,8 +67,7 @@ LOSSLESS = ["spec.pld", "hf.prompt_lookup", "spec.ngram", "spec.suffix", "spec.s
             "spec.dflash", "spec.dlm_draft"]
 # the zoo weights a method of zoo:ar-small needs beyond its own (a device call carries a few: tools/gpu_parts.py)
 ZOO_DIR = ROOT / "fastdecode" / "zoo"
-DRAFTS = {"spec.draft_model": "zoo:ar-tiny", "hf.assisted": "zoo:ar-tiny", "spec.rsd": "zoo:ar-tiny",
-          "spec.dyntree": "zoo:ar-tiny", "spec.dlm_draft": "zoo:dlm-small"}
+DRAFT_MODELS = {"causal": "zoo:ar-tiny", "diffusion": "zoo:dlm-small"}  # the zoo's draft of each kind
 HEADS = {"spec.medusa": "ar-small/heads/medusa", "spec.medusa:hydra=true": "ar-small/heads/hydra",
          "spec.eagle3": "ar-small/heads/eagle3", "spec.dflash": "ar-small/heads/dflash"}
 DIFFUSION = ["dlm.threshold", "dlm.factor", "dlm.entropy_bound", "dlm.localleap", "dlm.prophet", "dlm.credit",
@@ -442,8 +441,10 @@ def weights(name: str) -> Path:
 
 
 def draft_of(method: str) -> str | None:
-    """The draft model a method of zoo:ar-small drafts with (None: it drafts without one)."""
-    return DRAFTS.get(method.partition(":")[0])
+    """The zoo draft model a method of zoo:ar-small drafts with (the registry says whether it takes one, and of
+    which kind); None: it drafts without one."""
+    m = fastdecode.get_method(method.partition(":")[0])
+    return DRAFT_MODELS[m.draft_kind] if m.needs_draft else None
 
 
 def absent(model: str, method: str) -> Path | None:
