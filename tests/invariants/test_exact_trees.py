@@ -59,6 +59,17 @@ def run(model, second: list[bool], cfg: SpecConfig | None = None):
     return truth, tokens, events
 
 
+def run_one(model, text: str, make):
+    """ar.greedy's tokens for one prompt, the drafter `make(truth, prompt_len, vocab)` and the step events of a run
+    that drafts with it."""
+    prompt = model.encode(text)
+    truth = fastdecode.generate(model, prompt, "ar.greedy", max_new_tokens=NEW).token_ids
+    drafter = make(truth, len(prompt), model.vocab_size)
+    cfg = SpecConfig(max_new_tokens=NEW)
+    events = list(speculative(model, encode_batch(model, [prompt], NEW), cfg, RunContext(), lambda g: drafter))
+    return truth, drafter, events
+
+
 def test_a_path_off_the_first_branch_is_confirmed_by_one_more_forward(bf16):
     truth, tokens, events = run(bf16, [True, True])
     assert tokens == truth
@@ -94,11 +105,7 @@ class Departs(BaseDrafter):
 def test_a_path_that_leaves_the_first_branch_late_is_cut_where_it_leaves_without_a_forward(bf16):
     """Its nodes on the first branch and the first one off it were decided by rows a chain computes alike: those 3
     tokens in one forward beat the path's 4 and the bonus in two (docs/gpu.md, "Trees on a GPU")."""
-    prompt = bf16.encode(PROMPTS[1])
-    truth = fastdecode.generate(bf16, prompt, "ar.greedy", max_new_tokens=NEW).token_ids
-    drafter = Departs(truth, len(prompt), bf16.vocab_size)
-    cfg = SpecConfig(max_new_tokens=NEW)
-    events = list(speculative(bf16, encode_batch(bf16, [prompt], NEW), cfg, RunContext(), lambda g: drafter))
+    truth, _, events = run_one(bf16, PROMPTS[1], Departs)
     assert [t for e in events for _, t in e.tokens[0]] == truth
     assert all(e.forwards == 1 for e in events)
     trees = [e for e in events if e.proposed[0] == 5]
@@ -147,11 +154,7 @@ class BreadthFirst(BaseDrafter):
 
 
 def test_a_breadth_first_tree_is_verified_depth_first_and_observed_as_drafted(bf16):
-    prompt = bf16.encode(PROMPTS[0])
-    truth = fastdecode.generate(bf16, prompt, "ar.greedy", max_new_tokens=NEW).token_ids
-    drafter = BreadthFirst(truth, len(prompt), bf16.vocab_size)
-    cfg = SpecConfig(max_new_tokens=NEW)
-    events = list(speculative(bf16, encode_batch(bf16, [prompt], NEW), cfg, RunContext(), lambda g: drafter))
+    truth, drafter, events = run_one(bf16, PROMPTS[0], BreadthFirst)
     assert [t for e in events for _, t in e.tokens[0]] == truth
     assert all(e.forwards == 1 for e in events)  # the path (nodes 0, 2) became the first branch: no confirmation
     assert drafter.told
