@@ -49,15 +49,16 @@ ar)
   tests pytest 200 -q -n 15 --dist loadfile --timeout 120 -rs tests
   ;;
 dlm)
+  # first, since the "done when" names them (a short device budget cuts this part's end): the last two
+  # lossless methods in bfloat16, spec.dlm_draft (zoo:dlm-small the draft) and spec.dflash (the DFlash head), on
+  # zoo:ar-small: left out, the file named, unless `ar` ran on this machine
+  timeout 90 $py tools/results_gpu.py --out "$work" --stages bfloat16 --models zoo:ar-small \
+    --methods spec.dlm_draft spec.dflash 2>&1 | tee -a "$log"
+  snap
   # the diffusion forward's CUDA graphs and fused kernels are on in both dtypes; -unfused runs the graphs without the
   # fused kernels, the -nographs stages run it eagerly (and unfused); the warm-up compiles the kernels
   timeout 130 $py tools/results_gpu.py --out "$work" --budget-s 95 --stages warm bfloat16 float32 \
     bfloat16-unfused bfloat16-nographs float32-nographs --models zoo:dlm-small 2>&1 | tee -a "$log"
-  snap
-  # the last two lossless methods in bfloat16: spec.dlm_draft (zoo:dlm-small the draft) and spec.dflash (the DFlash
-  # head), on zoo:ar-small: left out, the file named, unless `ar` ran on this machine
-  timeout 90 $py tools/results_gpu.py --out "$work" --stages bfloat16 --models zoo:ar-small \
-    --methods spec.dlm_draft spec.dflash 2>&1 | tee -a "$log"
   snap
   # the tests that name what this part carries (the `ar` part skipped them), and the diffusion forward's graphs
   tests pytest-dlm 110 -q -n 15 --dist loadfile --timeout 90 -rs tests/invariants/test_canvas_graphs.py \
