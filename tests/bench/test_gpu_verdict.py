@@ -1,0 +1,108 @@
+"""tools/gpu_verdict.py: issue #30's "done when" read from a device run's files, on the committed H200 run and on
+small made-up folders (rows from the CPU never count; a pytest log cut before its summary is not a pass)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from carried import skip_if_not_carried
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ROOT / "docs" / "results" / "gpu" / "2026-11-27"
+
+
+@pytest.fixture
+def verdict(tool):
+    return tool("gpu_verdict")
+
+
+def by_target(found) -> dict:
+    return {v.target: v for v in found}
+
+
+def test_the_committed_h200_run(verdict, device):
+    skip_if_not_carried(str(device), RUN)
+    found = by_target(verdict.verdicts([RUN], verdict.lossless_methods()))
+    same = found["zoo bf16: every lossless method identical"]
+    # docs/gpu.md's second run: the two tree methods left ar.greedy on one code item each; the heads were not run
+    assert same.met is False and "spec.recycling 16/17" in same.figures and "spec.rsd 16/17" in same.figures
+    assert "no rows: spec.sparse_self" in same.figures and "NVIDIA H200" in same.figures
+    assert found["zoo bf16: ar.greedy ≥ hf.greedy"].met is True
+    assert "code 4.13×" in found["zoo bf16: ar.greedy ≥ hf.greedy"].figures
+    speed = found["1.1B: ar.greedy ≥ 3× hf.greedy"]
+    assert speed.met is False and "ar.greedy:fused=true (the default) 2.89×" in speed.figures
+    assert found["1.1B: spec.suffix identical"].met is True
+    assert found["suite with FASTDECODE_TEST_DEVICE=cuda"].met is None  # that run's logs had other names
+
+
+def row(method: str, equal: bool = True, device: str = "cuda:0", **params) -> dict:
+    return {"suite": "code", "task": "code.complete", "item": 0, "seed": 0, "method": method, "params": params,
+            "model": "zoo:ar-small", "is_baseline": method == "ar.greedy", "equal_to_baseline": equal,
+            "score": 1.0, "new_tokens": 10, "forwards": 10, "wall_s": 0.3 if method == "hf.greedy" else 0.1,
+            "run": "r1",
+            "machine": {"device": device, "device_name": "Test GPU"}}
+
+
+def write(folder: Path, name: str, rows: list[dict]) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_rows_map_to_their_entries_and_cpu_rows_do_not_count(verdict, tmp_path):
+    specs = ["spec.suffix", "spec.suffix:tree=true", "hf.greedy"]
+    assert verdict.spec_of(row("spec.suffix", tree=False), specs) == "spec.suffix"
+    assert verdict.spec_of(row("spec.suffix", tree=True), specs) == "spec.suffix:tree=true"
+    assert verdict.spec_of(row("spec.suffix"), specs) == "spec.suffix"  # the method's default: no tree
+    assert verdict.spec_of(row("spec.pld"), specs) is None
+    write(tmp_path / "a", "zoo-bfloat16.jsonl", [row("ar.greedy"), row("hf.greedy", equal=False),
+                                                 row("spec.suffix", tree=False), row("spec.suffix", tree=True)])
+    found = verdict.identical([tmp_path / "a"], specs)
+    assert found.met is True and "2 of 2 identical" in found.figures and "hf.greedy 0/1" in found.figures
+    speed = verdict.zoo_speed([tmp_path / "a"])
+    assert speed.met is True and "code 3.00×" in speed.figures
+    write(tmp_path / "b", "zoo-bfloat16.jsonl", [row("ar.greedy", device="cpu"), row("spec.suffix", device="cpu")])
+    assert verdict.identical([tmp_path / "b"], specs).met is None
+    # a method of the list with no rows is not measured, one unequal item is not met
+    write(tmp_path / "c", "zoo-bfloat16.jsonl", [row("ar.greedy"), row("spec.suffix", equal=False)])
+    assert verdict.identical([tmp_path / "c"], specs).met is False
+    write(tmp_path / "d", "zoo-bfloat16.jsonl", [row("ar.greedy"), row("spec.suffix")])
+    assert verdict.identical([tmp_path / "d"], specs).met is None
+
+
+def test_engine_target_is_the_default_setting(verdict, tmp_path):
+    rows = [{**row("ar.greedy"), "wall_s": 0.12}, row("hf.greedy", equal=False), row("spec.suffix:fused=true"),
+            {**row(verdict.DEFAULT), "wall_s": 0.11}, {**row("ar.greedy:fused=true,grouped=true"), "wall_s": 0.09}]
+    write(tmp_path, "engine.jsonl", rows)
+    speed, suffix = verdict.engine([tmp_path])
+    # 0.3 / 0.11: under 3x; the grouped attention clears it but is not the default
+    assert speed.met is False and "2.73×" in speed.figures
+    assert speed.figures.endswith("not the default: ar.greedy:fused=true,grouped=true (Test GPU)")
+    assert suffix.met is True and "spec.suffix:fused=true 1/1" in suffix.figures
+
+
+def test_the_suite_passes_only_when_every_part_ran_to_its_summary(verdict, tmp_path):
+    # each part's archive unpacked into its own folder under the run's (their files share names)
+    for part in ("ar", "dlm", "rest"):
+        (tmp_path / part).mkdir()
+    (tmp_path / "ar" / "pytest.txt").write_text("....\n===== 700 passed, 40 skipped, 3 warnings in 150.20s =====\n")
+    (tmp_path / "dlm" / "pytest-dlm.txt").write_text("..\n60 passed, 2 skipped in 40.1s\n")
+    assert verdict.suite([tmp_path]).met is None  # the rest part did not run
+    rest = tmp_path / "rest" / "pytest-rest.txt"
+    rest.write_text("..F\n")  # cut by its time limit before the summary
+    found = verdict.suite([tmp_path])
+    assert found.met is None and "rest: stopped before its summary" in found.figures
+    rest.write_text("..F\n1 failed, 20 passed in 9.0s\n")
+    assert verdict.suite([tmp_path]).met is False
+    rest.write_text("...\n21 passed in 9.0s\n")
+    found = verdict.suite([tmp_path / "ar", tmp_path / "dlm", tmp_path / "rest"])
+    assert found.met is True and "ar (the whole suite): 700 passed, 40 skipped" in found.figures
+
+
+def test_main_prints_the_table_and_refuses_a_missing_folder(verdict, tmp_path, capsys):
+    assert verdict.main([str(tmp_path)]) == 1  # nothing measured
+    assert "| suite with FASTDECODE_TEST_DEVICE=cuda | not measured |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        verdict.main([str(tmp_path / "absent")])
+    assert "unpack each PART.tgz" in capsys.readouterr().err

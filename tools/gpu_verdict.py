@@ -1,0 +1,217 @@
+"""Where a device run stands against issue #30's "done when", read from the files `tools/gpu_run.sh` brought back
+(each part's `PART.tgz` unpacked into `docs/results/gpu/DATE/PART/`, since the parts' files share names; the folders
+given are searched with their subfolders, so give several when the parts ran in different sessions). One line per
+target, with the figures behind it, as a Markdown table to paste into docs/gpu.md or a note; the exit status is 0 when
+every target is met.
+
+    python tools/gpu_verdict.py docs/results/gpu/2026-11-27 [more folders]
+
+The targets, as the issue states them:
+
+1. zoo, bfloat16: every lossless method of fastdecode identical to its baseline on every item (`zoo-bfloat16.jsonl`,
+   exact mode and CUDA graphs, the CUDA default); transformers' own loops (`hf.*`) run outside exact mode, so their
+   agreement is reported, not required. A method of `results_gpu.LOSSLESS` with no rows is "not measured".
+2. zoo, bfloat16: `ar.greedy` at least as fast as `hf.greedy`, on each suite (tokens/s of one bench run's rows).
+3. the 1.1B shape (`engine.jsonl`): `ar.greedy` in the library's default setting on CUDA (`DEFAULT`: exact mode,
+   graphs, fused kernels) at least 3x `hf.greedy`, and every `spec.suffix` run identical to its `ar.greedy`. Another
+   setting that clears 3x is named (make it the default, then measure again).
+4. the suite with `FASTDECODE_TEST_DEVICE=cuda`: each part's log (`pytest.txt`, `pytest-dlm.txt`, `pytest-rest.txt`)
+   reached pytest's summary with nothing failed. A test skipped because its weights were not carried runs in the part
+   that carries them.
+
+Only rows written on a CUDA device count: the same files from a CPU smoke run say "not measured".
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fastdecode.bench.harness import Entry, read_rows  # noqa: E402
+from fastdecode.bench.summary import method_defaults  # noqa: E402
+
+# the ar.greedy run of tools/results_gpu.py's engine stage that has the settings `load` picks on CUDA
+# (`native.fused_default`: fused kernels with CUDA graphs; the grouped attention is off unless asked)
+DEFAULT = "ar.greedy:fused=true"
+TARGET_X = 3.0
+PARTS = {"pytest": "ar (the whole suite)", "pytest-dlm": "dlm", "pytest-rest": "rest"}
+
+
+@dataclass
+class Verdict:
+    target: str
+    met: bool | None  # None: not measured
+    figures: str
+
+    @property
+    def word(self) -> str:
+        return {True: "met", False: "**not met**", None: "not measured"}[self.met]
+
+
+def device_rows(folders: Iterable[Path], name: str) -> list[dict[str, Any]]:
+    """The rows of every file called NAME in the folders and their subfolders written on a CUDA device."""
+    rows = []
+    for path in found(folders, name):
+        rows += [r for r in read_rows(path) if str(r.get("machine", {}).get("device", "")).startswith("cuda")]
+    return rows
+
+
+def found(folders: Iterable[Path], name: str) -> list[Path]:
+    return sorted({p for folder in folders for p in folder.rglob(name)})
+
+
+def machines(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(sorted({r["machine"].get("device_name", "?") for r in rows})) or "no device rows"
+
+
+def normal(value: Any) -> str:
+    return str(value).lower()
+
+
+def spec_of(row: dict[str, Any], specs: list[str]) -> str | None:
+    """Which entry of `specs` (`spec.suffix`, `spec.suffix:tree=true`) a bench row ran: the one whose values of the
+    parameters its method's entries set (the method's defaults where an entry sets none) the row has."""
+    defaults = method_defaults(row["method"])
+    params = {**defaults, **row.get("params", {})}
+    entries = [e for e in map(Entry.parse, specs) if e.method == row["method"]]
+    keys = {k for e in entries for k in e.own}
+    for e in entries:
+        if all(normal(params.get(k)) == normal(e.own.get(k, defaults.get(k))) for k in keys):
+            return e.text
+    return None
+
+
+def rate(rows: list[dict[str, Any]]) -> float:
+    return sum(r["new_tokens"] for r in rows) / max(sum(r["wall_s"] for r in rows), 1e-12)
+
+
+def identical(folders: list[Path], lossless: list[str]) -> Verdict:
+    rows = [r for r in device_rows(folders, "zoo-bfloat16.jsonl") if r["model"] == "zoo:ar-small"]
+    seen: dict[str, list[bool]] = defaultdict(list)
+    for r in rows:
+        spec = spec_of(r, lossless)
+        if spec is not None:
+            seen[spec].append(bool(r["equal_to_baseline"]))
+    ours = [s for s in lossless if not s.startswith("hf.")]
+    unequal = [f"{s} {sum(seen[s])}/{len(seen[s])}" for s in ours if seen[s] and not all(seen[s])]
+    missing = [s for s in ours if not seen[s]]
+    hf = [f"{s} {sum(seen[s])}/{len(seen[s])}" for s in lossless if s.startswith("hf.") and seen[s]]
+    parts = [f"{sum(all(seen[s]) for s in ours if seen[s])} of {len(ours)} identical on every item"]
+    parts += [f"not identical: {', '.join(unequal)}"] if unequal else []
+    parts += [f"no rows: {', '.join(missing)}"] if missing else []
+    parts += [f"outside exact mode (agreement): {', '.join(hf)}"] if hf else []
+    met = None if not rows else (False if unequal else (None if missing else True))
+    return Verdict("zoo bf16: every lossless method identical", met, f"{'; '.join(parts)} ({machines(rows)})")
+
+
+def zoo_speed(folders: list[Path]) -> Verdict:
+    rows = [r for r in device_rows(folders, "zoo-bfloat16.jsonl") if r["model"] == "zoo:ar-small"]
+    by_run: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r["method"] in ("ar.greedy", "hf.greedy"):
+            by_run[r["suite"], r.get("run", "")][r["method"]].append(r)
+    ratios = {}
+    for (suite, _), methods in sorted(by_run.items()):
+        if len(methods) == 2:  # a run that measured both, side by side
+            ratios.setdefault(suite, []).append(rate(methods["ar.greedy"]) / rate(methods["hf.greedy"]))
+    if not ratios:
+        return Verdict("zoo bf16: ar.greedy ≥ hf.greedy", None, "no run with both")
+    text = ", ".join(f"{s} {' / '.join(f'{x:.2f}×' for x in xs)}" for s, xs in ratios.items())
+    return Verdict("zoo bf16: ar.greedy ≥ hf.greedy", all(x >= 1 for xs in ratios.values() for x in xs),
+                   f"ar.greedy over hf.greedy: {text} ({machines(rows)})")
+
+
+def engine(folders: list[Path]) -> list[Verdict]:
+    rows = device_rows(folders, "engine.jsonl")
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by[r["method"]].append(r)
+    suffix = {m: rs for m, rs in sorted(by.items()) if m.split(":")[0] == "spec.suffix"}
+    same = Verdict("1.1B: spec.suffix identical",
+                   all(r["equal_to_baseline"] for rs in suffix.values() for r in rs) if suffix else None,
+                   ", ".join(f"{m} {sum(r['equal_to_baseline'] for r in rs)}/{len(rs)}" for m, rs in suffix.items())
+                   or "no spec.suffix rows")
+    target = f"1.1B: ar.greedy ≥ {TARGET_X:g}× hf.greedy"
+    if not by.get("hf.greedy") or not by.get(DEFAULT):
+        return [Verdict(target, None, f"no {DEFAULT} and hf.greedy rows ({machines(rows)})"), same]
+    hf = rate(by["hf.greedy"])
+    greedy = {m: rate(rs) / hf for m, rs in by.items() if m.split(":")[0] == "ar.greedy"}
+    others = [m for m, x in greedy.items() if m != DEFAULT and x >= TARGET_X]
+    text = ", ".join(f"{m} {x:.2f}×" for m, x in sorted(greedy.items(), key=lambda kv: -kv[1]) if m != DEFAULT)
+    note = f"; ≥ {TARGET_X:g}× but not the default: {', '.join(others)}" if others else ""
+    return [Verdict(target, greedy[DEFAULT] >= TARGET_X,
+                    f"{DEFAULT} (the default) {greedy[DEFAULT]:.2f}× (hf.greedy {hf:.1f} tokens/s); {text}{note} "
+                    f"({machines(rows)})"), same]
+
+
+COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
+
+
+def pytest_counts(path: Path) -> dict[str, int] | None:
+    """The counts of pytest's last summary line in a log (None when it stopped before one: a time limit)."""
+    for line in reversed(path.read_text(errors="replace").splitlines()):
+        found = COUNT.findall(line)
+        if found and (" in " in line or line.startswith("=")):
+            return {("error" if k.startswith("error") else k): int(n) for n, k in found}
+    return None
+
+
+def suite(folders: list[Path]) -> Verdict:
+    seen, bad, cut, texts = set(), False, False, []
+    for name in PARTS:
+        for path in found(folders, f"{name}.txt"):
+            seen.add(name)
+            counts = pytest_counts(path)
+            if counts is None:
+                cut = True
+                texts.append(f"{PARTS[name]}: stopped before its summary")
+                continue
+            bad |= bool(counts.get("failed") or counts.get("error"))
+            texts.append(f"{PARTS[name]}: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+    missing = [PARTS[n] for n in PARTS if n not in seen]
+    texts += [f"not run: {', '.join(missing)}"] if missing else []
+    met = False if bad else (None if cut or missing else True)
+    return Verdict("suite with FASTDECODE_TEST_DEVICE=cuda", met, "; ".join(texts))
+
+
+def verdicts(folders: list[Path], lossless: list[str]) -> list[Verdict]:
+    return [identical(folders, lossless), zoo_speed(folders), *engine(folders), suite(folders)]
+
+
+def table(found: list[Verdict]) -> str:
+    lines = ["| target | status | figures |", "|---|---|---|"]
+    lines += [f"| {v.target} | {v.word} | {v.figures.replace('|', '/')} |" for v in found]
+    return "\n".join(lines)
+
+
+def lossless_methods() -> list[str]:
+    sys.path.insert(0, str(ROOT / "tools"))
+    import results_gpu  # the run's own list (it imports torch and transformers: only when asked)
+
+    return list(results_gpu.LOSSLESS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="folders of a device run's files")
+    args = parser.parse_args(argv)
+    for folder in args.folders:
+        if not folder.is_dir():
+            parser.error(f"{folder} is not a folder: unpack each PART.tgz of the run into one, e.g. "
+                         f"docs/results/gpu/DATE/PART/")
+    found = verdicts(args.folders, lossless_methods())
+    print(table(found))
+    return 0 if all(v.met for v in found) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
