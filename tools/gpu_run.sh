@@ -11,7 +11,7 @@
 # failure's traceback), the most important stages first.
 #
 #   tools/gpu_run.sh ar   OUT      # at most 10 minutes on one H100/H200 (about 8)
-#   tools/gpu_run.sh dlm  OUT      # at most 5 minutes and a half
+#   tools/gpu_run.sh dlm  OUT      # at most 6 minutes
 #   tools/gpu_run.sh rest OUT      # at most 3 minutes
 set -u
 part=${1:?part: ar, dlm or rest}
@@ -51,8 +51,9 @@ ar)
 dlm)
   # first, since the "done when" names them (a short device budget cuts this part's end): the last two
   # lossless methods in bfloat16, spec.dlm_draft (zoo:dlm-small the draft) and spec.dflash (the DFlash head), on
-  # zoo:ar-small: left out, the file named, unless `ar` ran on this machine
-  timeout 90 $py tools/results_gpu.py --out "$work" --stages bfloat16 --models zoo:ar-small \
+  # zoo:ar-small: left out, the file named, unless `ar` ran on this machine; then in float32, so that ar.greedy is
+  # timed in both dtypes in one process (bfloat16 at least as fast: tools/gpu_verdict.py)
+  timeout 120 $py tools/results_gpu.py --out "$work" --stages bfloat16 float32 --models zoo:ar-small \
     --methods spec.dlm_draft spec.dflash 2>&1 | tee -a "$log"
   snap
   # the diffusion forward's CUDA graphs and fused kernels are on in both dtypes; -unfused runs the graphs without the

@@ -35,6 +35,11 @@ def test_the_committed_h200_run(verdict, device):
     assert speed.met is False and "ar.greedy:fused=true (the default) 2.89×" in speed.figures
     assert found["1.1B: spec.suffix identical"].met is True
     assert found["suite with FASTDECODE_TEST_DEVICE=cuda"].met is None  # that run's logs had other names
+    prompts = found["bf16: new prompts keep their per-token time"]
+    assert prompts.met is True and "1.74–2.07 (1.19×" in prompts.figures
+    dtypes = found["bf16 at least as fast as float32"]  # ar.greedy ran in bfloat16 alone there
+    assert dtypes.met is False and "ar.greedy on zoo:ar-small: not in both dtypes" in dtypes.figures
+    assert "dlm.baseline on zoo:dlm-small: 63.8 against 90.0 tokens/s (0.71×)" in dtypes.figures
 
 
 def row(method: str, equal: bool = True, device: str = "cuda:0", **params) -> dict:
@@ -98,6 +103,30 @@ def test_the_suite_passes_only_when_every_part_ran_to_its_summary(verdict, tmp_p
     rest.write_text("...\n21 passed in 9.0s\n")
     found = verdict.suite([tmp_path / "ar", tmp_path / "dlm", tmp_path / "rest"])
     assert found.met is True and "ar (the whole suite): 700 passed, 40 skipped" in found.figures
+
+
+def test_new_prompts_and_the_two_dtypes(verdict, tmp_path):
+    def item(i: int, wall: float, run: str = "r1", **kw) -> dict:
+        return {**row("ar.greedy"), "item": i, "new_tokens": 160, "wall_s": wall, "run": run, **kw}
+
+    # one run whose third new prompt is 10 times slower a token (the cuDNN planning), one that keeps its time
+    write(tmp_path / "a", "zoo-bfloat16.jsonl", [item(0, 0.3), item(1, 0.32), item(2, 3.0)])
+    write(tmp_path / "b", "zoo-bfloat16.jsonl", [item(0, 0.3, "r2"), item(1, 0.33, "r2"),
+                                                 item(2, 0.4, "r2", suite="lists")])
+    assert verdict.new_prompts([tmp_path / "a", tmp_path / "b"]).met is False  # the worst run counts
+    kept = verdict.new_prompts([tmp_path / "b"])
+    assert kept.met is True and "1.88–2.06 (1.10×" in kept.figures
+    assert verdict.new_prompts([tmp_path / "c"]).met is None
+    write(tmp_path / "b", "zoo-float32.jsonl", [item(0, 0.5, "r3")])
+    one = verdict.dtypes([tmp_path / "b"])  # the diffusion baseline not measured: not yet met
+    assert one.met is None and "ar.greedy on zoo:ar-small: 466.0 against 320.0 tokens/s (1.46×)" in one.figures
+    assert "dlm.baseline on zoo:dlm-small: not in both dtypes" in one.figures
+    dlm = {**row("dlm.baseline"), "model": "zoo:dlm-small", "suite": "parallel-lists"}
+    write(tmp_path / "d", "zoo-bfloat16.jsonl", [dlm])
+    write(tmp_path / "d", "zoo-float32.jsonl", [{**dlm, "wall_s": 0.2}])
+    assert verdict.dtypes([tmp_path / "b", tmp_path / "d"]).met is True
+    write(tmp_path / "b", "zoo-float32.jsonl", [item(0, 0.2, "r3")])
+    assert verdict.dtypes([tmp_path / "b", tmp_path / "d"]).met is False
 
 
 def test_main_prints_the_table_and_refuses_a_missing_folder(verdict, tmp_path, capsys):
