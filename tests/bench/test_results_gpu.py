@@ -8,11 +8,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from carried import NOT_CARRIED, skip_if_not_carried
 
 from fastdecode.bench.report import build_report
 
 
-def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys, tool):
+def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys, tool, device):
+    # the zoo stage leaves out a model whose weights are absent, with a line: on a device call that carried one of
+    # the two models, the test waits for the part that carries both (tools/gpu_run.sh)
+    skip_if_not_carried(str(device), *(NOT_CARRIED[0] / m / "model.safetensors" for m in ("ar-small", "dlm-small")))
     tool("results_gpu").main(["--smoke", "--out", str(tmp_path), "--stages", "engine", "bfloat16"])
     engine = [json.loads(line) for line in (tmp_path / "engine.jsonl").read_text().splitlines()]
     assert {r["method"] for r in engine} == {"ar.greedy", "ar.greedy:graphs=false", "ar.greedy:exact=false",
