@@ -21,7 +21,8 @@ _PATH = re.compile(r"/[^\s'\"]+")
 
 def absent_from_checkout(error: BaseException) -> Path | None:
     """The file under `NOT_CARRIED` that `error`, or an error it came from, names and that this checkout lacks
-    (`ModelLoadError`'s "Weights file ... is missing", `FileNotFoundError`'s filename, ...); None if there is none."""
+    (`ModelLoadError`'s "Weights file ... is missing", `FileNotFoundError`'s filename, ...), or the weights of a model
+    folder it names that holds none; None if there is none."""
     seen: set[int] = set()
     at: BaseException | None = error
     while at is not None and id(at) not in seen:
@@ -30,8 +31,14 @@ def absent_from_checkout(error: BaseException) -> Path | None:
             if not name:
                 continue
             path = Path(str(name).rstrip(".,:;)"))
-            if any(path.is_relative_to(root) for root in NOT_CARRIED) and not path.exists():
+            if not any(path.is_relative_to(root) for root in NOT_CARRIED):
+                continue
+            if not path.exists():
                 return path
+            # a model folder whose weights stayed behind (transformers names the folder: "no file named
+            # model.safetensors ... found in directory ...")
+            if path.is_dir() and (path / "config.json").exists() and not any(path.glob("*.safetensors")):
+                return path / "model.safetensors"
         at = at.__cause__ or at.__context__
     return None
 

@@ -33,6 +33,21 @@ def test_an_absent_zoo_or_results_file_is_found_in_the_error_or_its_causes():
     assert absent_from_checkout(RuntimeError("Expected all tensors to be on the same device")) is None
 
 
+def test_a_model_folder_without_its_weights_counts_as_its_weights_absent(tmp_path, monkeypatch):
+    import carried
+
+    monkeypatch.setattr(carried, "NOT_CARRIED", (tmp_path,))
+    folder = tmp_path / "ar-small"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    # transformers names the folder: "Error no file named model.safetensors, or pytorch_model.bin, found in directory"
+    error = OSError(f"Error no file named model.safetensors, or pytorch_model.bin, found in directory {folder}.")
+    assert absent_from_checkout(error) == folder / "model.safetensors"
+    (folder / "model.safetensors").write_bytes(b"")
+    assert absent_from_checkout(error) is None  # the weights are there: a real failure
+    assert absent_from_checkout(OSError(f"cannot read {tmp_path}")) is None  # not a model folder
+
+
 def test_on_a_device_the_test_is_skipped_and_on_the_cpu_it_fails():
     error = ModelLoadError(f"Weights file {GONE} is missing.")
     with pytest.raises(pytest.skip.Exception, match="no-such-model/model.safetensors is not in this checkout"):
