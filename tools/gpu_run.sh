@@ -24,9 +24,12 @@ log="$out/$part-log.txt"
 # a call brings back at most 8 files: everything but the log goes into one archive, remade after every stage so
 # that a stage cut by the call's time limit still leaves the earlier ones
 snap() { tar czf "$out/$part.tgz" -C "$work" . ; }
-# each failure with its traceback as it happens (the time limit can stop pytest before its summary)
+# each failure with its traceback as it happens (the time limit can stop pytest before its summary); each test's
+# outcome in PART.xml, so that tools/gpu_verdict.py finds the tests that no part ran (skipped wherever their weights
+# were not carried)
 tests() { FASTDECODE_TEST_DEVICE=cuda FASTDECODE_FAILURES="$work/$1-failures.txt" timeout "$2" $py -m pytest \
-  -p tools.pytest_failures -p no:cacheprovider "${@:3}" > "$work/$1.txt" 2>&1; tail -2 "$work/$1.txt" | tee -a "$log"; snap; }
+  -p tools.pytest_failures -p no:cacheprovider --junitxml "$work/$1.xml" "${@:3}" > "$work/$1.txt" 2>&1
+  tail -2 "$work/$1.txt" | tee -a "$log"; snap; }
 { nvidia-smi -L; $py -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
 transformers.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee "$log"
 case $part in

@@ -105,6 +105,31 @@ def test_the_suite_passes_only_when_every_part_ran_to_its_summary(verdict, tmp_p
     assert found.met is True and "ar (the whole suite): 700 passed, 40 skipped" in found.figures
 
 
+def junit(path: Path, cases: dict[str, str]) -> None:
+    """A pytest JUnit file with one test case per name: passed, failed, skipped or carried."""
+    body = {"passed": "", "failed": '<failure message="boom"/>', "skipped": '<skipped message="no CUDA device"/>',
+            "carried": '<skipped message="/x/zoo/dlm-small/model.safetensors is not in this checkout (...)"/>'}
+    path.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest">' + "".join(
+        f'<testcase classname="tests.t" name="{name}">{body[outcome]}</testcase>' for name, outcome in cases.items())
+        + "</testsuite></testsuites>")
+
+
+def test_a_test_that_no_part_ran_leaves_the_suite_open(verdict, tmp_path):
+    for name in ("pytest", "pytest-dlm", "pytest-rest"):
+        (tmp_path / f"{name}.txt").write_text("...\n3 passed, 1 skipped in 1.0s\n")
+    junit(tmp_path / "pytest.xml", {"a": "passed", "b": "carried", "c": "carried", "d": "skipped"})
+    junit(tmp_path / "pytest-dlm.xml", {"b": "passed", "c": "carried"})
+    junit(tmp_path / "pytest-rest.xml", {"e": "passed"})
+    found = verdict.suite([tmp_path])
+    assert found.met is None and "1 tests skipped in every part for weights not carried (tests.t::c)" in found.figures
+    junit(tmp_path / "pytest-rest.xml", {"c": "passed"})
+    assert verdict.suite([tmp_path]).met is True
+    assert verdict.outcomes(tmp_path / "pytest.xml") == {"tests.t::a": "passed", "tests.t::b": "carried",
+                                                         "tests.t::c": "carried", "tests.t::d": "skipped"}
+    junit(tmp_path / "pytest-rest.xml", {"c": "failed"})
+    assert verdict.outcomes(tmp_path / "pytest-rest.xml") == {"tests.t::c": "failed"}
+
+
 def test_new_prompts_and_the_two_dtypes(verdict, tmp_path):
     def item(i: int, wall: float, run: str = "r1", **kw) -> dict:
         return {**row("ar.greedy"), "item": i, "new_tokens": 160, "wall_s": wall, "run": run, **kw}
