@@ -259,9 +259,10 @@ def step_probe(model: fastdecode.CausalLM, prompt: list[int], plan: Plan, out: P
                say: Callable[[str], None], profile: bool = True) -> dict[str, Any]:
     """Where a graphed `ar.greedy` step goes (CUDA graphs on): the steady-state wall time of a step (a generation of
     `plan.new` tokens less a shorter one over a cache of the same capacity, so the prefill, the eager first forward and
-    the capture cancel out), the device time of one replay (synchronised before and after, medians), and the capture of
-    a new cache's graph (the model's kept storage dropped first: cache/pool.py); the host's top operations by self CPU
-    time over a short generation go to `engine-profile.txt`."""
+    the capture cancel out), the device time of one replay (synchronised before and after, medians), the capture of
+    a new cache's graph (the model's kept storage dropped first: cache/pool.py), and what a generation costs beyond
+    its steps (`fixed_ms`; `fixed_cold_ms` with a new cache's first forward and capture); the host's top operations by
+    self CPU time over a short generation go to `engine-profile.txt`."""
     if model.graphs is None:
         return {}
     from fastdecode.models.graphs import Graphs
@@ -303,7 +304,7 @@ def step_probe(model: fastdecode.CausalLM, prompt: list[int], plan: Plan, out: P
     Graphs._replay, Graphs._capture = timed_replay, timed_capture  # type: ignore[method-assign]
     model.graphs.pool.clear()  # a new cache's first forward and capture, as without the kept storage
     try:
-        timed(short)
+        cold = timed(short)
     finally:
         Graphs._replay, Graphs._capture = replay, capture  # type: ignore[method-assign]
     if profile:
@@ -315,8 +316,12 @@ def step_probe(model: fastdecode.CausalLM, prompt: list[int], plan: Plan, out: P
         (out.parent / "engine-profile.txt").write_text(
             prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
     replays.sort()
+    # what a generation costs beyond its steps (the prompt's forwards, the set-up): with a kept storage whose graphs
+    # replay from the first forward, and with a new one (its eager first forward and capture)
+    fixed = {"fixed_ms": round(1e3 * min(brief for _, brief in walls) - short * step_ms, 1),
+             "fixed_cold_ms": round(1e3 * cold - short * step_ms, 1)}
     result = {"step_ms": round(step_ms, 3), "replay_ms": round(1e3 * replays[len(replays) // 2], 3),
-              "capture_ms": [round(1e3 * c, 1) for c in captures], "step_tokens": [short, plan.new]}
+              "capture_ms": [round(1e3 * c, 1) for c in captures], "step_tokens": [short, plan.new], **fixed}
     say(f"engine step: {result}")
     return {"step": result}
 

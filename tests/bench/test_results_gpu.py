@@ -42,6 +42,7 @@ def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys, tool, device):
     assert probe["graphs"]["replays"] > 0 and probe["graphs"]["captures"] > 0
     # where a graphed step goes: its steady-state wall time and one replay's, unfused and fused
     assert probe["step"]["step_ms"] > 0 and probe["step"]["replay_ms"] > 0
+    assert {"fixed_ms", "fixed_cold_ms"} <= set(probe["step"])  # a generation beyond its steps, kept storage or new
     assert all(probe[k]["replay_ms"] > 0 for k in ("step_fused", "step_grouped", "step_fused_grouped"))
     assert (tmp_path / "engine-profile.txt").read_text().strip()
     zoo = [json.loads(line) for line in (tmp_path / "zoo-bfloat16.jsonl").read_text().splitlines()]
