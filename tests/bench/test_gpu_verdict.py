@@ -108,7 +108,8 @@ def test_the_suite_passes_only_when_every_part_ran_to_its_summary(verdict, tmp_p
 def junit(path: Path, cases: dict[str, str]) -> None:
     """A pytest JUnit file with one test case per name: passed, failed, skipped or carried."""
     body = {"passed": "", "failed": '<failure message="boom"/>', "skipped": '<skipped message="no CUDA device"/>',
-            "carried": '<skipped message="/x/zoo/dlm-small/model.safetensors is not in this checkout (...)"/>'}
+            "carried": '<skipped message="/x/zoo/dlm-small/model.safetensors is not in this checkout (...)"/>',
+            "results": '<skipped message="/x/docs/results/gpu is not in this checkout (...)"/>'}
     path.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest">' + "".join(
         f'<testcase classname="tests.t" name="{name}">{body[outcome]}</testcase>' for name, outcome in cases.items())
         + "</testsuite></testsuites>")
@@ -117,15 +118,17 @@ def junit(path: Path, cases: dict[str, str]) -> None:
 def test_a_test_that_no_part_ran_leaves_the_suite_open(verdict, tmp_path):
     for name in ("pytest", "pytest-dlm", "pytest-rest"):
         (tmp_path / f"{name}.txt").write_text("...\n3 passed, 1 skipped in 1.0s\n")
-    junit(tmp_path / "pytest.xml", {"a": "passed", "b": "carried", "c": "carried", "d": "skipped"})
+    junit(tmp_path / "pytest.xml", {"a": "passed", "b": "carried", "c": "carried", "d": "skipped", "f": "results"})
     junit(tmp_path / "pytest-dlm.xml", {"b": "passed", "c": "carried"})
     junit(tmp_path / "pytest-rest.xml", {"e": "passed"})
     found = verdict.suite([tmp_path])
     assert found.met is None and "1 tests skipped in every part for weights not carried (tests.t::c)" in found.figures
+    assert "1 read only the committed results" in found.figures
     junit(tmp_path / "pytest-rest.xml", {"c": "passed"})
-    assert verdict.suite([tmp_path]).met is True
+    assert verdict.suite([tmp_path]).met is True  # a test of the committed results alone does not hold it open
     assert verdict.outcomes(tmp_path / "pytest.xml") == {"tests.t::a": "passed", "tests.t::b": "carried",
-                                                         "tests.t::c": "carried", "tests.t::d": "skipped"}
+                                                         "tests.t::c": "carried", "tests.t::d": "skipped",
+                                                         "tests.t::f": "results"}
     junit(tmp_path / "pytest-rest.xml", {"c": "failed"})
     assert verdict.outcomes(tmp_path / "pytest-rest.xml") == {"tests.t::c": "failed"}
 
