@@ -9,8 +9,8 @@ import json
 def test_a_row_counts_the_steps_operations_and_reads(tmp_path, capsys, tool):
     module = tool("diffusion_host_ops")
     out = tmp_path / "rows.jsonl"
-    module.main(["--method", "dlm.threshold", "--new-tokens", "16", "--jsonl", str(out), "--state", "now",
-                 "--commit", "abc"])
+    module.main(["--model", "zoo:dlm-small", "--method", "dlm.threshold", "--new-tokens", "16", "--jsonl", str(out),
+                 "--state", "now", "--commit", "abc"])
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert row["method"] == "dlm.threshold" and row["state"] == "now" and row["commit"] == "abc"
     assert row["steps"] >= 1 and row["forward_ops_per_step"] > row["ops_per_step"] > 0
