@@ -208,9 +208,9 @@ COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|desele
 def pytest_counts(path: Path) -> dict[str, int] | None:
     """The counts of pytest's last summary line in a log (None when it stopped before one: a time limit)."""
     for line in reversed(path.read_text(errors="replace").splitlines()):
-        found = COUNT.findall(line)
-        if found and (" in " in line or line.startswith("=")):
-            return {("error" if k.startswith("error") else k): int(n) for n, k in found}
+        counts = COUNT.findall(line)
+        if counts and (" in " in line or line.startswith("=")):
+            return {("error" if k.startswith("error") else k): int(n) for n, k in counts}
     return None
 
 
@@ -243,6 +243,13 @@ def suite(folders: list[Path]) -> Verdict:
                 continue
             bad |= bool(counts.get("failed") or counts.get("error"))
             texts.append(f"{PARTS[name]}: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+        # a log cut by its time limit has no summary, but the failures before the cut were written as they came
+        for path in found(folders, f"{name}-failures.txt"):
+            failed = sum(line.startswith("=== ") for line in path.read_text(errors="replace").splitlines())
+            if failed:
+                seen.add(name)
+                bad = True
+                texts.append(f"{PARTS[name]}: {failed} failures in {path.name}")
     missing = [PARTS[n] for n in PARTS if n not in seen]
     texts += [f"not run: {', '.join(missing)}"] if missing else []
     # a test skipped in every part for weights its call did not carry never ran on the device; one that reads the
@@ -287,9 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         if not folder.is_dir():
             parser.error(f"{folder} is not a folder: unpack each PART.tgz of the run into one, e.g. "
                          f"docs/results/gpu/DATE/PART/")
-    found = verdicts(args.folders, lossless_methods())
-    print(table(found))
-    return 0 if all(v.met for v in found) else 1
+    results = verdicts(args.folders, lossless_methods())
+    print(table(results))
+    return 0 if all(v.met for v in results) else 1
 
 
 if __name__ == "__main__":
