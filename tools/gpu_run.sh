@@ -22,8 +22,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.
 py=${PYTHON:-python3}
 log="$out/$part-log.txt"
 # a call brings back at most 8 files: everything but the log goes into one archive, remade after every stage so
-# that a stage cut by the call's time limit still leaves the earlier ones
-snap() { tar czf "$out/$part.tgz" -C "$work" . ; }
+# that a stage cut by the call's time limit still leaves the earlier ones (written aside and renamed, so that a call
+# killed while it writes keeps the previous archive whole)
+snap() { tar czf "$out/$part.tgz.part" -C "$work" . && mv -f "$out/$part.tgz.part" "$out/$part.tgz"; }
 # each failure with its traceback as it happens (the time limit can stop pytest before its summary); each test's
 # outcome in PART.xml, so that tools/gpu_verdict.py finds the tests that no part ran (skipped wherever their weights
 # were not carried)
@@ -49,7 +50,8 @@ ar)
   timeout 50 $py tools/gpu_kernels.py --out "$work" 2>&1 | tail -5 | tee -a "$log"
   snap
   # the whole suite with the device switch, in parallel (the captured graphs' tests among them)
-  tests pytest 200 -q -n 15 --dist loadfile --timeout 120 -rs tests
+  # (185 s: the stages' limits then add up to 575 s, inside a call's 600 with the start-up and the archives)
+  tests pytest 185 -q -n 15 --dist loadfile --timeout 120 -rs tests
   ;;
 dlm)
   # first, since the issue's "done when" names them (a short device budget cuts this part's end): the last two
