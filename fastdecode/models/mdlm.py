@@ -18,7 +18,7 @@ from transformers.utils import ModelOutput
 
 from ..attention import sdpa
 from .layers import RMSNorm, SwiGLU, add_rms_norm, gated, rms_norm
-from .native import compiled, guarded
+from .native import Fusion
 
 
 class MDLMConfig(PretrainedConfig):
@@ -196,12 +196,11 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
         self.model = Backbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
-        self.ops = PLAIN
-        self._proven = False  # a fused forward has run: torch.compile works here
+        self.fusion = Fusion(PLAIN, dynamic=True)
 
     @property
     def fused(self) -> bool:
-        return self.ops is not PLAIN
+        return self.fusion.on
 
     def fuse(self, on: bool = True, backend: Any = "inductor") -> None:
         """Run the layers' elementwise runs (the norms with the residual add before the second, the rotary products,
@@ -212,10 +211,7 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
         functions' (a fused norm keeps float32 inside), so it is a setting of its own: a lossless method equals its
         baseline run with the same setting. `backend` is `torch.compile`'s (`"eager"` traces without generating
         kernels, as the CPU tests do)."""
-        self._proven = False
-        self.ops = (Ops(*(compiled(fn, self, backend, dynamic=True) for fn in (rms_norm, add_rms_norm, apply_rope,
-                                                                              gated)))
-                    if on else PLAIN)
+        self.fusion.fuse(self, on, backend)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -258,7 +254,7 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
         """
         args = (input_ids, attention_mask, position_ids, cache if cache is not None else past_key_values,
                 query_index, use_cache, logits_at, logits_index)
-        return guarded(self, PLAIN, lambda: self._forward(*args))
+        return self.fusion.run(lambda: self._forward(*args))
 
     def _forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
@@ -289,7 +285,7 @@ class MDLMForMaskedDiffusion(PreTrainedModel):
             mask = attention_mask.bool() if full_mask else attention_mask.bool()[:, None, None, :]  # [B, 1, Q | 1, L]
         if cache is None and use_cache:
             cache = [LayerKV() for _ in self.model.layers]
-        ops = self.ops
+        ops = self.fusion.ops
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask, None if cache is None else cache[i], query_index, ops)
         x = ops.rms(x, self.model.norm.weight, self.model.norm.eps)

@@ -22,6 +22,7 @@ forward of a generation must run with the same setting for exact mode's identity
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import types
 import warnings
@@ -105,12 +106,11 @@ class NativeForward:
         self.norm, self.norm_eps = self.inner.norm.weight, float(self.inner.norm.variance_epsilon)
         self.lm_head = model.lm_head
         self._layers: dict[int, _Layer] = {}  # by id of the decoder layer module
-        self.ops = _PLAIN
-        self._proven = False  # a fused forward has run: torch.compile works here
+        self.fusion = Fusion(_PLAIN, dynamic=False)
 
     @property
     def fused(self) -> bool:
-        return self.ops is not _PLAIN
+        return self.fusion.on
 
     def fuse(self, on: bool = True, backend: Any = "inductor") -> None:
         """Run the layers' elementwise runs as compiled functions (`on`), or the plain ones. Each function is compiled
@@ -118,11 +118,7 @@ class NativeForward:
         so no forward switches kernels half-way); `backend` is `torch.compile`'s (`"eager"` traces without
         generating kernels, as the CPU tests do). Graphs captured before the switch belong to caches of earlier
         generations; a new cache captures the new setting."""
-        self._proven = False
-        if not on:
-            self.ops = _PLAIN
-            return
-        self.ops = _Ops(*(compiled(fn, self, backend, dynamic=False) for fn in (_rms, _rope, _add_rms, _gated)))
+        self.fusion.fuse(self, on, backend)
 
     def __call__(
         self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, plan: attention.Plan,
@@ -135,7 +131,7 @@ class NativeForward:
         on a GPU machine), the forward runs again unfused, which stays the setting, with a warning. Rerunning is safe:
         it writes the same cache columns, and no fused output was used yet. A later forward whose new shape cannot be
         compiled does the same (the rest of that generation then rounds as the unfused forward does)."""
-        return guarded(self, _PLAIN, lambda: self._forward(ids, positions, cache, plan, num_logits, picked))
+        return self.fusion.run(lambda: self._forward(ids, positions, cache, plan, num_logits, picked))
 
     def _layer(self, layer: Any) -> _Layer:
         """What the forward reads of one decoder layer, collected once. The layer list is read at every forward, so a
@@ -164,7 +160,7 @@ class NativeForward:
         # each x's second half gives the same products exactly (a sign flip is exact)
         half = sin.shape[-1] // 2
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        ops = self.ops
+        ops = self.fusion.ops
         with attention.planned(plan):
             kept: dict[int, torch.Tensor] = {}
             for i, layer in enumerate(self.inner.layers[: self.count]):
@@ -201,21 +197,42 @@ def compiled(fn: Any, owner: object, backend: Any, dynamic: bool | None) -> Any:
     return torch.compile(own, dynamic=dynamic, fullgraph=True, backend=backend)
 
 
-def guarded(owner: Any, plain: Any, run: Callable[[], T]) -> T:
-    """`run()` under `owner.ops`. Where those are compiled and the run raises (torch.compile could not build the
-    kernels), `owner.ops` becomes `plain` for good and the run is repeated, with one warning; `owner._proven` records
-    that a fused run has succeeded (so a later failure is a new shape's). The unfused run re-raises real errors."""
-    if owner.ops is plain:
-        return run()
-    try:
-        out = run()
-    except Exception as e:  # noqa: BLE001  (whatever the compiler raised)
-        owner.ops = plain
-        out = run()
-        warn_unfused(e, owner._proven)
+class Fusion:
+    """A model's elementwise runs, as the plain functions of `plain` (a frozen dataclass of functions) or the same
+    compiled (`fuse`), and the fall-back that `run` gives a forward: where the compiled functions raise (torch.compile
+    could not build the kernels), the model returns to the plain ones for good and the forward runs again, with one
+    warning. Both owners (`NativeForward`, the zoo's `MDLMForMaskedDiffusion`) hold one."""
+
+    def __init__(self, plain: Any, dynamic: bool | None) -> None:
+        self.plain, self.dynamic = plain, dynamic
+        self.ops = plain
+        self.proven = False  # a fused forward has run: torch.compile works here (a later failure is a new shape's)
+
+    @property
+    def on(self) -> bool:
+        return self.ops is not self.plain
+
+    def fuse(self, owner: object, on: bool, backend: Any) -> None:
+        """Compile every function of `plain` for `owner` (`compiled`), or go back to the plain ones."""
+        self.proven = False
+        self.ops = (dataclasses.replace(self.plain, **{f.name: compiled(getattr(self.plain, f.name), owner, backend,
+                                                                          self.dynamic)
+                                                       for f in dataclasses.fields(self.plain)})
+                    if on else self.plain)
+
+    def run(self, forward: Callable[[], T]) -> T:
+        """`forward()` under `ops`; the unfused rerun re-raises real errors."""
+        if not self.on:
+            return forward()
+        try:
+            out = forward()
+        except Exception as e:  # noqa: BLE001  (whatever the compiler raised)
+            self.ops = self.plain
+            out = forward()
+            warn_unfused(e, self.proven)
+            return out
+        self.proven = True
         return out
-    owner._proven = True
-    return out
 
 
 def warn_unfused(error: BaseException, proven: bool) -> None:
