@@ -8,7 +8,7 @@
 #
 #   tools/gpu_dry_run.sh ar|dlm|rest|ar+dlm [FOLDER]     # FOLDER default /tmp/gpu-dry-run-PART; about 7, 2, 1 minutes
 #
-# The logs and JUnit files have the device run's names (pytest.txt / .xml for ar, pytest-dlm, pytest-rest), so
+# The logs and JUnit files have the device run's names (tools/gpu_parts.py `log`), so
 # `python tools/gpu_verdict.py /tmp/gpu-dry-run-ar /tmp/gpu-dry-run-dlm /tmp/gpu-dry-run-rest` says which tests no
 # part would run (its other lines count device rows only: "not measured").
 set -eu
@@ -35,16 +35,12 @@ find . -name '*.safetensors' -not -path './.git/*' | while IFS= read -r file; do
 done
 rm -rf docs/results
 last=${parts##*+}
-case $last in
-ar) files=(tests); log=pytest ;;
-dlm) log=pytest-dlm; files=(tests/invariants/test_canvas_graphs.py tests/invariants/test_dlm_fused.py $($py tools/gpu_parts.py tests dlm)) ;;
-rest) log=pytest-rest; files=($($py tools/gpu_parts.py tests rest)) ;;
-*) echo "part: ar, dlm or rest, not $last" >&2; exit 2 ;;
-esac
+log=$($py tools/gpu_parts.py log "$last")
+files=($($py tools/gpu_parts.py tests "$last"))
 echo "$dir: $(find . -name '*.safetensors' -not -path './.git/*' | wc -l) weights files kept; running ${#files[@]} test paths"
-PYTHONPATH=. FASTDECODE_TEST_DEVICE=cpu:0 FASTDECODE_FAILURES="$dir/failures.txt" $py -m pytest -p tools.pytest_failures \
+PYTHONPATH=. FASTDECODE_TEST_DEVICE=cpu:0 FASTDECODE_FAILURES="$dir/$log-failures.txt" $py -m pytest -p tools.pytest_failures \
   -p no:cacheprovider -rs --junitxml "$dir/$log.xml" "${files[@]}" > "$dir/$log.txt" 2>&1 && rc=0 || rc=$?
 tail -1 "$dir/$log.txt"
 grep '^SKIPPED.*not in this checkout' "$dir/$log.txt" || true
-[ -f "$dir/failures.txt" ] && grep '^===' "$dir/failures.txt"
+[ -f "$dir/$log-failures.txt" ] && grep '^===' "$dir/$log-failures.txt"
 exit $rc

@@ -7,7 +7,8 @@ kept), so a later part can also use them, and every test or method whose files a
 the file named (tests/carried.py, tools/results_gpu.py).
 
     python tools/gpu_parts.py carry ar      # the JSON list for the device call's `carry`, and its size on stderr
-    python tools/gpu_parts.py tests dlm     # the test files that name the part's weights (pytest's arguments)
+    python tools/gpu_parts.py tests dlm     # what the part's pytest runs (its arguments)
+    python tools/gpu_parts.py log dlm       # the name of the part's pytest log (NAME.txt, NAME.xml)
     python tools/gpu_parts.py check         # every part fits, and together they carry every weights file
 """
 
@@ -39,6 +40,11 @@ PARTS = {
 WORDS = {"ar": ("ar-small", "ar-tiny", "medusa", "hydra", "eagle3", "img-ar", "img-eval"),
          "dlm": ("dlm-small", "learn2pd", "dflash", "dd1", "dd2"),
          "rest": ("dparallel", "ar-long", "duo")}
+# the test files a part runs beyond those that name its weights: the diffusion forward's CUDA graphs and fused kernels
+ALSO = {"dlm": ("tests/invariants/test_canvas_graphs.py", "tests/invariants/test_dlm_fused.py")}
+# each part's pytest log, `NAME.txt` (with `NAME.xml`, its JUnit file, and `NAME-failures.txt`): tools/gpu_run.sh,
+# tools/gpu_dry_run.sh and tools/gpu_verdict.py read these names here
+LOGS = {"ar": "pytest", "dlm": "pytest-dlm", "rest": "pytest-rest"}
 
 
 def weights_in(path: str) -> list[Path]:
@@ -66,10 +72,14 @@ def carried_bytes(part: str) -> int:
 
 
 def test_files(part: str) -> list[str]:
-    """The test files that mention one of the part's `WORDS` (a superset of those that need its weights: a test that
-    needs them and runs in an earlier part without them was skipped there)."""
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-                  if any(w in p.read_text(encoding="utf-8") for w in WORDS[part]))
+    """What the part's pytest runs: the whole suite in the first part (`ar`); in the others the test files that
+    mention one of the part's `WORDS` (a superset of those that need its weights: a test that needs them and ran in an
+    earlier part without them was skipped there), and its `ALSO`."""
+    if part == next(iter(PARTS)):
+        return ["tests"]
+    named = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+             if any(w in p.read_text(encoding="utf-8") for w in WORDS[part])}
+    return sorted(named | set(ALSO.get(part, ())))
 
 
 def check() -> list[str]:
@@ -89,7 +99,7 @@ def check() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("carry", "tests", "check"))
+    ap.add_argument("what", choices=("carry", "tests", "log", "check"))
     ap.add_argument("part", nargs="?", choices=tuple(PARTS))
     args = ap.parse_args(argv)
     if args.what == "check":
@@ -102,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "carry":
         print(json.dumps(list(PARTS[args.part])))
         print(f"{(tree_bytes() + carried_bytes(args.part)) / 2**20:.1f} MiB with the tree", file=sys.stderr)
+    elif args.what == "log":
+        print(LOGS[args.part])
     else:
         print(" ".join(test_files(args.part)))
     return 0

@@ -26,11 +26,13 @@ log="$out/$part-log.txt"
 # killed while it writes keeps the previous archive whole)
 snap() { tar czf "$out/$part.tgz.part" -C "$work" . && mv -f "$out/$part.tgz.part" "$out/$part.tgz"; }
 # each failure with its traceback as it happens (the time limit can stop pytest before its summary); each test's
-# outcome in PART.xml, so that tools/gpu_verdict.py finds the tests that no part ran (skipped wherever their weights
-# were not carried)
-tests() { FASTDECODE_TEST_DEVICE=cuda FASTDECODE_FAILURES="$work/$1-failures.txt" timeout "$2" $py -m pytest \
-  -p tools.pytest_failures -p no:cacheprovider --junitxml "$work/$1.xml" "${@:3}" > "$work/$1.txt" 2>&1
-  tail -2 "$work/$1.txt" | tee -a "$log"; snap; }
+# outcome in a JUnit file, so that tools/gpu_verdict.py finds the tests that no part ran (skipped wherever their
+# weights were not carried). `tests LIMIT OPTIONS...`: the part's test files and log name come from tools/gpu_parts.py
+tests() { local name; name=$($py tools/gpu_parts.py log "$part")
+  FASTDECODE_TEST_DEVICE=cuda FASTDECODE_FAILURES="$work/$name-failures.txt" timeout "$1" $py -m pytest \
+  -p tools.pytest_failures -p no:cacheprovider --junitxml "$work/$name.xml" "${@:2}" \
+  $($py tools/gpu_parts.py tests "$part") > "$work/$name.txt" 2>&1
+  tail -2 "$work/$name.txt" | tee -a "$log"; snap; }
 { nvidia-smi -L; $py -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
 transformers.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee "$log"
 case $part in
@@ -51,7 +53,7 @@ ar)
   snap
   # the whole suite with the device switch, in parallel (the captured graphs' tests among them)
   # (185 s: the stages' limits then add up to 575 s, inside a call's 600 with the start-up and the archives)
-  tests pytest 185 -q -n 15 --dist loadfile --timeout 120 -rs tests
+  tests 185 -q -n 15 --dist loadfile --timeout 120 -rs
   ;;
 dlm)
   # first, since the issue's "done when" names them (a short device budget cuts this part's end): the last two
@@ -67,11 +69,10 @@ dlm)
     bfloat16-unfused bfloat16-nographs float32-nographs --models zoo:dlm-small 2>&1 | tee -a "$log"
   snap
   # the tests that name what this part carries (the `ar` part skipped them), and the diffusion forward's graphs
-  tests pytest-dlm 110 -q -n 15 --dist loadfile --timeout 90 -rs tests/invariants/test_canvas_graphs.py \
-    tests/invariants/test_dlm_fused.py $($py tools/gpu_parts.py tests dlm)
+  tests 110 -q -n 15 --dist loadfile --timeout 90 -rs
   ;;
 rest)
-  tests pytest-rest 150 -q -n 15 --dist loadfile --timeout 100 -rs $($py tools/gpu_parts.py tests rest)
+  tests 150 -q -n 15 --dist loadfile --timeout 100 -rs
   ;;
 *) echo "part: ar, dlm or rest, not $part" >&2; exit 2 ;;
 esac

@@ -55,7 +55,12 @@ DEFAULT = "ar.greedy:fused=true"
 TARGET_X = 3.0
 SPREAD = 1.5
 BASELINES = {"zoo:ar-small": "ar.greedy", "zoo:dlm-small": "dlm.baseline"}
-PARTS = {"pytest": "ar (the whole suite)", "pytest-dlm": "dlm", "pytest-rest": "rest"}
+sys.path.insert(0, str(ROOT / "tools"))
+import gpu_parts  # noqa: E402  (the parts' log names)
+
+# each part's pytest log name, and the part as the table names it
+PARTS = {log: part + (" (the whole suite)" if gpu_parts.test_files(part) == ["tests"] else "")
+         for part, log in gpu_parts.LOGS.items()}
 
 
 @dataclass
@@ -280,7 +285,6 @@ def table(found: list[Verdict]) -> str:
 
 
 def lossless_methods() -> list[str]:
-    sys.path.insert(0, str(ROOT / "tools"))
     import results_gpu  # the run's own list (it imports torch and transformers: only when asked)
 
     return list(results_gpu.LOSSLESS)

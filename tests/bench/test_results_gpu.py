@@ -113,6 +113,8 @@ def test_the_device_parts_fit_a_call_and_carry_every_weights_file(tool):
     assert set(parts.PARTS) == {"ar", "dlm", "rest"} and all(len(p) <= 8 for p in parts.PARTS.values())  # carry: 8
     assert {"tests/unit/test_learn2pd.py", "tests/unit/test_dflash_card.py"} <= set(parts.test_files("dlm"))
     assert {"tests/sparse/test_duo.py", "tests/unit/test_dparallel_card.py"} <= set(parts.test_files("rest"))
+    assert parts.test_files("ar") == ["tests"] and set(parts.ALSO["dlm"]) <= set(parts.test_files("dlm"))
+    assert sorted(parts.LOGS) == sorted(parts.PARTS) and len(set(parts.LOGS.values())) == len(parts.LOGS)
     script = (Path(parts.__file__).parent / "gpu_run.sh").read_text()
     assert all(f"\n{p})" in script for p in parts.PARTS)  # every part is a case of the script
 
