@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# A device part's test run rehearsed on this CPU (docs/gpu.md): a clone of the committed HEAD holding only the weights
-# that `python tools/gpu_parts.py carry PART` names and no docs/results, as a device call sees the checkout, and the
-# tests tools/gpu_run.sh runs for that part, with FASTDECODE_TEST_DEVICE=cpu:0: the CPU, under a name other than
-# "cpu", so that a test failing on a file the call did not carry is skipped as on the device (tests/carried.py). A
-# failure here is one the device would show too, apart from what only a GPU shows. PART may join parts with "+"
-# (ar+dlm: the dlm part on a warm machine that still holds the ar part's files); the tests are the last part's.
+# The device run's test call rehearsed on this CPU (docs/gpu.md): a clone of the committed HEAD holding only the
+# weights that `python tools/gpu_parts.py carry PART` names for the PARTS given (joined by "+": ar+dlm+rest is a
+# machine kept warm through the three calls, rest alone one that went cold before the last) and no docs/results, as
+# the device's checkout is then, and the whole suite, as tools/gpu_run.sh's `rest` runs it, with
+# FASTDECODE_TEST_DEVICE=cpu:0: the CPU, under a name other than "cpu", so that a test failing on a file the calls
+# did not carry is skipped as on the device (tests/carried.py). A failure here is one the device would show too,
+# apart from what only a GPU shows.
 #
-#   tools/gpu_dry_run.sh ar|dlm|rest|ar+dlm [FOLDER]     # FOLDER default /tmp/gpu-dry-run-PART; about 7, 2, 1 minutes
+#   tools/gpu_dry_run.sh ar+dlm+rest|rest|... [FOLDER]     # FOLDER default /tmp/gpu-dry-run-PARTS; about 5 minutes
 #
-# The logs and JUnit files have the device run's names (tools/gpu_parts.py `log`), so
-# `python tools/gpu_verdict.py /tmp/gpu-dry-run-ar /tmp/gpu-dry-run-dlm /tmp/gpu-dry-run-rest` says which tests no
-# part would run (its other lines count device rows only: "not measured").
+# with the device's pytest options but WORKERS processes (default 2; pytest-xdist: pip install --no-deps
+# pytest-xdist execnet).
+#
+# The log and JUnit file have the device run's names (tools/gpu_parts.py `LOG`), so `python tools/gpu_verdict.py
+# /tmp/gpu-dry-run-rest` says which tests never ran (its other lines count device rows only: "not measured").
 set -eu
-parts=${1:?part: ar, dlm, rest, or several joined by +}
+parts=${1:?parts: ar, dlm, rest, joined by +}
 root=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel)
 py=${PYTHON:-$root/.venv/bin/python}
 dir=${2:-/tmp/gpu-dry-run-$parts}
@@ -34,12 +37,11 @@ find . -name '*.safetensors' -not -path './.git/*' | while IFS= read -r file; do
   [ $carried = 1 ] || rm "$file"
 done
 rm -rf docs/results
-last=${parts##*+}
-log=$($py tools/gpu_parts.py log "$last")
-files=($($py tools/gpu_parts.py tests "$last"))
-echo "$dir: $(find . -name '*.safetensors' -not -path './.git/*' | wc -l) weights files kept; running ${#files[@]} test paths"
+log=$($py -c "import sys; sys.path.insert(0, 'tools'); import gpu_parts; print(gpu_parts.LOG)")
+$py tools/gpu_parts.py present
 PYTHONPATH=. FASTDECODE_TEST_DEVICE=cpu:0 FASTDECODE_FAILURES="$dir/$log-failures.txt" $py -m pytest -p tools.pytest_failures \
-  -p no:cacheprovider -rs --junitxml "$dir/$log.xml" "${files[@]}" > "$dir/$log.txt" 2>&1 && rc=0 || rc=$?
+  -p no:cacheprovider --junitxml "$dir/$log.xml" $($py tools/gpu_parts.py pytest "${WORKERS:-2}") tests \
+  > "$dir/$log.txt" 2>&1 && rc=0 || rc=$?
 tail -1 "$dir/$log.txt"
 grep '^SKIPPED.*not in this checkout' "$dir/$log.txt" || true
 [ -f "$dir/$log-failures.txt" ] && grep '^===' "$dir/$log-failures.txt"

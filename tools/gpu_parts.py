@@ -1,15 +1,18 @@
-"""The parts of `tools/gpu_run.sh`: what each call to a lent GPU carries, and the test files that need it.
+"""The calls of a device run (`tools/gpu_run.sh`): what each carries, in their order, and which one runs the tests.
 
 A call carries at most 64 MiB, the working tree included (about 6 MB without `docs/results` and the zoo's weights,
-which the checkout stops tracking for the call: docs/gpu.md). The zoo's weights are about 150 MB, so they travel in
-three parts; on a machine kept warm between calls the earlier parts' files stay (ignored files already there are
-kept), so a later part can also use them, and every test or method whose files are absent is skipped or left out with
-the file named (tests/carried.py, tools/results_gpu.py).
+which the checkout stops tracking for the call: docs/gpu.md). The zoo's weights are about 141 MiB, so they travel in
+three calls. A machine kept warm between calls keeps the files the earlier calls carried (ignored files already there
+stay), so the calls build up the whole zoo there: the first two measure what their own weights allow (the last call
+that a measurement needs is the one that brings its last file: `spec.dlm_draft` drafts zoo:ar-small's tokens with
+zoo:dlm-small, so it runs in the second), and the last, `SUITE`, runs the whole test suite once, with every part's
+weights. Where the machine went cold between calls, a test or method whose files are absent is skipped or left out
+with the file named (tests/carried.py, tools/results_gpu.py), and `present` says what was there.
 
     python tools/gpu_parts.py carry ar      # the JSON list for the device call's `carry`, and its size on stderr
-    python tools/gpu_parts.py tests dlm     # what the part's pytest runs (its arguments)
-    python tools/gpu_parts.py log dlm       # the name of the part's pytest log (NAME.txt, NAME.xml)
+    python tools/gpu_parts.py present       # each part's weights files here and absent (first thing in every call)
     python tools/gpu_parts.py check         # every part fits, and together they carry every weights file
+    python tools/gpu_parts.py pytest 15     # the suite's pytest options with 15 workers
 """
 
 from __future__ import annotations
@@ -24,32 +27,29 @@ ROOT = Path(__file__).resolve().parent.parent
 ZOO = "fastdecode/zoo"
 LIMIT = 64 * 2**20  # bytes a call carries, working tree included
 NOT_TRAVELLING = ("docs/results/",)  # untracked for the call, with every *.safetensors (docs/gpu.md)
-PARTS = {
-    # the causal zoo model, its draft, the heads trained against it and the image model: the engine, the lossless
-    # methods, the kernels and the whole suite
+PARTS = {  # in the order of the calls
+    # the causal zoo model, its draft, the heads trained against it and the image model: the zoo's lossless methods,
+    # the 1.1B engine (random weights, built there), the kernels
     "ar": (f"{ZOO}/ar-small/model.safetensors", f"{ZOO}/ar-tiny/model.safetensors",
            f"{ZOO}/ar-small/heads/medusa", f"{ZOO}/ar-small/heads/hydra", f"{ZOO}/ar-small/heads/eagle3",
            f"{ZOO}/img-ar/model.safetensors", f"{ZOO}/img-ar/vq", f"{ZOO}/img-eval"),
-    # the diffusion model, the DFlash head and the image generators: the diffusion family in both dtypes, the last
-    # two lossless methods (spec.dlm_draft, spec.dflash: with the `ar` part's zoo:ar-small), their tests
+    # the diffusion model, the DFlash head and the image generators: the last two lossless methods (spec.dlm_draft,
+    # spec.dflash: with the first call's zoo:ar-small), the diffusion family in both dtypes
     "dlm": (f"{ZOO}/dlm-small", f"{ZOO}/ar-small/heads/dflash", f"{ZOO}/img-ar/heads"),
-    # the rest: the dParallel copy of the diffusion model, the long-context model and its gates; their tests
+    # the rest: the dParallel copy of the diffusion model, the long-context model and its gates; then the suite
     "rest": (f"{ZOO}/dlm-small-dparallel/model.safetensors", f"{ZOO}/ar-long"),
 }
-# how tests name each part's weights (the ar part runs the whole suite)
-WORDS = {"ar": ("ar-small", "ar-tiny", "medusa", "hydra", "eagle3", "img-ar", "img-eval"),
-         "dlm": ("dlm-small", "learn2pd", "dflash", "dd1", "dd2"),
-         "rest": ("dparallel", "ar-long", "duo")}
-# the test files a part runs beyond those that name its weights: the diffusion forward's CUDA graphs and fused kernels
-ALSO = {"dlm": ("tests/invariants/test_canvas_graphs.py", "tests/invariants/test_dlm_fused.py")}
-# each part's pytest log, `NAME.txt` (with `NAME.xml`, its JUnit file, and `NAME-failures.txt`): tools/gpu_run.sh,
-# tools/gpu_dry_run.sh and tools/gpu_verdict.py read these names here
-LOGS = {"ar": "pytest", "dlm": "pytest-dlm", "rest": "pytest-rest"}
+SUITE = "rest"  # the call that runs the whole suite: the last, when every part's weights are there
+LOG = "pytest"  # its log, `pytest.txt`, with `pytest.xml` (JUnit) and `pytest-failures.txt` (tools/gpu_verdict.py)
+TEST_TIMEOUT = 120  # seconds a test may take there (pytest-timeout)
 
 
 def weights_in(path: str) -> list[Path]:
+    """The weights files a part's path stands for, here or not: the path itself, or in a folder each trained
+    model's or head's `model.safetensors` (every one was trained by a command of the package, which writes its
+    `train_log.jsonl` beside it, and that file is tracked: it tells an absent weights file from no weights file)."""
     at = ROOT / path
-    return sorted(at.rglob("*.safetensors")) if at.is_dir() else [at]
+    return sorted(log.parent / "model.safetensors" for log in at.rglob("train_log.jsonl")) if at.is_dir() else [at]
 
 
 def tree_bytes() -> int:
@@ -71,15 +71,27 @@ def carried_bytes(part: str) -> int:
     return sum(w.stat().st_size for path in PARTS[part] for w in weights_in(path))
 
 
-def test_files(part: str) -> list[str]:
-    """What the part's pytest runs: the whole suite in the first part (`ar`); in the others the test files that
-    mention one of the part's `WORDS` (a superset of those that need its weights: a test that needs them and ran in an
-    earlier part without them was skipped there), and its `ALSO`."""
-    if part == next(iter(PARTS)):
-        return ["tests"]
-    named = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-             if any(w in p.read_text(encoding="utf-8") for w in WORDS[part])}
-    return sorted(named | set(ALSO.get(part, ())))
+def present() -> list[str]:
+    """Each part's weights files in this checkout, one line a part: all here, or which are absent."""
+    lines = []
+    for part, paths in PARTS.items():
+        files = [w for path in paths for w in weights_in(path)]
+        absent = [str(w.relative_to(ROOT)) for w in files if not w.exists()]
+        lines.append(f"{part}: {len(files) - len(absent)} of {len(files)} weights files here"
+                     + (f"; absent: {', '.join(absent)}" if absent else ""))
+    return lines
+
+
+def pytest_options(workers: int) -> list[str]:
+    """The suite's pytest options on the device (tools/gpu_run.sh) and in its rehearsal (tools/gpu_dry_run.sh), after
+    the files' and failures' own: `workers` processes taking tests one by one as they free up (xdist's `worksteal`;
+    by file, `loadfile`, the longest file, tests/test_cli.py at about 90 s on this CPU, bounds the run), each test's
+    failure or skip reason in the log."""
+    import xdist  # the device has it; here: pip install --no-deps pytest-xdist execnet
+
+    steal = tuple(int(p) for p in xdist.__version__.split(".")[:2]) >= (3, 2)
+    return ["-q", "-rs", "-n", str(workers), "--dist", "worksteal" if steal else "loadfile",
+            "--timeout", str(TEST_TIMEOUT)]
 
 
 def check() -> list[str]:
@@ -99,23 +111,24 @@ def check() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("carry", "tests", "log", "check"))
-    ap.add_argument("part", nargs="?", choices=tuple(PARTS))
+    ap.add_argument("what", choices=("carry", "present", "check", "pytest"))
+    ap.add_argument("part", nargs="?", help=f"carry: one of {', '.join(PARTS)}; pytest: the workers")
     args = ap.parse_args(argv)
     if args.what == "check":
         problems = check()
         for p in problems:
             print(p, file=sys.stderr)
         return 1 if problems else 0
-    if args.part is None:
-        ap.error(f"{args.what} needs a part: {', '.join(PARTS)}")
-    if args.what == "carry":
-        print(json.dumps(list(PARTS[args.part])))
-        print(f"{(tree_bytes() + carried_bytes(args.part)) / 2**20:.1f} MiB with the tree", file=sys.stderr)
-    elif args.what == "log":
-        print(LOGS[args.part])
-    else:
-        print(" ".join(test_files(args.part)))
+    if args.what == "present":
+        print("\n".join(present()))
+        return 0
+    if args.what == "pytest":
+        print(" ".join(pytest_options(int(args.part or 15))))
+        return 0
+    if args.part not in PARTS:
+        ap.error(f"carry needs a part: {', '.join(PARTS)}")
+    print(json.dumps(list(PARTS[args.part])))
+    print(f"{(tree_bytes() + carried_bytes(args.part)) / 2**20:.1f} MiB with the tree", file=sys.stderr)
     return 0
 
 

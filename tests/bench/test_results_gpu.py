@@ -105,18 +105,24 @@ def test_a_method_whose_weights_are_not_here_is_left_out_with_the_file_named(tmp
     assert all(r["equal_to_baseline"] for r in rows)
 
 
-def test_the_device_parts_fit_a_call_and_carry_every_weights_file(tool):
-    """tools/gpu_parts.py: each part of tools/gpu_run.sh fits in a call's 64 MiB with the working tree, the parts
-    together carry every weights file of the zoo, and each part after `ar` finds the tests that name its models."""
+def test_the_device_parts_fit_a_call_and_carry_every_weights_file(tool, tmp_path, monkeypatch):
+    """tools/gpu_parts.py: each call of tools/gpu_run.sh fits in 64 MiB with the working tree, the calls together
+    carry every weights file of the zoo, the last runs the suite, and `present` names a weights file that is absent."""
     parts = tool("gpu_parts")
     assert parts.check() == []
     assert set(parts.PARTS) == {"ar", "dlm", "rest"} and all(len(p) <= 8 for p in parts.PARTS.values())  # carry: 8
-    assert {"tests/unit/test_learn2pd.py", "tests/unit/test_dflash_card.py"} <= set(parts.test_files("dlm"))
-    assert {"tests/sparse/test_duo.py", "tests/unit/test_dparallel_card.py"} <= set(parts.test_files("rest"))
-    assert parts.test_files("ar") == ["tests"] and set(parts.ALSO["dlm"]) <= set(parts.test_files("dlm"))
-    assert sorted(parts.LOGS) == sorted(parts.PARTS) and len(set(parts.LOGS.values())) == len(parts.LOGS)
+    assert parts.SUITE == list(parts.PARTS)[-1]  # every part's weights are there by then
+    assert parts.present() == [f"{p}: {n} of {n} weights files here" for p, n in (("ar", 8), ("dlm", 5), ("rest", 3))]
     script = (Path(parts.__file__).parent / "gpu_run.sh").read_text()
     assert all(f"\n{p})" in script for p in parts.PARTS)  # every part is a case of the script
+    assert f"\n{parts.SUITE})\n  suite " in script
+    # a folder's weights are known from the tracked train_log.jsonl beside them: absent ones are named
+    (tmp_path / "zoo" / "m" / "heads" / "h").mkdir(parents=True)
+    (tmp_path / "zoo" / "m" / "heads" / "h" / "train_log.jsonl").write_text("{}\n")
+    (tmp_path / "zoo" / "m" / "model.safetensors").write_bytes(b"x")
+    monkeypatch.setattr(parts, "ROOT", tmp_path)
+    monkeypatch.setattr(parts, "PARTS", {"p": ("zoo/m/model.safetensors", "zoo/m/heads")})
+    assert parts.present() == ["p: 1 of 2 weights files here; absent: zoo/m/heads/h/model.safetensors"]
 
 
 def test_the_device_read_probe_runs_each_method_it_counts(tool):
