@@ -28,6 +28,13 @@ from fastdecode.models import loading, native
 from fastdecode.models.mdlm import MDLMConfig, MDLMForMaskedDiffusion
 from fastdecode.train.tokenizer import train_tokenizer
 
+# pytest-xdist's workers set COLUMNS=80 (and LINES) for their terminal, and the CLI takes COLUMNS as the width of a
+# pipe (fastdecode/cli.py `_console`, made when the CLI is first imported, after this): its paths and tables would
+# wrap at 80 columns there and not in a plain run. The suite runs without them, under xdist (the device run's
+# workers, tools/gpu_parts.py) as in CI; a test of COLUMNS sets it itself.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
 # the tiny random models have no trained heads: methods that decode with one (spec.medusa, ...) get a seeded random
 # head of the kind they ask for, with which a lossless method must still be lossless (heads.io.untrained_heads_allowed)
 os.environ["FASTDECODE_UNTRAINED_HEADS"] = "1"

@@ -86,11 +86,12 @@ def pytest_options(workers: int) -> list[str]:
     """The suite's pytest options on the device (tools/gpu_run.sh) and in its rehearsal (tools/gpu_dry_run.sh), after
     the files' and failures' own: `workers` processes taking tests one by one as they free up (xdist's `worksteal`;
     by file, `loadfile`, the longest file, tests/test_cli.py at about 90 s on this CPU, bounds the run), each test's
-    failure or skip reason in the log."""
+    failure or skip reason in the log (`-q` comes from pyproject.toml's addopts: a second would hide the summary's
+    counts, which tools/gpu_verdict.py reads)."""
     import xdist  # the device has it; here: pip install --no-deps pytest-xdist execnet
 
     steal = tuple(int(p) for p in xdist.__version__.split(".")[:2]) >= (3, 2)
-    return ["-q", "-rs", "-n", str(workers), "--dist", "worksteal" if steal else "loadfile",
+    return ["-rs", "-n", str(workers), "--dist", "worksteal" if steal else "loadfile",
             "--timeout", str(TEST_TIMEOUT)]
 
 

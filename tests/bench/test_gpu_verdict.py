@@ -173,3 +173,22 @@ def test_main_prints_the_table_and_refuses_a_missing_folder(verdict, tmp_path, c
     with pytest.raises(SystemExit):
         verdict.main([str(tmp_path / "absent")])
     assert "unpack each PART.tgz" in capsys.readouterr().err
+
+
+def test_the_device_suite_options_keep_the_summary_the_verdict_reads(verdict, tool, tmp_path):
+    """The device run's pytest options (tools/gpu_parts.py) with the repository's own (addopts: -q) leave pytest's
+    counts in the log; a second -q hid them, and the verdict then reads a finished run as one cut by its limit."""
+    pytest.importorskip("xdist")
+    pytest.importorskip("pytest_timeout")
+    import subprocess
+    import sys
+
+    (tmp_path / "test_t.py").write_text("import pytest\n\ndef test_a():\n    pass\n\n"
+                                        "def test_b():\n    pytest.skip('not here')\n")
+    options = tool("gpu_parts").pytest_options(1)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"),
+                          "--rootdir", str(tmp_path), *options, str(tmp_path / "test_t.py")],
+                         capture_output=True, text=True, timeout=120)
+    log = tmp_path / "pytest.txt"
+    log.write_text(run.stdout + run.stderr)
+    assert verdict.pytest_counts(log) == {"passed": 1, "skipped": 1}, log.read_text()[-2000:]
