@@ -13,9 +13,9 @@
 # Every stage has its own time limit, so a slow one costs only itself; OUT gets PART-log.txt and PART.tgz (the rows,
 # the test logs, each failure's traceback). The two measuring calls' limits add up to 560 s (ar 345, dlm 215); with
 # the machine's start and the transfers, `rest` gets what is left of a session's 15 minutes: give it LIMIT, the
-# seconds `status` says are left (budget_left_s) less about a minute for its transfers and archive, so that its tests
-# end before the session's device time does. tools/gpu_session.sh prepares the checkout for the calls and unpacks
-# what they bring back.
+# seconds the `dlm` call's reply says are left (lease.budget_left_s) less about a minute for its transfers and
+# archive, so that its tests end before the session's device time does. tools/gpu_session.sh prepares the checkout
+# for the calls and unpacks what they bring back.
 #
 #   tools/gpu_run.sh ar   OUT          # at most 6 minutes on one H100/H200
 #   tools/gpu_run.sh dlm  OUT          # at most 4
