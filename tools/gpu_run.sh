@@ -11,7 +11,7 @@
 #          test whose weights are not there (a machine that went cold) is skipped with the file named
 #          (tests/carried.py), and the log's first lines say which parts' weights were there.
 # Every stage has its own time limit, so a slow one costs only itself; OUT gets PART-log.txt and PART.tgz (the rows,
-# the test logs, each failure's traceback). The two measuring calls' limits add up to 560 s (ar 345, dlm 215); with
+# the test logs, each failure's traceback). The two measuring calls' limits add up to 570 s (ar 345, dlm 225); with
 # the machine's start and the transfers, `rest` gets what is left of a session's 15 minutes: give it LIMIT, the
 # seconds the `dlm` call's reply says are left (lease.budget_left_s) less about a minute for its transfers and
 # archive, so that its tests end before the session's device time does. tools/gpu_session.sh prepares the checkout
@@ -72,7 +72,7 @@ dlm)
   # the diffusion forward's CUDA graphs and fused kernels are on in both dtypes (the warm-up compiles the kernels);
   # then, while the budget lasts, what each is worth: -unfused runs the graphs without the fused kernels, the
   # -nographs stages run it eagerly (and unfused)
-  timeout 90 $py tools/results_gpu.py --out "$work" --budget-s 60 --stages warm bfloat16 float32 \
+  timeout 100 $py tools/results_gpu.py --out "$work" --budget-s 75 --stages warm bfloat16 float32 \
     bfloat16-unfused bfloat16-nographs float32-nographs --models zoo:dlm-small 2>&1 | tee -a "$log"
   snap
   ;;

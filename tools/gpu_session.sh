@@ -37,7 +37,7 @@ prepare)
   for part in ar dlm rest; do
     echo "call $part: carry $($py "$tools/gpu_parts.py" carry $part 2>&1 | tr '\n' ' ')"
   done
-  echo "commands: bash tools/gpu_run.sh ar \$OUT (timeout_s 420); bash tools/gpu_run.sh dlm \$OUT (timeout_s 270);"
+  echo "commands: bash tools/gpu_run.sh ar \$OUT (timeout_s 420); bash tools/gpu_run.sh dlm \$OUT (timeout_s 280);"
   echo "  bash tools/gpu_run.sh rest \$OUT LIMIT (LIMIT: the dlm reply's lease.budget_left_s - 60; timeout_s LIMIT + 40)"
   ;;
 restore)

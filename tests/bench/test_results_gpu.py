@@ -14,8 +14,8 @@ from fastdecode.bench.report import build_report
 
 
 def test_smoke_run_writes_rows_the_report_reads(tmp_path, capsys, tool, device):
-    # the zoo stage leaves out a model whose weights are absent, with a line: on a device call that carried one of
-    # the two models, the test waits for the part that carries both (tools/gpu_run.sh)
+    # the zoo stage leaves out a model whose weights are absent, with a line: on a device machine that lacks one of
+    # the two models (one that went cold between the calls of tools/gpu_run.sh), the test is skipped
     skip_if_not_carried(str(device), *(NOT_CARRIED[0] / m / "model.safetensors" for m in ("ar-small", "dlm-small")))
     tool("results_gpu").main(["--smoke", "--out", str(tmp_path), "--stages", "engine", "bfloat16"])
     engine = [json.loads(line) for line in (tmp_path / "engine.jsonl").read_text().splitlines()]
@@ -65,6 +65,16 @@ def test_kernel_tables_smoke(tmp_path, tool):
     assert names == {f"kernels-{n}.txt" for n in ("graphs", "graphs-fused-grouped", "graphs-grouped", "graphs-fused",
                                                   "eager")}
     assert "aten::mm" in (tmp_path / "kernels-graphs-fused-grouped.txt").read_text()
+
+
+def test_the_baseline_alone_in_float32(tmp_path, tool, device):
+    """tools/gpu_run.sh's `dlm` call times `ar.greedy` alone in float32 (`--methods ar.greedy`): its rows and no
+    other method's, against which the verdict puts the bfloat16 rows of both calls."""
+    skip_if_not_carried(str(device), NOT_CARRIED[0] / "ar-small" / "model.safetensors")
+    tool("results_gpu").main(["--smoke", "--out", str(tmp_path), "--stages", "float32", "--models", "zoo:ar-small",
+                              "--methods", "ar.greedy"])
+    rows = [json.loads(line) for line in (tmp_path / "zoo-float32.jsonl").read_text().splitlines()]
+    assert rows and {(r["method"], r["dtype"]) for r in rows} == {("ar.greedy", "float32")}
 
 
 def test_warm_and_eager_float32_stages_of_the_diffusion_part(tmp_path, capsys, tool):
