@@ -6,6 +6,9 @@ every target is met.
 
     python tools/gpu_verdict.py docs/results/gpu/2026-11-27 [more folders]
 
+Below the table, the lines of the calls' logs that say a stage, run or method failed, was skipped for time, or was
+left out for a weights file that was not there.
+
 The targets, as the issue states them:
 
 1. zoo, bfloat16: every lossless method of fastdecode identical to its baseline on every item (`zoo-bfloat16.jsonl`,
@@ -275,6 +278,33 @@ def where(path: Path, folders: list[Path]) -> str:
     return str(path)
 
 
+# what the calls' logs (`PART-log.txt`, tools/results_gpu.py's lines) say went wrong or was not done
+TROUBLE = {"failed": " FAILED", "skipped past --budget-s": "skipped: past --budget-s",
+           "left out for a file": " left out: "}
+
+
+def troubles(folders: list[Path], shown: int = 10) -> list[str]:
+    """The lines of the calls' logs that say a stage, run or method failed, was skipped for time or left out for a
+    weights file that was not there: a count of each, then the first `shown` lines (empty: none)."""
+    found: dict[str, list[str]] = {kind: [] for kind in TROUBLE}
+    for path in found_logs(folders):
+        for line in path.read_text(errors="replace").splitlines():
+            for kind, mark in TROUBLE.items():
+                if mark in line:
+                    found[kind].append(f"{path.name}: {line.strip()[:200]}")
+    lines = [line for kind in TROUBLE for line in found[kind]]
+    if not lines:
+        return []
+    counts = ", ".join(f"{len(found[kind])} {kind}" for kind in TROUBLE)
+    return [f"In the calls' logs: {counts}", *(f"- {line}" for line in lines[:shown]),
+            *([f"- ... and {len(lines) - shown} more"] if len(lines) > shown else [])]
+
+
+def found_logs(folders: list[Path]) -> list[Path]:
+    """The calls' logs: `PART-log.txt` (`log-PART.txt` in the committed runs of 2026-11-26 and -27)."""
+    return sorted({p for folder in folders for name in ("*-log.txt", "log-*.txt") for p in folder.rglob(name)})
+
+
 def verdicts(folders: list[Path], lossless: list[str]) -> list[Verdict]:
     return [identical(folders, lossless), zoo_speed(folders), *engine(folders), suite(folders), new_prompts(folders),
             dtypes(folders)]
@@ -302,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"docs/results/gpu/DATE/PART/")
     results = verdicts(args.folders, lossless_methods())
     print(table(results))
+    notes = troubles(args.folders)
+    if notes:
+        print("\n" + "\n".join(notes))
     return 0 if all(v.met for v in results) else 1
 
 

@@ -192,3 +192,19 @@ def test_the_device_suite_options_keep_the_summary_the_verdict_reads(verdict, to
     log = tmp_path / "pytest.txt"
     log.write_text(run.stdout + run.stderr)
     assert verdict.pytest_counts(log) == {"passed": 1, "skipped": 1}, log.read_text()[-2000:]
+
+
+def test_the_calls_logs_name_what_failed_or_was_not_done(verdict, tmp_path):
+    (tmp_path / "ar").mkdir()
+    (tmp_path / "ar" / "ar-log.txt").write_text(
+        "[  2.6 s] engine warm-up ar.greedy: 2.4 s\n"
+        "[ 20.0 s] engine warm-up ar.greedy:fused=true,grouped=true FAILED: RuntimeError: no kernel\n"
+        "[150.2 s] zoo:ar-small parallel-lists bfloat16 skipped: past --budget-s; run the command again to finish it\n"
+        "[  1.0 s] zoo:ar-small spec.dflash bfloat16 left out: fastdecode/zoo/ar-small/heads/dflash/model.safetensors"
+        " is not in this checkout\n")
+    found = verdict.troubles([tmp_path])
+    assert found[0] == "In the calls' logs: 1 failed, 1 skipped past --budget-s, 1 left out for a file"
+    assert found[1].startswith("- ar-log.txt: [ 20.0 s] engine warm-up ar.greedy:fused=true,grouped=true FAILED")
+    assert len(found) == 4 and verdict.troubles([tmp_path], shown=1)[-1] == "- ... and 2 more"
+    (tmp_path / "ar" / "ar-log.txt").write_text("[  2.6 s] engine warm-up ar.greedy: 2.4 s\n[ 49.7 s] done\n")
+    assert verdict.troubles([tmp_path]) == []
