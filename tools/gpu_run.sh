@@ -34,9 +34,10 @@ log="$out/$part-log.txt"
 # that a stage cut by the call's time limit still leaves the earlier ones (written aside and renamed, so that a call
 # killed while it writes keeps the previous archive whole)
 snap() { tar czf "$out/$part.tgz.part" -C "$work" . && mv -f "$out/$part.tgz.part" "$out/$part.tgz"; }
-# the whole suite with the device switch, in parallel (15 workers, tools/gpu_parts.py; the graphs' tests among them): each failure
-# with its traceback as it happens (the time limit can stop pytest before its summary), each test's outcome in a JUnit
-# file, so that tools/gpu_verdict.py finds the tests that never ran (skipped where their weights were not there)
+# the whole suite with the device switch, in parallel (15 workers and the options of tools/gpu_parts.py; the graphs'
+# tests among them): each failure with its traceback as it happens (the time limit can stop pytest before its
+# summary), each test's outcome in a JUnit file, so that tools/gpu_verdict.py finds the tests that never ran (skipped
+# where their weights were not there)
 suite() { FASTDECODE_TEST_DEVICE=cuda FASTDECODE_FAILURES="$work/pytest-failures.txt" timeout "$1" $py -m pytest \
   -p tools.pytest_failures -p no:cacheprovider --junitxml "$work/pytest.xml" $($py tools/gpu_parts.py pytest 15) \
   tests > "$work/pytest.txt" 2>&1
@@ -46,7 +47,7 @@ transformers.__version__, torch.cuda.get_device_name())"; $py tools/gpu_parts.py
 case $part in
 ar)
   # the zoo's lossless methods in bfloat16 (exact mode and graphs, the CUDA default): those whose head or draft is not
-  # here are left out with the file named (the DFlash head and zoo:dlm-small come with `dlm`)
+  # here are left out with the file named (spec.dflash and spec.dlm_draft: their files come with `dlm`, which runs them)
   timeout 190 $py tools/results_gpu.py --out "$work" --budget-s 150 --stages bfloat16 --models zoo:ar-small 2>&1 \
     | tee -a "$log"
   snap
