@@ -237,7 +237,7 @@ def outcomes(path: Path) -> dict[str, str]:
 
 def suite(folders: list[Path]) -> Verdict:
     logs = found(folders, f"{LOG}.txt")
-    failures = [p for p in found(folders, f"{LOG}-failures.txt")]
+    failures = found(folders, f"{LOG}-failures.txt")
     bad, cut, texts = False, False, []
     for path in logs:
         counts = pytest_counts(path)
@@ -286,16 +286,16 @@ TROUBLE = {"failed": " FAILED", "skipped past --budget-s": "skipped: past --budg
 def troubles(folders: list[Path], shown: int = 10) -> list[str]:
     """The lines of the calls' logs that say a stage, run or method failed, was skipped for time or left out for a
     weights file that was not there: a count of each, then the first `shown` lines (empty: none)."""
-    found: dict[str, list[str]] = {kind: [] for kind in TROUBLE}
+    hits: dict[str, list[str]] = {kind: [] for kind in TROUBLE}
     for path in found_logs(folders):
         for line in path.read_text(errors="replace").splitlines():
             for kind, mark in TROUBLE.items():
                 if mark in line:
-                    found[kind].append(f"{path.name}: {line.strip()[:200]}")
-    lines = [line for kind in TROUBLE for line in found[kind]]
+                    hits[kind].append(f"{path.name}: {line.strip()[:200]}")
+    lines = [line for kind in TROUBLE for line in hits[kind]]
     if not lines:
         return []
-    counts = ", ".join(f"{len(found[kind])} {kind}" for kind in TROUBLE)
+    counts = ", ".join(f"{len(hits[kind])} {kind}" for kind in TROUBLE)
     return [f"In the calls' logs: {counts}", *(f"- {line}" for line in lines[:shown]),
             *([f"- ... and {len(lines) - shown} more"] if len(lines) > shown else [])]
 
