@@ -221,18 +221,18 @@ def pytest_counts(path: Path) -> dict[str, int] | None:
 def outcomes(path: Path) -> dict[str, str]:
     """Each test's outcome in a pytest JUnit file: passed, failed, skipped, carried (skipped for zoo weights the
     device call did not carry, tests/carried.py) or results (skipped for docs/results, which no call carries)."""
-    found = {}
+    each: dict[str, str] = {}
     for case in ElementTree.parse(path).getroot().iter("testcase"):
         test = f"{case.get('classname')}::{case.get('name')}"
         if case.find("failure") is not None or case.find("error") is not None:
-            found[test] = "failed"
+            each[test] = "failed"
         elif (skipped := case.find("skipped")) is not None:
             message = skipped.get("message") or ""
-            found[test] = ("skipped" if "not in this checkout" not in message else
-                           "results" if "docs/results" in message else "carried")
+            each[test] = ("skipped" if "not in this checkout" not in message else
+                          "results" if "docs/results" in message else "carried")
         else:
-            found[test] = "passed"
-    return found
+            each[test] = "passed"
+    return each
 
 
 def suite(folders: list[Path]) -> Verdict:
