@@ -92,10 +92,14 @@ class Plan:
     diffusion: tuple[str, ...]
     zoo_params: dict[str, dict[str, Any]]
     one_task: bool  # smoke: the first task of each suite only
+    # suites a method is not run on here: transformers' assisted loop took 29 s for the 3 code items on the H200
+    # (2026-11-27; 2 s for the 14 parallel-lists items), time the device run's suite needs more; its agreement
+    # outside exact mode is reported, never required (tools/gpu_verdict.py)
+    not_on: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 FULL = Plan(TINYLLAMA, 512, 256, 3, True, (("code", 3), ("parallel-lists", 1)), (("parallel-lists", 1),),
-            tuple(LOSSLESS), tuple(DIFFUSION), BLOCKS, False)
+            tuple(LOSSLESS), tuple(DIFFUSION), BLOCKS, False, {"hf.assisted": ("code",)})
 SMOKE = Plan(TINY, 32, 12, 1, False, (("code", 1),), (("parallel-lists", 1),), ("spec.pld", "spec.suffix"),
              ("dlm.threshold",), {m.partition(":")[0]: {"max_new_tokens": 8} for m in ["ar.greedy", *LOSSLESS]},
              True)
@@ -513,13 +517,16 @@ def zoo(plan: Plan, device: torch.device, dtype: str, exact: bool | Exact | None
             names = {m.partition(":")[0] for m in group} | {"ar.greedy", "dlm.baseline"}
             params = {m: p for m, p in plan.zoo_params.items() if m in names}
             for suite, limit in suites:
+                these = [m for m in group if suite not in plan.not_on.get(m, ())]
+                if not these:
+                    continue
                 if not time_left():
                     say(f"{model} {suite} {dtype} skipped: past --budget-s; run the command again to finish it")
                     continue
                 run = functools.partial(run_bench, suite_of(suite, plan.one_task), model, out=out, draft=draft,
                                         params=params, limit=limit, command=command, load_kwargs=load,
                                         warmup=not plan.one_task)
-                bench_apart(run, group, say, f"{model} {suite} {dtype}", strict=plan.one_task)
+                bench_apart(run, these, say, f"{model} {suite} {dtype}", strict=plan.one_task)
                 say(f"{model} {suite} {dtype} exact={exact} draft={draft}: {out}")
 
 

@@ -175,6 +175,27 @@ def test_a_method_that_breaks_on_the_device_costs_only_its_own_rows(tmp_path, mo
                  lambda: True, ["zoo:ar-small"])
 
 
+def test_a_method_is_left_off_the_suites_the_plan_names(tmp_path, monkeypatch, tool):
+    """The GPU plan runs transformers' assisted loop on parallel-lists only (its code items took 29 s on the H200):
+    the code suite's bench run leaves it out, and a bench run left with no method is not started."""
+    import dataclasses
+
+    gpu = tool("results_gpu")
+    assert gpu.FULL.not_on == {"hf.assisted": ("code",)}
+    calls: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(gpu, "run_bench", lambda suite, model, methods, out, **kw: calls.append((suite, methods)))
+    monkeypatch.setattr(gpu, "absent", lambda model, method: None)
+    plan = dataclasses.replace(gpu.SMOKE, one_task=False, lossless=("spec.pld", "hf.assisted"),
+                               ar_suites=(("code", 1), ("parallel-lists", 1)), not_on={"hf.assisted": ("code",)})
+    gpu.zoo(plan, torch.device("cpu"), "bfloat16", None, tmp_path / "rows.jsonl", "cmd", lambda line: None,
+            lambda: True, ["zoo:ar-small"])
+    assert calls == [("code", ["spec.pld"]), ("parallel-lists", ["spec.pld", "hf.assisted"])]
+    calls.clear()
+    gpu.zoo(dataclasses.replace(plan, lossless=("hf.assisted",)), torch.device("cpu"), "bfloat16", None,
+            tmp_path / "rows.jsonl", "cmd", lambda line: None, lambda: True, ["zoo:ar-small"])
+    assert calls == [("parallel-lists", ["hf.assisted"])]
+
+
 def test_a_stage_that_breaks_on_the_device_leaves_the_next_ones(tmp_path, monkeypatch, capsys, tool):
     gpu = tool("results_gpu")
 
