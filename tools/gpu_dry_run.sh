@@ -9,8 +9,8 @@
 #
 #   tools/gpu_dry_run.sh ar+dlm+rest|rest|... [FOLDER]     # FOLDER default /tmp/gpu-dry-run-PARTS; about 5 minutes
 #
-# with the device's pytest options but WORKERS processes (default 2; pytest-xdist: pip install --no-deps
-# pytest-xdist execnet).
+# with the device's pytest options but WORKERS processes (default 2; the device has the plugins they need, here:
+# pip install --no-deps pytest-xdist execnet pytest-timeout).
 #
 # The log and JUnit file have the device run's names (tools/gpu_parts.py `LOG`), so `python tools/gpu_verdict.py
 # /tmp/gpu-dry-run-rest` says which tests never ran (its other lines count device rows only: "not measured").

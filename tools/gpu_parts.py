@@ -88,7 +88,7 @@ def pytest_options(workers: int) -> list[str]:
     by file, `loadfile`, the longest file, tests/test_cli.py at about 90 s on this CPU, bounds the run), each test's
     failure or skip reason in the log (`-q` comes from pyproject.toml's addopts: a second would hide the summary's
     counts, which tools/gpu_verdict.py reads)."""
-    import xdist  # the device has it; here: pip install --no-deps pytest-xdist execnet
+    import xdist  # the device has it (and pytest-timeout); here: pip install --no-deps pytest-xdist execnet
 
     steal = tuple(int(p) for p in xdist.__version__.split(".")[:2]) >= (3, 2)
     return ["-rs", "-n", str(workers), "--dist", "worksteal" if steal else "loadfile",
