@@ -365,37 +365,39 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
     runners = {k: v for k, v in runners.items() if v is not None}
     bases: dict[tuple[bool, bool], list[int]] = {}  # ar.greedy's tokens in each (fused, grouped) setting
     failed: set[str] = set()
-    for rep in range(plan.reps):
-        for name, run in runners.items():
-            if name in failed:
-                continue
-            gc.collect()  # dead caches (and their retired graphs) go before the clock starts, not inside a run
-            _sync(device)
-            t = time.perf_counter()
-            try:
-                ids, forwards = run()
-            except Exception as e:  # keep the other runners' rows
-                say(f"engine {name} rep {rep} FAILED: {type(e).__name__}: {str(e)[:300]}")
-                failed.add(name)
-                continue
-            _sync(device)
-            wall = time.perf_counter() - t
-            spec = RUNS.get(name, Run(name, name, exact=False, graphs=False))  # (hf.static_compile: neither)
-            if name == BASES[spec.kernels]:
-                bases[spec.kernels] = ids
-            row = engine_row(meta, model, name, rep, ids, forwards, wall, bases.get(spec.kernels), plan, len(prompt))
-            if spec.fused:
-                row["params"]["fused"] = True
-            if spec.grouped:
-                row["params"]["grouped"] = True
-            if spec.block is not None:
-                row["params"]["block"] = spec.block
-            row["exact"] = model.exact.width if spec.exact and model.exact is not None else None
-            row["params"]["graphs"] = bool(spec.exact and spec.graphs and model.graphs is not None)
-            rows.append(row)
-    with out.open("a") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    # each row is written as it is made: a device call's time limit that stops the stage keeps the rows before it
+    with out.open("a") as written:
+        for rep in range(plan.reps):
+            for name, run in runners.items():
+                if name in failed:
+                    continue
+                gc.collect()  # dead caches (and their retired graphs) go before the clock starts, not inside a run
+                _sync(device)
+                t = time.perf_counter()
+                try:
+                    ids, forwards = run()
+                except Exception as e:  # keep the other runners' rows
+                    say(f"engine {name} rep {rep} FAILED: {type(e).__name__}: {str(e)[:300]}")
+                    failed.add(name)
+                    continue
+                _sync(device)
+                wall = time.perf_counter() - t
+                spec = RUNS.get(name, Run(name, name, exact=False, graphs=False))  # (hf.static_compile: neither)
+                if name == BASES[spec.kernels]:
+                    bases[spec.kernels] = ids
+                row = engine_row(meta, model, name, rep, ids, forwards, wall, bases.get(spec.kernels), plan,
+                                 len(prompt))
+                if spec.fused:
+                    row["params"]["fused"] = True
+                if spec.grouped:
+                    row["params"]["grouped"] = True
+                if spec.block is not None:
+                    row["params"]["block"] = spec.block
+                row["exact"] = model.exact.width if spec.exact and model.exact is not None else None
+                row["params"]["graphs"] = bool(spec.exact and spec.graphs and model.graphs is not None)
+                rows.append(row)
+                written.write(json.dumps(row) + "\n")
+                written.flush()
     for name in runners:
         mine = [r for r in rows if r["method"] == name]
         if not mine:

@@ -210,3 +210,25 @@ def test_a_stage_that_breaks_on_the_device_leaves_the_next_ones(tmp_path, monkey
     assert "stage warm FAILED: RuntimeError: no CUDA context" in said and "zoo stage ran" in said
     with pytest.raises(RuntimeError, match="no CUDA context"):  # the smoke run fails loudly
         gpu.main(["--smoke", "--out", str(tmp_path), "--stages", "warm", "--models", "zoo:dlm-small"])
+
+
+def test_engine_rows_are_written_as_they_come(tmp_path, monkeypatch, tool):
+    """A device call's time limit can stop the engine stage between two generations: the rows made before stay."""
+    import dataclasses
+
+    gpu = tool("results_gpu")
+    made: list[int] = []
+    real = gpu.engine_row
+
+    def row(*args, **kwargs):
+        if len(made) == 2:
+            raise SystemExit("the call's time limit")
+        made.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gpu, "engine_row", row)
+    out = tmp_path / "engine.jsonl"
+    with pytest.raises(SystemExit):
+        gpu.engine(dataclasses.replace(gpu.SMOKE, reps=2), torch.device("cpu"), out,
+                   {"command": "test", "run": "r", **gpu.versions()}, lambda line: None, ["hf.greedy"])
+    assert [json.loads(line)["method"] for line in out.read_text().splitlines()] == ["ar.greedy", "hf.greedy"]
