@@ -29,6 +29,7 @@ work=/tmp/fastdecode-$part
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 py=${PYTHON:-python3}
+STOPPED="gpu_run.sh: the suite stopped at its time limit of"  # (tools/gpu_verdict.py reads it)
 log="$out/$part-log.txt"
 # a call brings back at most 8 files: everything but the log goes into one archive, remade after every stage so
 # that a stage cut by the call's time limit still leaves the earlier ones (written aside and renamed, so that a call
@@ -38,9 +39,12 @@ snap() { tar czf "$out/$part.tgz.part" -C "$work" . && mv -f "$out/$part.tgz.par
 # tests among them): each failure with its traceback as it happens (the time limit can stop pytest before its
 # summary), each test's outcome in a JUnit file, so that tools/gpu_verdict.py finds the tests that never ran (skipped
 # where their weights were not there)
-suite() { FASTDECODE_TEST_DEVICE=cuda FASTDECODE_FAILURES="$work/pytest-failures.txt" timeout "$1" $py -m pytest \
-  -p tools.pytest_failures -p no:cacheprovider --junitxml "$work/pytest.xml" $($py tools/gpu_parts.py pytest 15) \
-  tests > "$work/pytest.txt" 2>&1
+# At the limit pytest gets SIGINT, so that it still writes its JUnit file and counts (of the tests run until then),
+# and the log gets the line tools/gpu_verdict.py reads as "stopped at the time limit" (KILL 30 s later if need be).
+suite() { FASTDECODE_TEST_DEVICE=cuda FASTDECODE_FAILURES="$work/pytest-failures.txt" timeout -s INT -k 30 "$1" \
+  $py -m pytest -p tools.pytest_failures -p no:cacheprovider --junitxml "$work/pytest.xml" \
+  $($py tools/gpu_parts.py pytest 15) tests > "$work/pytest.txt" 2>&1
+  [ $? != 124 ] || echo "$STOPPED $1 s" >> "$work/pytest.txt"
   tail -2 "$work/pytest.txt" | tee -a "$log"; snap; }
 { nvidia-smi -L; $py -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
 transformers.__version__, torch.cuda.get_device_name())"; $py tools/gpu_parts.py present; } 2>&1 | tee "$log"

@@ -209,9 +209,18 @@ def dtypes(folders: list[Path]) -> Verdict:
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 
 
+# the line tools/gpu_run.sh adds to a log whose pytest its time limit stopped (pytest, interrupted, still prints the
+# counts of the tests run until then, as if they were all), and what an interrupted pytest prints
+STOPPED = ("gpu_run.sh: the suite stopped at its time limit", "KeyboardInterrupt")
+
+
 def pytest_counts(path: Path) -> dict[str, int] | None:
-    """The counts of pytest's last summary line in a log (None when it stopped before one: a time limit)."""
-    for line in reversed(path.read_text(errors="replace").splitlines()):
+    """The counts of pytest's last summary line in a log (None when it stopped before one, or was stopped at a time
+    limit after it printed the counts of what it had run)."""
+    lines = path.read_text(errors="replace").splitlines()
+    if any(line.startswith(STOPPED) for line in lines):
+        return None
+    for line in reversed(lines):
         counts = COUNT.findall(line)
         if counts and (" in " in line or line.startswith("=")):
             return {("error" if k.startswith("error") else k): int(n) for n, k in counts}
@@ -243,7 +252,7 @@ def suite(folders: list[Path]) -> Verdict:
         counts = pytest_counts(path)
         if counts is None:
             cut = True
-            texts.append(f"{where(path, folders)}: stopped before its summary")
+            texts.append(f"{where(path, folders)}: stopped before its end (a time limit)")
             continue
         bad |= bool(counts.get("failed") or counts.get("error"))
         texts.append(f"{where(path, folders)}: " + ", ".join(f"{n} {k}" for k, n in counts.items()))

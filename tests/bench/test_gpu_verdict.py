@@ -97,7 +97,13 @@ def test_the_suite_passes_only_when_its_log_reached_its_summary_with_nothing_fai
     log = tmp_path / "rest" / "pytest.txt"
     log.write_text("...\n")  # cut by its time limit before the summary
     found = verdict.suite([tmp_path])
-    assert found.met is None and "rest/pytest.txt: stopped before its summary" in found.figures
+    assert found.met is None and "rest/pytest.txt: stopped before its end (a time limit)" in found.figures
+    # stopped by SIGINT at the limit, pytest still prints the counts of what it ran: the script's line says so
+    assert verdict.STOPPED[0] in (ROOT / "tools" / "gpu_run.sh").read_text()  # the line the script writes
+    log.write_text(f"....\n2000 passed, 3 skipped in 239.80s\n{verdict.STOPPED[0]} of 240 s\n")
+    assert verdict.pytest_counts(log) is None and verdict.suite([tmp_path]).met is None
+    log.write_text("....\n2000 passed in 239.80s\nTraceback (most recent call last):\nKeyboardInterrupt\n")
+    assert verdict.pytest_counts(log) is None
     # a failure before the cut is written as it comes (tools/pytest_failures.py)
     failures = tmp_path / "rest" / "pytest-failures.txt"
     failures.write_text("=== tests/t.py::test_a (call)\nE   assert 1 == 2\n")
