@@ -20,6 +20,7 @@ cd "$root"
 exclude=$(git rev-parse --git-path info/exclude)
 backup=$exclude.before-gpu
 absent=$exclude.none-before-gpu
+parts=$($py -c "import sys; sys.path.insert(0, '$tools'); import gpu_parts; print(' '.join(gpu_parts.PARTS))")
 case ${1:-} in
 prepare)
   if [ -e "$backup" ] || [ -e "$absent" ]; then
@@ -34,7 +35,7 @@ prepare)
   git rm -r --cached -q --ignore-unmatch docs/results '*.safetensors'
   printf '/docs/results/\n*.safetensors\n' >> "$exclude"
   echo "prepared: docs/results and the weights untracked for the calls (restore with: tools/gpu_session.sh restore)"
-  for part in ar dlm rest; do
+  for part in $parts; do
     echo "call $part: carry $($py "$tools/gpu_parts.py" carry $part 2>&1 | tr '\n' ' ')"
   done
   echo "commands: bash tools/gpu_run.sh ar \$OUT (timeout_s 420); bash tools/gpu_run.sh dlm \$OUT (timeout_s 280);"
@@ -58,7 +59,7 @@ unpack)
   [ $# -gt 0 ] || { echo "unpack DATE DIR...: name the folders the calls' files came back in" >&2; exit 2; }
   run=docs/results/gpu/$date
   found=0
-  for part in ar dlm rest; do
+  for part in $parts; do
     archive=$(find "$@" -name "$part.tgz" 2>/dev/null | head -1)
     log=$(find "$@" -name "$part-log.txt" 2>/dev/null | head -1)
     [ -n "$archive$log" ] || { echo "$part: no $part.tgz or $part-log.txt in $*"; continue; }
