@@ -385,16 +385,8 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
                 spec = RUNS.get(name, Run(name, name, exact=False, graphs=False))  # (hf.static_compile: neither)
                 if name == BASES[spec.kernels]:
                     bases[spec.kernels] = ids
-                row = engine_row(meta, model, name, rep, ids, forwards, wall, bases.get(spec.kernels), plan,
+                row = engine_row(meta, model, spec, rep, ids, forwards, wall, bases.get(spec.kernels), plan,
                                  len(prompt))
-                if spec.fused:
-                    row["params"]["fused"] = True
-                if spec.grouped:
-                    row["params"]["grouped"] = True
-                if spec.block is not None:
-                    row["params"]["block"] = spec.block
-                row["exact"] = model.exact.width if spec.exact and model.exact is not None else None
-                row["params"]["graphs"] = bool(spec.exact and spec.graphs and model.graphs is not None)
                 rows.append(row)
                 written.write(json.dumps(row) + "\n")
                 written.flush()
@@ -416,12 +408,20 @@ def engine(plan: Plan, device: torch.device, out: Path, meta: dict[str, Any], sa
     say(f"engine probe: {probe}")
 
 
-def engine_row(meta: dict[str, Any], model: fastdecode.CausalLM, method: str, rep: int, ids: list[int],
+def engine_row(meta: dict[str, Any], model: fastdecode.CausalLM, spec: Run, rep: int, ids: list[int],
                forwards: int, wall: float, base: list[int] | None, plan: Plan, prompt_tokens: int) -> dict[str, Any]:
-    equal = base is not None and ids == base
+    """One timed generation of the engine stage as a bench row, its setting (`spec`) in `params` and `exact`."""
+    method, equal = spec.name, base is not None and ids == base
     params: dict[str, Any] = {"max_new_tokens": plan.new}
     if method == "hf.static_compile":
         params["compiled"] = plan.compile and model.device.type == "cuda"
+    if spec.fused:
+        params["fused"] = True
+    if spec.grouped:
+        params["grouped"] = True
+    if spec.block is not None:
+        params["block"] = spec.block
+    params["graphs"] = bool(spec.exact and spec.graphs and model.graphs is not None)
     return {
         "suite": "engine", "task": f"engine.repeat-{prompt_tokens}", "item": rep, "seed": 0, "method": method,
         "params": params,
@@ -436,6 +436,7 @@ def engine_row(meta: dict[str, Any], model: fastdecode.CausalLM, method: str, re
         "tokens_per_s": len(ids) / wall, "acceptance_rate": 0.0, "output": "", "token_ids": ids,
         **meta, **precision(model), "machine": machine(model.device), "run": meta["run"],
         "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "exact": model.exact.width if spec.exact and model.exact is not None else None,
     }
 
 
