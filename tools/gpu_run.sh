@@ -11,7 +11,7 @@
 #          test whose weights are not there (a machine that went cold) is skipped with the file named
 #          (tests/carried.py), and the log's first lines say which parts' weights were there.
 # Every stage has its own time limit, so a slow one costs only itself; OUT gets PART-log.txt and PART.tgz (the rows,
-# the test logs, each failure's traceback). The two measuring calls' limits add up to 570 s (ar 345, dlm 225); with
+# the test logs, each failure's traceback). The two measuring calls' limits add up to 565 s (ar 345, dlm 220); with
 # the machine's start and the transfers, `rest` gets what is left of a session's 15 minutes: give it LIMIT, the
 # seconds the `dlm` call's reply says are left (lease.budget_left_s) less about a minute for its transfers and
 # archive, so that its tests end before the session's device time does. tools/gpu_session.sh prepares the checkout
@@ -67,12 +67,10 @@ ar)
   ;;
 dlm)
   # the last two lossless methods in bfloat16, spec.dlm_draft (zoo:dlm-small the draft) and spec.dflash (the DFlash
-  # head), on zoo:ar-small (left out, the file named, where the `ar` call's weights are not here); then ar.greedy
-  # alone in float32 (bfloat16 at least as fast: tools/gpu_verdict.py, against the bfloat16 rows of both calls)
-  timeout 90 $py tools/results_gpu.py --out "$work" --budget-s 70 --stages bfloat16 --models zoo:ar-small \
-    --methods spec.dlm_draft spec.dflash 2>&1 | tee -a "$log"
-  timeout 35 $py tools/results_gpu.py --out "$work" --stages float32 --models zoo:ar-small --methods ar.greedy 2>&1 \
-    | tee -a "$log"
+  # head), on zoo:ar-small (left out, the file named, where the `ar` call's weights are not here); then, in the same
+  # process, ar.greedy alone in float32 (bfloat16 at least as fast: tools/gpu_verdict.py compares one process's rows)
+  timeout 120 $py tools/results_gpu.py --out "$work" --budget-s 85 --stages bfloat16 float32-baseline \
+    --models zoo:ar-small --methods spec.dlm_draft spec.dflash 2>&1 | tee -a "$log"
   snap
   # the diffusion forward's CUDA graphs and fused kernels are on in both dtypes (the warm-up compiles the kernels);
   # then, while the budget lasts, what each is worth: -unfused runs the graphs without the fused kernels, the

@@ -29,7 +29,8 @@ And two checks of what the issue asks for first (the bfloat16 slowdown):
    `ar.greedy`'s slowest item in bfloat16 takes at most `SPREAD` times the fastest one's time per token (the cuDNN
    planning made every new prompt's tokens about 10 times slower), in each bench run, all 160-token items, the
    prompt's forward included;
-6. bfloat16 at least as fast as float32: each zoo model's baseline (`ar.greedy`, `dlm.baseline`) measured in both.
+6. bfloat16 at least as fast as float32: each zoo model's baseline (`ar.greedy`, `dlm.baseline`) measured in both
+   by one process of tools/results_gpu.py (one `command`; rows of separate processes are not compared).
 
 Only rows written on a CUDA device count: the same files from a CPU smoke run say "not measured".
 """
@@ -188,21 +189,23 @@ def new_prompts(folders: list[Path]) -> Verdict:
 
 
 def dtypes(folders: list[Path]) -> Verdict:
-    texts, ratios = [], []
+    """Each zoo baseline's tokens/s in bfloat16 against float32, where one process of tools/results_gpu.py (one
+    `command`) timed both: rows of separate processes are not compared."""
+    texts, ratios, measured = [], [], 0
     for model, method in BASELINES.items():
-        speed = {}
+        speed: dict[str | None, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
         for dtype in ("bfloat16", "float32"):
-            rows = [r for r in device_rows(folders, f"zoo-{dtype}.jsonl")
-                    if r["model"] == model and r["method"] == method]
-            if rows:
-                speed[dtype] = rate(rows)
-        if len(speed) == 2:
-            ratios.append(speed["bfloat16"] / speed["float32"])
-            texts.append(f"{method} on {model}: {speed['bfloat16']:.1f} against {speed['float32']:.1f} tokens/s "
-                         f"({ratios[-1]:.2f}×)")
-        else:
-            texts.append(f"{method} on {model}: not in both dtypes")
-    met = False if any(x < 1 for x in ratios) else (True if len(ratios) == len(BASELINES) else None)
+            for r in device_rows(folders, f"zoo-{dtype}.jsonl"):
+                if r["model"] == model and r["method"] == method:
+                    speed[r.get("command")][dtype].append(r)
+        pairs = [(rate(by["bfloat16"]), rate(by["float32"])) for by in speed.values() if len(by) == 2]
+        for bf16, fp32 in pairs:
+            ratios.append(bf16 / fp32)
+            texts.append(f"{method} on {model}: {bf16:.1f} against {fp32:.1f} tokens/s ({ratios[-1]:.2f}×)")
+        measured += bool(pairs)
+        if not pairs:
+            texts.append(f"{method} on {model}: not in both dtypes in one run")
+    met = False if any(x < 1 for x in ratios) else (True if measured == len(BASELINES) else None)
     return Verdict("bf16 at least as fast as float32", met, "; ".join(texts))
 
 

@@ -590,6 +590,11 @@ def main(argv: list[str] | None = None) -> None:
                                 out / "zoo-bfloat16.jsonl", command, say, time_left, args.models),
         "float32": lambda: zoo(plan, device, "float32", None, out / "zoo-float32.jsonl", command, say,
                                time_left, args.models),
+        # each zoo model's baseline alone in float32: against the bfloat16 rows of the same process (the same
+        # `command`), bfloat16 at least as fast (tools/gpu_verdict.py), without the other methods' float32 runs
+        "float32-baseline": lambda: zoo(dataclasses.replace(plan, lossless=("ar.greedy",), diffusion=("dlm.baseline",)),
+                                        device, "float32", None, out / "zoo-float32.jsonl", command, say, time_left,
+                                        args.models),
         # exact mode without CUDA graphs: whether a method's identity in bfloat16 depends on the capture
         "bfloat16-nographs": lambda: zoo(plan, device, "bfloat16", Exact(8, 256) if args.smoke else None,
                                          out / "zoo-bfloat16-nographs.jsonl", command, say, time_left, args.models,

@@ -171,6 +171,10 @@ def test_new_prompts_and_the_two_dtypes(verdict, tmp_path):
     assert verdict.dtypes([tmp_path / "b", tmp_path / "d"]).met is True
     write(tmp_path / "b", "zoo-float32.jsonl", [item(0, 0.2, "r3")])
     assert verdict.dtypes([tmp_path / "b", tmp_path / "d"]).met is False
+    # rows that separate processes wrote (another `command`) are not put side by side
+    write(tmp_path / "d", "zoo-float32.jsonl", [{**dlm, "wall_s": 0.2, "command": "another process"}])
+    apart = verdict.dtypes([tmp_path / "d"])
+    assert apart.met is None and "dlm.baseline on zoo:dlm-small: not in both dtypes in one run" in apart.figures
 
 
 def test_main_prints_the_table_and_refuses_a_missing_folder(verdict, tmp_path, capsys):

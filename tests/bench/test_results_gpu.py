@@ -68,13 +68,17 @@ def test_kernel_tables_smoke(tmp_path, tool):
 
 
 def test_the_baseline_alone_in_float32(tmp_path, tool, device):
-    """tools/gpu_run.sh's `dlm` call times `ar.greedy` alone in float32 (`--methods ar.greedy`): its rows and no
-    other method's, against which the verdict puts the bfloat16 rows of both calls."""
+    """tools/gpu_run.sh's `dlm` call times `ar.greedy` alone in float32 (stage `float32-baseline`) in the process
+    that ran the bfloat16 methods: its rows and no other method's, with the same `command` as the bfloat16 rows,
+    which the verdict puts side by side."""
     skip_if_not_carried(str(device), NOT_CARRIED[0] / "ar-small" / "model.safetensors")
-    tool("results_gpu").main(["--smoke", "--out", str(tmp_path), "--stages", "float32", "--models", "zoo:ar-small",
-                              "--methods", "ar.greedy"])
+    tool("results_gpu").main(["--smoke", "--out", str(tmp_path), "--stages", "bfloat16", "float32-baseline",
+                              "--models", "zoo:ar-small", "--methods", "spec.pld"])
     rows = [json.loads(line) for line in (tmp_path / "zoo-float32.jsonl").read_text().splitlines()]
     assert rows and {(r["method"], r["dtype"]) for r in rows} == {("ar.greedy", "float32")}
+    bf16 = [json.loads(line) for line in (tmp_path / "zoo-bfloat16.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in bf16} == {"ar.greedy", "spec.pld"}
+    assert {r["command"] for r in rows} == {r["command"] for r in bf16}
 
 
 def test_warm_and_eager_float32_stages_of_the_diffusion_part(tmp_path, capsys, tool):
