@@ -77,18 +77,12 @@ def reorder(parents: list[int], order: list[int]) -> list[int]:
     return [-1 if parents[node] < 0 else place[parents[node]] for node in order]
 
 
-def on_first_branch(tokens: list[int], parents: list[int], path: list[int]) -> bool:
-    """Whether an accepted path of tokens is the tree's first branch: nodes 0..a-1, node i the child of node i - 1.
-
-    Those nodes sit at consecutive columns right after the context in the verification forward, exactly where a
-    chain (and `ar.greedy`) puts the same tokens; any other path has siblings between its nodes (exact mode on a
-    GPU cuts such a path where it leaves the branch or confirms it as a chain: docs/gpu.md, "Trees on a GPU")."""
-    return first_branch_prefix(tokens, parents, path) == len(path)
-
-
 def first_branch_prefix(tokens: list[int], parents: list[int], path: list[int]) -> int:
     """How many leading nodes of an accepted path are the tree's first branch (nodes 0..m-1, node i the child of node
-    i - 1): the nodes whose logits rows a verification forward computes where a chain would."""
+    i - 1): the nodes whose logits rows a verification forward computes where a chain would, at consecutive columns
+    right after the context, where a chain (and `ar.greedy`) puts the same tokens. Later nodes of a path off that
+    branch have siblings between them (exact mode on a GPU cuts such a path where it leaves the branch or confirms it
+    as a chain: docs/gpu.md, "Trees on a GPU")."""
     m = 0
     while m < len(path) and m < len(parents) and parents[m] == m - 1 and tokens[m] == path[m]:
         m += 1

@@ -14,7 +14,7 @@ from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
 from fastdecode.speculative.drafter import BaseDrafter, Draft, SpecConfig
 from fastdecode.speculative.driver import _Row, speculative
-from fastdecode.speculative.tree import first_branch_prefix, on_first_branch, preorder, reorder
+from fastdecode.speculative.tree import first_branch_prefix, preorder, reorder
 
 PROMPTS = ["Sort this", "the quick brown fox"]
 NEW = 24
@@ -172,6 +172,10 @@ def test_preorder_lists_each_branch_before_the_next():
 
 def test_first_branch_is_nodes_zero_to_a_minus_one_in_a_row():
     tokens, parents = [5, 6, 7, 8], [-1, 0, -1, 2]
+
+    def on_first_branch(tokens: list[int], parents: list[int], path: list[int]) -> bool:  # the whole path on it
+        return first_branch_prefix(tokens, parents, path) == len(path)
+
     assert on_first_branch(tokens, parents, []) and on_first_branch(tokens, parents, [5, 6])
     assert not on_first_branch(tokens, parents, [7, 8]) and not on_first_branch(tokens, parents, [7])
     assert not on_first_branch([5, 6, 7], [-1, -1, 1], [5, 6])  # node 1 is the root's child, not node 0's
