@@ -22,20 +22,17 @@ dir=${2:-/tmp/gpu-dry-run-$parts}
 rm -rf "$dir"
 git clone -q "$root" "$dir"
 cd "$dir"
-keep=()
-for part in ${parts//+/ }; do
-  while IFS= read -r path; do keep+=("$path"); done < <($py -c "
-import json, sys; sys.path.insert(0, 'tools'); import gpu_parts
-print('\n'.join(gpu_parts.PARTS['$part']))")
-done
-# every weights file but those the parts carry, and the committed results, stay behind
-find . -name '*.safetensors' -not -path './.git/*' | while IFS= read -r file; do
-  carried=0
-  for path in "${keep[@]}"; do
-    case "${file#./}" in "$path"|"$path"/*) carried=1 ;; esac
-  done
-  [ $carried = 1 ] || rm "$file"
-done
+# the weights of the parts not named stay behind (a part's weights: gpu_parts.weights_in), and the committed results
+$py - "$parts" <<'EOF'
+import sys
+sys.path.insert(0, "tools")
+import gpu_parts
+kept = sys.argv[1].split("+")
+for part, paths in gpu_parts.PARTS.items():
+    if part not in kept:
+        for weights in (w for path in paths for w in gpu_parts.weights_in(path)):
+            weights.unlink(missing_ok=True)
+EOF
 rm -rf docs/results
 log=$($py -c "import sys; sys.path.insert(0, 'tools'); import gpu_parts; print(gpu_parts.LOG)")
 $py tools/gpu_parts.py present
