@@ -13,6 +13,8 @@ with the file named (tests/carried.py, tools/results_gpu.py), and `present` says
     python tools/gpu_parts.py present       # each part's weights files here and absent (first thing in every call)
     python tools/gpu_parts.py check         # every part fits, and together they carry every weights file
     python tools/gpu_parts.py pytest 15     # the suite's pytest options with 15 workers
+    python tools/gpu_parts.py limit dlm 480 # a call's LIMIT and timeout_s, from the previous reply's budget_left_s
+    python tools/gpu_parts.py plan          # the calls' commands, each LIMIT as a rule (tools/gpu_session.sh)
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ PARTS = {  # in the order of the calls
 SUITE = "rest"  # the call that runs the whole suite: the last, when every part's weights are there
 LOG = "pytest"  # its log, `pytest.txt`, with `pytest.xml` (JUnit) and `pytest-failures.txt` (tools/gpu_verdict.py)
 TEST_TIMEOUT = 120  # seconds a test may take there (pytest-timeout)
+# The time plan of one device session (15 minutes of device time, the machine's start included, which is not known in
+# advance: a minute, or two to three where a start fails and another kind is tried). The first call's stages have
+# fixed limits; each later call's LIMIT comes from what the previous reply says is left (`lease.budget_left_s`), so
+# that a slow start costs the measurements that matter least (the `dlm` call's diffusion stages), not the suite.
+LIMITS = {"ar": 345, "dlm": 220}  # the most each measuring call's stages take (tools/gpu_run.sh)
+CALL_COST = 60  # seconds a call costs beyond its LIMIT: its start, the carry, `present`, the archive, the transfer
+SUITE_LEAST = 150  # the suite's LIMIT the `dlm` call leaves (15 workers ran 93 % of it in 150 s on the H200)
+SLACK = {"ar": 75, "dlm": 60, "rest": 40}  # timeout_s less LIMIT: the script's own work around its stages
 
 
 def weights_in(path: str) -> list[Path]:
@@ -95,6 +105,36 @@ def pytest_options(workers: int) -> list[str]:
             "--timeout", str(TEST_TIMEOUT)]
 
 
+def limit(part: str, budget_left: int | None = None) -> tuple[int, int]:
+    """(LIMIT for `tools/gpu_run.sh PART OUT LIMIT`, the call's `timeout_s`), `budget_left` being the previous reply's
+    `lease.budget_left_s` (the first call has fixed limits and needs none). `dlm` gets at most its stages' 220 s, less
+    where a slow start would leave the suite under `SUITE_LEAST` (0: the call only carries its weights, which the suite
+    needs); the suite gets what is left less one call's cost."""
+    if part == "ar":
+        return LIMITS["ar"], LIMITS["ar"] + SLACK["ar"]
+    if budget_left is None:
+        raise ValueError(f"the {part} call's LIMIT comes from the previous reply's lease.budget_left_s: pass it")
+    if part == "dlm":
+        at_most = max(0, min(LIMITS["dlm"], budget_left - 2 * CALL_COST - SUITE_LEAST))
+    elif part == SUITE:
+        at_most = max(0, budget_left - CALL_COST)
+    else:
+        raise ValueError(f"part {part!r}: one of {', '.join(PARTS)}")
+    return at_most, at_most + SLACK[part]
+
+
+def plan() -> list[str]:
+    """The calls' commands in order, each later call's LIMIT as a rule on the previous reply's budget B (`limit`),
+    written out: the next call must start within the 30 s a machine stays warm, with no time to run anything."""
+    least = 2 * CALL_COST + SUITE_LEAST
+    return ["the calls, one after the other (B: the previous reply's lease.budget_left_s):",
+            f"  bash tools/gpu_run.sh ar $OUT           timeout_s {limit('ar')[1]}",
+            f"  bash tools/gpu_run.sh dlm $OUT LIMIT    LIMIT = min({LIMITS['dlm']}, B - {least}), at least 0; "
+            f"timeout_s LIMIT + {SLACK['dlm']}",
+            f"  bash tools/gpu_run.sh {SUITE} $OUT LIMIT   LIMIT = B - {CALL_COST}; timeout_s LIMIT + {SLACK[SUITE]}",
+            "  then give_back"]
+
+
 def check() -> list[str]:
     """What is wrong with the parts (empty: each fits, and together they carry every weights file)."""
     problems = []
@@ -112,8 +152,9 @@ def check() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("carry", "present", "check", "pytest"))
-    ap.add_argument("part", nargs="?", help=f"carry: one of {', '.join(PARTS)}; pytest: the workers")
+    ap.add_argument("what", choices=("carry", "present", "check", "pytest", "limit", "plan"))
+    ap.add_argument("part", nargs="?", help=f"carry, limit: one of {', '.join(PARTS)}; pytest: the workers")
+    ap.add_argument("budget_left", nargs="?", type=int, help="limit: the previous reply's lease.budget_left_s")
     args = ap.parse_args(argv)
     if args.what == "check":
         problems = check()
@@ -123,11 +164,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "present":
         print("\n".join(present()))
         return 0
+    if args.what == "plan":
+        print("\n".join(plan()))
+        return 0
     if args.what == "pytest":
         print(" ".join(pytest_options(int(args.part or 15))))
         return 0
     if args.part not in PARTS:
-        ap.error(f"carry needs a part: {', '.join(PARTS)}")
+        ap.error(f"{args.what} needs a part: {', '.join(PARTS)}")
+    if args.what == "limit":
+        try:
+            at_most, timeout = limit(args.part, args.budget_left)
+        except ValueError as e:
+            ap.error(str(e))
+        print(f"LIMIT {at_most} timeout_s {timeout}")
+        return 0
     print(json.dumps(list(PARTS[args.part])))
     print(f"{(tree_bytes() + carried_bytes(args.part)) / 2**20:.1f} MiB with the tree", file=sys.stderr)
     return 0

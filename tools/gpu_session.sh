@@ -38,9 +38,7 @@ prepare)
   for part in $parts; do
     echo "call $part: carry $($py "$tools/gpu_parts.py" carry $part 2>&1 | tr '\n' ' ')"
   done
-  echo "commands: bash tools/gpu_run.sh ar \$OUT (timeout_s 420); bash tools/gpu_run.sh dlm \$OUT (timeout_s 280);"
-  echo "  bash tools/gpu_run.sh rest \$OUT LIMIT (LIMIT: the dlm reply's lease.budget_left_s - 60;"
-  echo "  timeout_s LIMIT + 40)"
+  $py "$tools/gpu_parts.py" plan
   ;;
 restore)
   if [ ! -e "$backup" ] && [ ! -e "$absent" ]; then

@@ -292,12 +292,15 @@ def where(path: Path, folders: list[Path]) -> str:
 
 # what the calls' logs (`PART-log.txt`, tools/results_gpu.py's lines) say went wrong or was not done
 TROUBLE = {"failed": " FAILED", "skipped past --budget-s": "skipped: past --budget-s",
-           "left out for a file": " left out: "}
+           "left out for a file": " left out: ",
+           # tools/gpu_run.sh's `dlm` call where a slow start left it too little of its LIMIT for a stage
+           "not run within a call's limit": "gpu_run.sh: not run within the call's limit"}
 
 
 def troubles(folders: list[Path], shown: int = 10) -> list[str]:
-    """The lines of the calls' logs that say a stage, run or method failed, was skipped for time or left out for a
-    weights file that was not there: a count of each, then the first `shown` lines (empty: none)."""
+    """The lines of the calls' logs that say a stage, run or method failed, was skipped for time, left out for a
+    weights file that was not there or not run for the call's limit: a count of each, then the first `shown` lines
+    (empty: none)."""
     hits: dict[str, list[str]] = {kind: [] for kind in TROUBLE}
     for path in found_logs(folders):
         for line in path.read_text(errors="replace").splitlines():

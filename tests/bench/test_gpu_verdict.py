@@ -212,9 +212,18 @@ def test_the_calls_logs_name_what_failed_or_was_not_done(verdict, tmp_path):
         "[150.2 s] zoo:ar-small parallel-lists bfloat16 skipped: past --budget-s; run the command again to finish it\n"
         "[  1.0 s] zoo:ar-small spec.dflash bfloat16 left out: fastdecode/zoo/ar-small/heads/dflash/model.safetensors"
         " is not in this checkout\n")
+    not_run = verdict.TROUBLE["not run within a call's limit"]  # what tools/gpu_run.sh writes for a stage its
+    assert not_run in (ROOT / "tools" / "gpu_run.sh").read_text()  # LIMIT left out
+    (tmp_path / "dlm").mkdir()
+    (tmp_path / "dlm" / "dlm-log.txt").write_text(
+        f"{not_run} of 80 s: the diffusion family's stages (12 s left for them)\n")
     found = verdict.troubles([tmp_path])
-    assert found[0] == "In the calls' logs: 1 failed, 1 skipped past --budget-s, 1 left out for a file"
+    assert found[0] == ("In the calls' logs: 1 failed, 1 skipped past --budget-s, 1 left out for a file, 1 not run "
+                        "within a call's limit")
     assert found[1].startswith("- ar-log.txt: [ 20.0 s] engine warm-up ar.greedy:fused=true,grouped=true FAILED")
-    assert len(found) == 4 and verdict.troubles([tmp_path], shown=1)[-1] == "- ... and 2 more"
+    assert found[4] == "- dlm-log.txt: gpu_run.sh: not run within the call's limit of 80 s: the diffusion family's " \
+                       "stages (12 s left for them)"
+    assert len(found) == 5 and verdict.troubles([tmp_path], shown=1)[-1] == "- ... and 3 more"
     (tmp_path / "ar" / "ar-log.txt").write_text("[  2.6 s] engine warm-up ar.greedy: 2.4 s\n[ 49.7 s] done\n")
+    (tmp_path / "dlm" / "dlm-log.txt").unlink()
     assert verdict.troubles([tmp_path]) == []

@@ -4,6 +4,10 @@ their dtype, exact mode and machine, and the report shows them like any other.""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,6 +141,33 @@ def test_the_device_parts_fit_a_call_and_carry_every_weights_file(tool, tmp_path
     monkeypatch.setattr(parts, "ROOT", tmp_path)
     monkeypatch.setattr(parts, "PARTS", {"p": ("zoo/m/model.safetensors", "zoo/m/heads")})
     assert parts.present() == ["p: 1 of 2 weights files here; absent: zoo/m/heads/h/model.safetensors"]
+
+
+def test_each_later_call_gets_its_limit_from_what_the_previous_reply_left(tool, tmp_path):
+    """tools/gpu_parts.py `limit`: the `dlm` call keeps its 220 s where the start was quick and gives up its stages,
+    never the suite's least, where it was slow; the suite gets what is left less a call's cost; `plan` writes the same
+    as rules. tools/gpu_run.sh's `dlm` call with no time left carries its weights and says which stages it left out."""
+    parts = tool("gpu_parts")
+    assert parts.limit("ar") == (345, 420)
+    least = 2 * parts.CALL_COST + parts.SUITE_LEAST
+    assert parts.limit("dlm", 900 - 60 - 300) == (220, 280)  # a one-minute start, the `ar` stages at 300 s
+    assert parts.limit("dlm", least + 100) == (100, 160)  # a slow start: the suite keeps its least
+    assert parts.limit("dlm", least - 10) == (0, parts.SLACK["dlm"])  # only the weights, for the suite
+    assert parts.limit("rest", 280) == (280 - parts.CALL_COST, 280 - parts.CALL_COST + parts.SLACK["rest"])
+    with pytest.raises(ValueError, match="budget_left_s"):
+        parts.limit("dlm")
+    rules = "\n".join(parts.plan())
+    assert f"LIMIT = min(220, B - {least})" in rules and f"LIMIT = B - {parts.CALL_COST}" in rules
+    script = Path(parts.__file__).parent / "gpu_run.sh"
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(script), "dlm", str(out), "0"], cwd=script.parent.parent, capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "PYTHON": sys.executable, "WORK": str(tmp_path / "work")})
+    assert done.returncode == 0, done.stderr
+    log = (out / "dlm-log.txt").read_text()
+    assert re.search(r"^dlm: \d of 5 weights files here", log, re.M)  # `present` first
+    assert log.count("gpu_run.sh: not run within the call's limit of 0 s:") == 2 and "spec.dlm_draft" in log
+    assert not (out / "dlm.tgz").exists()  # no stage ran, so nothing to archive
 
 
 def test_the_device_read_probe_runs_each_method_it_counts(tool):
