@@ -7,6 +7,8 @@ A check for a torch version other than the one the project pins (the lent GPUs r
 the same on every device, so a graph break or an unsupported call shows here on the CPU (inductor builds C++ there).
 
     python tools/fused_compile.py                       # zoo:dlm-small and zoo:ar-small, float32 and bfloat16
+
+`--backend eager` traces without building kernels (dynamo alone: what tests/bench/test_fused_compile.py runs).
 """
 
 from __future__ import annotations
@@ -34,11 +36,11 @@ def fused_module(model: object) -> object:
     return native if native is not None else model.model  # type: ignore[attr-defined]
 
 
-def check(name: str, dtype: str, device: str, tokens: int) -> str:
+def check(name: str, dtype: str, device: str, tokens: int, backend: str = "inductor") -> str:
     model = fastdecode.load(name, device=device, dtype=dtype, graphs=False)
     method = METHODS[name]
     plain = [fastdecode.generate(model, p, method, max_new_tokens=tokens).token_ids for p in PROMPTS]
-    fused_module(model).fuse(True, backend="inductor")  # type: ignore[attr-defined]
+    fused_module(model).fuse(True, backend=backend)  # type: ignore[attr-defined]
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("error", FastDecodeWarning)  # "could not be built ... runs unfused" fails the check
@@ -55,10 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("--backend", default="inductor", help="torch.compile's backend (eager: tracing alone)")
     args = parser.parse_args(argv)
     for name in args.models:
         for dtype in args.dtypes:
-            print(check(name, dtype, args.device, args.tokens), flush=True)
+            print(check(name, dtype, args.device, args.tokens, args.backend), flush=True)
     return 0
 
 
