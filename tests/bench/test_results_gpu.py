@@ -159,6 +159,10 @@ def test_each_later_call_gets_its_limit_from_what_the_previous_reply_left(tool, 
     rules = "\n".join(parts.plan())
     assert f"LIMIT = min(220, B - {least})" in rules and f"LIMIT = B - {parts.CALL_COST}" in rules
     script = Path(parts.__file__).parent / "gpu_run.sh"
+    text = script.read_text()  # the limits are the script's: the `ar` stages' timeouts, the `dlm` call's default
+    ar = text[text.index("\nar)\n"):text.index("\ndlm)\n")]
+    assert sum(int(t) for t in re.findall(r"timeout (\d+) ", ar)) == parts.LIMITS["ar"]
+    assert f"dlm) limit={parts.LIMITS['dlm']} ;;" in text
     out = tmp_path / "out"
     done = subprocess.run(["bash", str(script), "dlm", str(out), "0"], cwd=script.parent.parent, capture_output=True,
                           text=True, timeout=120,
