@@ -266,6 +266,20 @@ def _check_threads(threads: int | None) -> None:
         raise ArgumentError(f"--threads must be at least 1, not {threads}.")
 
 
+def _heads_folder(out_dir: str | None, target: str, name: str, what: str) -> str:
+    """A training command's --out, or for a zoo target the package's zoo/MODEL/heads/NAME, where the methods find the
+    trained part with no flag; a target outside the zoo needs --out."""
+    from fastdecode.errors import ArgumentError
+
+    if out_dir is not None:
+        return out_dir
+    if not target.startswith("zoo:"):
+        raise ArgumentError(f"--out is needed for a target outside the zoo ({target!r}): name the {what}'s folder.")
+    from fastdecode.train.zoo import zoo_folder
+
+    return str(zoo_folder(target[4:]) / "heads" / name)
+
+
 def _exact_kwargs(exact: bool | None, graphs: bool | None = None, fused: bool | None = None) -> dict[str, bool]:
     """`load`'s exact=, graphs= and fused= from --exact/--no-exact, --graphs/--no-graphs and --fused/--no-fused (none:
     the device's default, so load is called as before)."""
@@ -589,7 +603,6 @@ def train_drafter(
 
     import fastdecode
     from fastdecode.config import parse_param_strings
-    from fastdecode.errors import ArgumentError
     from fastdecode.train.heads import split_settings, train_head
     from fastdecode.train.objectives import head_objective
 
@@ -598,12 +611,7 @@ def train_drafter(
     cfg, options = split_settings(parse_param_strings(set_))
     if steps is not None:
         cfg = dataclasses.replace(cfg, steps=steps)
-    if out_dir is None:
-        if not target.startswith("zoo:"):
-            raise ArgumentError(f"--out is needed for a target outside the zoo ({target!r}): name the head's folder.")
-        from fastdecode.train.zoo import zoo_folder
-
-        out_dir = str(zoo_folder(target[4:]) / "heads" / kind)
+    out_dir = _heads_folder(out_dir, target, kind, "head")
     import torch
 
     torch.set_num_threads(threads)
@@ -689,19 +697,13 @@ def train_filter_command(
     from pathlib import Path
 
     import fastdecode
-    from fastdecode.errors import ArgumentError
     from fastdecode.train.checkpoint import clear_checkpoint
     from fastdecode.train.filter import FilterTraining, train_filter
     from fastdecode.train.filter_card import METHODS, measure_decoding, write_card
 
     _check_threads(threads)
     cfg = settings(FilterTraining, set_, "the filter's training (FilterTraining)")
-    if out_dir is None:
-        if not target.startswith("zoo:"):
-            raise ArgumentError(f"--out is needed for a model outside the zoo ({target!r}): name the filter's folder.")
-        from fastdecode.train.zoo import zoo_folder
-
-        out_dir = str(zoo_folder(target[4:]) / "heads" / "learn2pd")
+    out_dir = _heads_folder(out_dir, target, "learn2pd", "filter")
     import torch
 
     torch.set_num_threads(threads)
@@ -764,12 +766,7 @@ def train_duo_command(
         budget_list = tuple(int(b) for b in budgets.split(",") if b.strip())
     except ValueError:
         raise ArgumentError(f"--budgets {budgets!r}: give token budgets as integers, e.g. 320,128.") from None
-    if out_dir is None:
-        if not target.startswith("zoo:"):
-            raise ArgumentError(f"--out is needed for a model outside the zoo ({target!r}): name the gates' folder.")
-        from fastdecode.train.zoo import zoo_folder
-
-        out_dir = str(zoo_folder(target[4:]) / "heads" / "duo")
+    out_dir = _heads_folder(out_dir, target, "duo", "gates")
     torch.set_num_threads(threads)
     model = fastdecode.load(target, device="cpu", dtype="float32")
     command = (f"fastdecode train duo --target {target} --seed {seed} --threads {threads}"

@@ -287,6 +287,19 @@ def test_threads_0_is_refused(cli_main, capsys, tmp_path, command):
     one_error_line(capsys.readouterr().err, "--threads must be at least 1, not 0")
 
 
+@pytest.mark.parametrize("command, what", [
+    (["train", "drafter", "--kind", "medusa"], "head"),
+    (["train", "filter"], "filter"),
+    (["train", "duo"], "gates"),
+])
+def test_training_a_model_outside_the_zoo_needs_out(cli_main, capsys, command, what):
+    """A trained part goes by default into the zoo model's heads/ folder; for a target outside the zoo the command
+    asks for --out before it loads anything (the target here does not exist)."""
+    assert cli_main(*command, "--target", "/no/such") == 2
+    one_error_line(capsys.readouterr().err, "--out is needed for a target outside the zoo ('/no/such')",
+                   f"name the {what}'s folder")
+
+
 def test_an_unknown_suite_is_refused_before_the_model_loads(cli_main, capsys, tmp_path):
     assert cli_main("bench", "--suite", "quik", "--kind", "causal", "-m", "/no/such",
                            "--methods", "ar.greedy", "--out", str(tmp_path / "r.jsonl")) == 2
