@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from ..errors import IncompatibleMethodError, ModelLoadError
-from ..models.loading import UNSAFE_WEIGHTS
 from .base import Target
 from .dflash import DFlashConfig, DFlashHead, mask_token_of
+from .io import fit_tensors, read_weights
 
 ARCHITECTURE = "DFlashDraftModel"
 SHARED = ("embed_tokens.weight", "lm_head.weight")  # the target's, ignored if a checkpoint carries them
@@ -108,16 +107,7 @@ def load_dflash(folder: str | Path, model: Any, device: Any = None, dtype: torch
     state = _tensors(root)
     state = {k.removeprefix("model."): v for k, v in state.items()}
     state = {k: v for k, v in state.items() if k not in SHARED}
-    expected = head.state_dict()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ModelLoadError(f"{root} does not fit a DFlash drafter with its config: missing tensors "
-                             f"{missing[:5] or 'none'}, unexpected tensors {unexpected[:5] or 'none'}.")
-    wrong = [f"{k} {tuple(state[k].shape)} (expected {tuple(v.shape)})" for k, v in expected.items()
-             if state[k].shape != v.shape]
-    if wrong:
-        raise ModelLoadError(f"{root} has tensors of the wrong shape: {', '.join(wrong[:5])}.")
-    head.load_state_dict(state, strict=True, assign=True)
+    fit_tensors(head, state, root, "a DFlash drafter with its config")
     model_dtype = getattr(model, "dtype", None)
     dtype = dtype or (model_dtype if isinstance(model_dtype, torch.dtype) else None)
     return head.to(device=device or getattr(model, "device", None), dtype=dtype).eval()
@@ -167,13 +157,5 @@ def _tensors(root: Path) -> dict[str, torch.Tensor]:
         ["model.safetensors"]
     state: dict[str, torch.Tensor] = {}
     for name in files:
-        path = root / name
-        if not path.is_file():
-            pickled = [u for u in UNSAFE_WEIGHTS if (root / u).exists()]
-            hint = f" The folder has {pickled[0]}, a pickle fastdecode never loads." if pickled else ""
-            raise ModelLoadError(f"DFlash weights {path} are missing.{hint} Convert them to safetensors.")
-        try:
-            state.update(load_file(str(path)))
-        except (SafetensorError, OSError) as e:
-            raise ModelLoadError(f"DFlash weights {path} are corrupt or truncated ({e}).") from None
+        state.update(read_weights(root / name, "DFlash weights"))
     return state

@@ -19,14 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from ..errors import IncompatibleMethodError, ModelLoadError
-from ..models.loading import UNSAFE_WEIGHTS
 from .base import Target
 from .eagle3 import Eagle3Config, Eagle3Head
-from .io import CONFIG, WEIGHTS, _dtype, head_for, resolve_head
+from .io import CONFIG, WEIGHTS, _dtype, fit_tensors, head_for, read_weights, resolve_head
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -92,16 +90,8 @@ def load_eagle3(folder: str | Path, model: Any | None = None, device: str | torc
         t2d[torch.arange(config.draft_vocab_size) + tensors["d2t"].long()] = True
         tensors["t2d"] = t2d
     tensors["d2t"], tensors["t2d"] = tensors["d2t"].long(), tensors["t2d"].bool()
-    expected = head.state_dict()
-    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise ModelLoadError(f"{root / WEIGHTS} is not an EAGLE-3 head of this shape: missing {missing[:5] or 'none'}, "
-                             f"unexpected {unexpected[:5] or 'none'} (only single-layer Llama EAGLE-3 heads load).")
-    wrong = [f"{k} {tuple(tensors[k].shape)} (config gives {tuple(v.shape)})" for k, v in expected.items()
-             if tensors[k].shape != v.shape]
-    if wrong:
-        raise ModelLoadError(f"{root / WEIGHTS} has tensors of the wrong shape for its config.json: {wrong[:5]}.")
-    head.load_state_dict(tensors, strict=True, assign=True)
+    fit_tensors(head, tensors, root / WEIGHTS, "an EAGLE-3 head with its config.json",
+                "Only single-layer Llama EAGLE-3 heads load.")
     head = head.to(device=device) if device is not None else head
     if dtype is not None:
         head = head.to(dtype=_dtype(dtype))
@@ -162,16 +152,7 @@ def _aux_layers(record: dict[str, Any], model: Any | None) -> tuple[int, ...]:
 
 
 def _tensors(root: Path) -> dict[str, torch.Tensor]:
-    path = root / WEIGHTS
-    if not path.is_file():
-        pickled = [u for u in UNSAFE_WEIGHTS if (root / u).exists()]
-        hint = f" The folder has {pickled[0]}, a pickle fastdecode never loads; convert it to safetensors." \
-            if pickled else ""
-        raise ModelLoadError(f"EAGLE-3 head weights {path} are missing.{hint}")
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError) as e:
-        raise ModelLoadError(f"EAGLE-3 head weights {path} are corrupt or truncated ({e}).") from None
+    return read_weights(root / WEIGHTS, "EAGLE-3 head weights")
 
 
 def _check_embeddings(embed: torch.Tensor, model: Any, root: Path) -> None:

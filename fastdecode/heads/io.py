@@ -124,27 +124,43 @@ def _read(folder: Path) -> dict[str, Any]:
 def _load_tensors(head: Head, folder: Path) -> None:
     """Copy the folder's tensors into `head`, refusing missing, unexpected or wrongly shaped ones."""
     path = folder / WEIGHTS
+    saved = read_weights(path, "Head weights", "Save the head (again) with save_head.")
+    fit_tensors(head, saved, path, f"a {head.kind!r} head with this config")  # the saved tensors, in their dtypes
+
+
+def read_weights(path: Path, what: str, fix: str = "") -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file `path`, never a pickle: a missing file is refused with a pickle beside it
+    named (fastdecode never loads one), a corrupt one with safetensors' reason; `what` names the file in the message
+    ("Head weights", "EAGLE-3 head weights") and `fix`, a sentence, ends it."""
+    more = f" {fix}" if fix else ""
     if not path.is_file():
-        pickled = [u for u in UNSAFE_WEIGHTS if (folder / u).exists()]
-        hint = f" The folder has {pickled[0]}, a pickle fastdecode never loads; save the head with save_head." \
-            if pickled else ""
-        raise ModelLoadError(f"Head weights {path} are missing.{hint}")
+        pickled = [u for u in UNSAFE_WEIGHTS if (path.parent / u).exists()]
+        hint = (f" The folder has {pickled[0]}, a pickle fastdecode never loads: convert it to safetensors where you "
+                "trust it." if pickled else "")
+        raise ModelLoadError(f"{what} {path} are missing.{hint}{more}")
     try:
-        saved = load_file(str(path))
+        return load_file(str(path))
     except (SafetensorError, OSError) as e:
-        raise ModelLoadError(f"Head weights {path} are corrupt or truncated ({e}); save the head again.") from None
-    expected = head.state_dict()
-    missing = sorted(set(expected) - set(saved))
-    unexpected = sorted(set(saved) - set(expected))
+        raise ModelLoadError(f"{what} {path} are corrupt or truncated ({e}).{more}") from None
+
+
+def fit_tensors(module: torch.nn.Module, tensors: dict[str, torch.Tensor], where: Path, what: str,
+                note: str = "") -> None:
+    """`module.load_state_dict(tensors, strict=True, assign=True)` (the tensors themselves, in their dtypes), after
+    refusing missing, unexpected or wrongly shaped ones, a few of each named: `where` the file they came from, `what`
+    the module they were meant for ("a 'medusa' head with this config"), `note` a sentence more."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    more = f" {note}" if note else ""
     if missing or unexpected:
-        raise ModelLoadError(f"{path} does not fit a {head.kind!r} head with this config: "
-                             f"missing tensors {_few(missing)}, unexpected tensors {_few(unexpected)}.")
-    wrong = [f"{k} {tuple(saved[k].shape)} (the config gives {tuple(v.shape)})"
-             for k, v in expected.items() if saved[k].shape != v.shape]
+        raise ModelLoadError(f"{where} does not fit {what}: missing tensors {_few(missing)}, unexpected tensors "
+                             f"{_few(unexpected)}.{more}")
+    wrong = [f"{k} {tuple(tensors[k].shape)} (the config gives {tuple(v.shape)})"
+             for k, v in expected.items() if tensors[k].shape != v.shape]
     if wrong:
-        raise ModelLoadError(f"{path} has tensors of the wrong shape for a {head.kind!r} head with this config: "
-                             f"{_few(wrong)}.")
-    head.load_state_dict(saved, strict=True, assign=True)  # the saved tensors themselves, in their saved dtypes
+        raise ModelLoadError(f"{where} has tensors of the wrong shape for {what}: {_few(wrong)}.{more}")
+    module.load_state_dict(tensors, strict=True, assign=True)
 
 
 def _few(names: list[str], n: int = 5) -> str:

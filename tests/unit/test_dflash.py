@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import fastdecode
 from fastdecode.errors import IncompatibleMethodError, ModelLoadError, ParameterError
@@ -170,7 +170,15 @@ def test_authors_layout_on_another_target_is_refused(causal, head, tmp_path, sav
     other = fastdecode.load(save_causal_model(tmp_path / "wide", tokenizer, hidden_size=96))
     with pytest.raises(IncompatibleMethodError, match="hidden_size 64"):
         load_dflash(folder, other)
-    (folder / "model.safetensors").unlink()
+    weights = folder / "model.safetensors"
+    tensors = load_file(str(weights))
+    save_file({**tensors, "model.extra.weight": torch.zeros(2)}, str(weights))
+    with pytest.raises(ModelLoadError, match="does not fit a DFlash drafter.*unexpected tensors extra.weight"):
+        load_dflash(folder, causal)
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ModelLoadError, match="corrupt or truncated"):
+        load_dflash(folder, causal)
+    weights.unlink()
     with pytest.raises(ModelLoadError, match="missing"):
         load_dflash(folder, causal)
 

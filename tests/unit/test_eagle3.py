@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import fastdecode
 from fastdecode.engine import encode_batch
@@ -252,9 +253,21 @@ def test_a_foreign_head_for_another_target_is_refused(tmp_path, causal):
     save_eagle3(_head(config=Eagle3Config(**{**SMALL.__dict__, "layers": (0, 1, 1)})), tmp_path / "small")
     with pytest.raises(IncompatibleMethodError, match="hidden size 64"):
         fastdecode.generate(causal, "Sort", "spec.eagle3", max_new_tokens=4, head=str(tmp_path / "small"))
-    (tmp_path / "small" / "model.safetensors").unlink()
+    # a tensor of the wrong shape, one too many, a truncated file: each refused with the cause (heads/io.py)
+    weights = tmp_path / "small" / "model.safetensors"
+    tensors = load_file(str(weights))
+    save_file({**tensors, "fc.weight": tensors["fc.weight"][:, 1:].contiguous()}, str(weights))
+    with pytest.raises(ModelLoadError, match=r"wrong shape for an EAGLE-3 head.*fc\.weight"):
+        load_eagle3(tmp_path / "small", causal)
+    save_file({**tensors, "extra.weight": torch.zeros(2)}, str(weights))
+    with pytest.raises(ModelLoadError, match="unexpected tensors extra.weight. Only single-layer Llama EAGLE-3"):
+        load_eagle3(tmp_path / "small", causal)
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ModelLoadError, match="corrupt or truncated"):
+        load_eagle3(tmp_path / "small", causal)
+    weights.unlink()
     (tmp_path / "small" / "pytorch_model.bin").write_bytes(b"")
-    with pytest.raises(ModelLoadError, match="pickle"):
+    with pytest.raises(ModelLoadError, match="pytorch_model.bin, a pickle fastdecode never loads: convert it"):
         load_eagle3(tmp_path / "small", causal)
 
 
