@@ -140,15 +140,17 @@ class Graphs:
     @staticmethod
     def _load(entry: _Entry, ids: torch.Tensor, positions: torch.Tensor, base: list[int], block: Block | None) -> None:
         """Copy one block into the entry's static buffers; a plain block after a plain one copies ids, positions
-        and `meta` only."""
+        and `meta` only. Copies from the host do not wait for the device (`non_blocking`: CUDA takes a pageable
+        source in before it returns, and the replay follows them on the same stream), so a step's one
+        synchronisation is its driver's read of the result."""
         T = ids.shape[1]
-        entry.meta.copy_(torch.tensor([[n, T] for n in base], dtype=torch.long))
+        entry.meta.copy_(torch.tensor([[n, T] for n in base], dtype=torch.long), non_blocking=True)
         if T == entry.ids.shape[1]:
-            entry.ids.copy_(ids)
-            entry.positions.copy_(positions)
+            entry.ids.copy_(ids, non_blocking=True)
+            entry.positions.copy_(positions, non_blocking=True)
         else:
-            entry.ids[:, :T].copy_(ids)
-            entry.positions[:, :T].copy_(positions)
+            entry.ids[:, :T].copy_(ids, non_blocking=True)
+            entry.positions[:, :T].copy_(positions, non_blocking=True)
         if block is None:
             if not entry.plain:
                 entry.real.fill_(True)
@@ -159,13 +161,13 @@ class Graphs:
                 entry.past_all = True
             return
         real, visible, past = block
-        entry.real[:, :T].copy_(real)
-        entry.visible[:, :T, :T].copy_(visible)
+        entry.real[:, :T].copy_(real, non_blocking=True)
+        entry.visible[:, :T, :T].copy_(visible, non_blocking=True)
         entry.plain = False
         if past is not None or not entry.past_all:
             entry.past.fill_(True)
         if past is not None:
-            entry.past[:, :T, : past.shape[-1]].copy_(past)
+            entry.past[:, :T, : past.shape[-1]].copy_(past, non_blocking=True)
         entry.past_all = past is None
 
     def _body(self, entry: _Entry, K: int, pad_id: int) -> Callable[[Any], tuple[torch.Tensor, torch.Tensor]]:

@@ -256,11 +256,38 @@ class _Out:
     confirmed: bool = False  # its tree path was confirmed by one more target forward (`_Group._confirm`)
 
 
-def _clock(model: CausalLM) -> float:
-    """Wall time after the device has finished the work queued so far (GPU kernels run asynchronously)."""
-    if model.device.type == "cuda":
-        torch.cuda.synchronize(model.device)
-    return time.perf_counter()
+class _Stopwatch:
+    """The phase times of a speculative step (`draft_s`, `verify_s`) without synchronising the host with the device
+    (issue #30: at most one synchronisation a step, the verdict's read). On CUDA a mark is an event recorded on the
+    current stream, and the time between two marks the stream's: the device's work between them and its idle gaps
+    while the host worked (a host drafter's time, the read of the verdict), so work queued by one phase counts in that
+    phase, not in the next that waits for it. Elsewhere the host's clock. `seconds` waits for its later mark: the
+    driver asks only after the step's verdict was read back, when every earlier mark has passed and the later ones
+    wait for nothing but the step's own bookkeeping."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def seconds(self, start: Any, end: Any) -> float:
+        if not self.cuda:
+            return float(end - start)
+        end.synchronize()  # (the event alone, never the device)
+        return start.elapsed_time(end) / 1000.0
+
+
+def _onto(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` on `device`; a copy from the host to a GPU does not wait for the device (CUDA takes a pageable source in
+    before it returns, and the kernels that read it follow on the stream), so a step's one synchronisation stays the
+    verdict's read. A copy to the host waits, as it must before the host reads it."""
+    return t.to(device, non_blocking=t.device.type == "cpu" and device.type != "cpu")
 
 
 @dataclass
@@ -280,29 +307,30 @@ class _Group:
     def __init__(self, model: CausalLM, rows: list[_Row], cache) -> None:
         self.model, self.rows, self.cache = model, rows, cache
         self.sparse: SparseSelector | None = None  # the target's sparse attention rule (SpecConfig.attention)
+        self.watch = _Stopwatch(model.device)
 
     def step(self) -> dict[int, _Out]:
-        model = self.model
+        watch = self.watch
         base = list(self.cache.lengths)
         # 1. every active row drafts
         drafts: list[Draft | None] = []
         blocks: list[_Block | None] = []
-        draft_s: list[float] = []
+        drafting: list[tuple[Any, Any] | None] = []  # each row's marks around its drafting (`_Stopwatch`)
         before = [r.drafter.forwards for r in self.rows]
         for row, cached in zip(self.rows, base, strict=True):
             if row.done:
                 drafts.append(None)
                 blocks.append(None)
-                draft_s.append(0.0)
+                drafting.append(None)
                 continue
-            t0 = _clock(model)
+            t0 = watch.mark()
             proposed = row.propose()
-            draft_s.append(_clock(model) - t0)
+            drafting.append((t0, watch.mark()))
             drafts.append(proposed)
             blocks.append(row.block(proposed, cached))
 
         # 2. one forward over every row's block, padded to the longest (padding sees only itself)
-        t1 = _clock(model)
+        t1 = watch.mark()
         live = [r.drafter for r, blk in zip(self.rows, blocks, strict=True) if blk is not None]
         asked = tuple(dict.fromkeys(i for d in live for i in d.hidden_layers))  # intermediate layers any row reads
         needs: bool | tuple[int, ...] = asked or any(d.needs_hidden for d in live)
@@ -310,20 +338,20 @@ class _Group:
         # [B, T - first, V], [B, T, H], {layer: [B, T, H]}
         logits, hidden, layers = ((fwd.logits, fwd.hidden, dict(zip(asked, fwd.layers, strict=True)))
                                   if isinstance(fwd, CausalOutput) else (fwd, None, {}))
-        shared = _clock(model) - t1
+        forward = (t1, watch.mark())  # (no wait for the forward: the verdicts' reads below do)
 
         # 3. each row's verdict on its slice (in row order: sampled verdicts draw from the run's generator)
         slices: dict[int, torch.Tensor] = {}
         verdicts: dict[int, Verdict] = {}
-        spent = [0.0] * len(self.rows)
+        spent: list[list[tuple[Any, Any]]] = [[forward] for _ in self.rows]  # each row's verification marks
         for b, (row, draft, blk) in enumerate(zip(self.rows, drafts, blocks, strict=True)):
             if draft is None or blk is None:
                 continue
-            t2 = _clock(model)
+            t2 = watch.mark()
             lo = blk.pending - 1 - first
             slices[b] = logits[b, lo : lo + 1 + blk.tokens.numel() - blk.pending]  # [1 + k + S, V]
             verdicts[b] = row.judge(draft, slices[b])
-            spent[b] = _clock(model) - t2
+            spent[b].append((t2, watch.mark()))
         confirm = []  # rows whose tree path must be confirmed as a chain first (exact mode)
         for b, verdict in list(verdicts.items()):
             kept = self.rows[b].exact_verdict(drafts[b], verdict)
@@ -340,12 +368,16 @@ class _Group:
         def settle(b: int, chained: bool) -> None:
             row, draft, blk = self.rows[b], drafts[b], blocks[b]
             assert draft is not None and blk is not None
-            t3 = _clock(model)
+            t3 = watch.mark()
             n = blk.tokens.numel()
             out, keep[b] = row.settle(draft, verdicts[b], slices[b], base[b], blk.pending, chained,
                                       hidden[b, :n] if hidden is not None else None,
                                       {i: t[b, :n] for i, t in layers.items()})
-            out.draft_s, out.verify_s = draft_s[b], shared + spent[b] + _clock(model) - t3
+            spent[b].append((t3, watch.mark()))
+            marks = drafting[b]
+            assert marks is not None  # (a row with a verdict drafted)
+            out.draft_s = watch.seconds(*marks)
+            out.verify_s = sum(watch.seconds(*pair) for pair in spent[b])
             out.draft_forwards = row.drafter.forwards - before[b]
             out.confirmed = chained
             outs[id(self.rows[b])] = out
@@ -354,13 +386,13 @@ class _Group:
             if b not in confirm:
                 settle(b, False)
         if confirm:
-            t4 = _clock(model)
+            t4 = watch.mark()
             self.cache.crop_rows(keep)  # a confirmed row drops its whole tree, the others what they do not keep
             chained = self._confirm({b: (self.rows[b], verdicts[b]) for b in confirm}, base)
-            again = _clock(model) - t4  # shared by the confirmed rows, as the first forward is by all
+            again = (t4, watch.mark())  # shared by the confirmed rows, as the first forward is by all
             for b, verdict in chained.items():
                 verdicts[b] = verdict
-                spent[b] += again
+                spent[b].append(again)
                 settle(b, True)
         self.cache.crop_rows(keep)
         return outs
@@ -383,15 +415,17 @@ class _Group:
             if blk is None:
                 continue
             n = blk.tokens.numel()
-            inp[b, :n], pos[b, :n], vis[b, :n, :n], real[b, :n] = blk.tokens.to(where), blk.positions, blk.visible, 1
+            inp[b, :n] = _onto(blk.tokens, where)
+            pos[b, :n], vis[b, :n, :n], real[b, :n] = blk.positions, blk.visible, 1
             pos[b, n:] = blk.positions[-1]
         first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
         device = model.device
         # every row a chain of the same length: a plain causal block of real tokens, which needs no mask (with CUDA
         # graphs no mask is copied to the device then: docs/gpu.md, "Host work per step")
         plain = all(blk is not None and blk.chain and blk.tokens.numel() == T for blk in blocks)
-        fwd = model.forward(inp.to(device), pos.to(device), self.cache, None if plain else real.to(device),
-                            num_logits=T - first, visible=None if plain else vis.to(device), hidden=hidden,
+        fwd = model.forward(_onto(inp, device), _onto(pos, device), self.cache,
+                            None if plain else _onto(real, device), num_logits=T - first,
+                            visible=None if plain else _onto(vis, device), hidden=hidden,
                             sparse=self.sparse)
         return fwd, first
 
@@ -503,8 +537,8 @@ class _Row:
         # where the drafts are: a drafter that left them unread on the device (a draft model's greedy chain on a GPU)
         # gets its block built there, so that reading them waits for the verdict (`_Group._forward`)
         where = draft.tokens.device
-        tokens = torch.cat([self.ids[n - P : n].to(where), draft.tokens]
-                           + ([side.tokens.to(where)] if side else []))
+        tokens = torch.cat([_onto(self.ids[n - P : n], where), draft.tokens]
+                           + ([_onto(side.tokens, where)] if side else []))
         if draft.parents is None and side is None:  # a chain: plain causal attention
             return _Block(tokens, torch.arange(n - P, n + k), torch.ones(P + k, P + k, dtype=torch.bool).tril(), P,
                           chain=True)
