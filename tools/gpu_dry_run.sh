@@ -36,10 +36,7 @@ EOF
 rm -rf docs/results
 log=$($py -c "import sys; sys.path.insert(0, 'tools'); import gpu_parts; print(gpu_parts.LOG)")
 $py tools/gpu_parts.py present
-PYTHONPATH=. FASTDECODE_TEST_DEVICE=cpu:0 FASTDECODE_FAILURES="$dir/$log-failures.txt" $py -m pytest \
-  -p tools.pytest_failures -p no:cacheprovider --junitxml "$dir/$log.xml" \
-  $($py tools/gpu_parts.py pytest "${WORKERS:-2}") tests > "$dir/$log.txt" 2>&1 && rc=0 || rc=$?
-tail -1 "$dir/$log.txt"
+$py tools/gpu_parts.py suite "$dir" --device cpu:0 --workers "${WORKERS:-2}" && rc=0 || rc=$?
 grep '^SKIPPED.*not in this checkout' "$dir/$log.txt" || true
 [ -f "$dir/$log-failures.txt" ] && grep '^===' "$dir/$log-failures.txt"
 exit $rc

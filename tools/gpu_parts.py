@@ -12,7 +12,7 @@ with the file named (tests/carried.py, tools/results_gpu.py), and `present` says
     python tools/gpu_parts.py carry ar      # the JSON list for the device call's `carry`, and its size on stderr
     python tools/gpu_parts.py present       # each part's weights files here and absent (first thing in every call)
     python tools/gpu_parts.py check         # every part fits, and together they carry every weights file
-    python tools/gpu_parts.py pytest 15     # the suite's pytest options with 15 workers
+    python tools/gpu_parts.py suite DIR --device cuda --workers 15 --limit 240   # the suite as the device runs it
     python tools/gpu_parts.py limit dlm 480 # a call's LIMIT and timeout_s, from the previous reply's budget_left_s
     python tools/gpu_parts.py plan          # the calls' commands, each LIMIT as a rule (tools/gpu_session.sh)
 """
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +45,9 @@ PARTS = {  # in the order of the calls
 }
 SUITE = "rest"  # the call that runs the whole suite: the last, when every part's weights are there
 LOG = "pytest"  # its log, `pytest.txt`, with `pytest.xml` (JUnit) and `pytest-failures.txt` (tools/gpu_verdict.py)
+# the line `run_suite` adds to a log whose pytest its time limit stopped: an interrupted pytest still prints the counts
+# of the tests run until then, as if they were all (tools/gpu_verdict.py reads the line as "stopped")
+STOPPED = "the device suite stopped at its time limit of"
 TEST_TIMEOUT = 120  # seconds a test may take there (pytest-timeout)
 # The time plan of one device session (15 minutes of device time, the machine's start included, which is not known in
 # advance: a minute, or two to three where a start fails and another kind is tried). The first call's stages have
@@ -105,6 +110,38 @@ def pytest_options(workers: int) -> list[str]:
             "--timeout", str(TEST_TIMEOUT)]
 
 
+def run_suite(folder: Path, device: str, workers: int, limit: float | None = None,
+              tests: tuple[str, ...] = ("tests",)) -> int:
+    """The whole test suite as the device's last call runs it (tools/gpu_run.sh, `device` "cuda") and as its
+    rehearsal does (tools/gpu_dry_run.sh, "cpu:0"), with `pytest_options(workers)`; returns pytest's exit status, 124
+    where `limit` stopped it. In `folder`: the log (`LOG`.txt), each test's outcome in a JUnit file (`LOG`.xml: the
+    verdict finds the tests that never ran, skipped where their weights were not there) and each failure with its
+    traceback as it happens (`LOG`-failures.txt, tools/pytest_failures.py: the limit can stop pytest before its
+    summary). At `limit` seconds pytest gets SIGINT, so that it still writes its JUnit file and counts, KILL 30 s later
+    if need be, and the log gets the `STOPPED` line."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "FASTDECODE_TEST_DEVICE": device, "FASTDECODE_FAILURES": str(folder / f"{LOG}-failures.txt"),
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    args = [sys.executable, "-m", "pytest", "-p", "tools.pytest_failures", "-p", "no:cacheprovider",
+            "-c", str(ROOT / "pyproject.toml"), "--junitxml", str(folder / f"{LOG}.xml"), *pytest_options(workers),
+            *tests]
+    log = folder / f"{LOG}.txt"
+    with log.open("w") as out:
+        run = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            return run.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            run.send_signal(signal.SIGINT)
+            try:
+                run.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                run.wait()
+    with log.open("a") as out:
+        out.write(f"{STOPPED} {limit:g} s\n")
+    return 124
+
+
 def limit(part: str, budget_left: int | None = None) -> tuple[int, int]:
     """(LIMIT for `tools/gpu_run.sh PART OUT LIMIT`, the call's `timeout_s`), `budget_left` being the previous reply's
     `lease.budget_left_s` (the first call has fixed limits and needs none). `dlm` gets at most its stages' 220 s, less
@@ -152,9 +189,19 @@ def check() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("carry", "present", "check", "pytest", "limit", "plan"))
-    ap.add_argument("part", nargs="?", help=f"carry, limit: one of {', '.join(PARTS)}; pytest: the workers")
-    ap.add_argument("budget_left", nargs="?", type=int, help="limit: the previous reply's lease.budget_left_s")
+    sub = ap.add_subparsers(dest="what", required=True)
+    sub.add_parser("carry", help="a part's carry list").add_argument("part", choices=list(PARTS))
+    sub.add_parser("present", help="each part's weights files here and absent")
+    sub.add_parser("check", help="every part fits a call, and together they carry every weights file")
+    sub.add_parser("plan", help="the calls' commands, each later LIMIT as a rule")
+    lim = sub.add_parser("limit", help="a call's LIMIT and timeout_s")
+    lim.add_argument("part", choices=list(PARTS))
+    lim.add_argument("budget_left", nargs="?", type=int, help="the previous reply's lease.budget_left_s")
+    run = sub.add_parser("suite", help="the whole test suite as the device runs it")
+    run.add_argument("folder", type=Path, help=f"where {LOG}.txt, {LOG}.xml and {LOG}-failures.txt go")
+    run.add_argument("--device", required=True, help="FASTDECODE_TEST_DEVICE: cuda, or cpu:0 for a rehearsal")
+    run.add_argument("--workers", type=int, default=15)
+    run.add_argument("--limit", type=float, help="seconds before pytest is interrupted")
     args = ap.parse_args(argv)
     if args.what == "check":
         problems = check()
@@ -163,24 +210,21 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     if args.what == "present":
         print("\n".join(present()))
-        return 0
-    if args.what == "plan":
+    elif args.what == "plan":
         print("\n".join(plan()))
-        return 0
-    if args.what == "pytest":
-        print(" ".join(pytest_options(int(args.part or 15))))
-        return 0
-    if args.part not in PARTS:
-        ap.error(f"{args.what} needs a part: {', '.join(PARTS)}")
-    if args.what == "limit":
+    elif args.what == "limit":
         try:
             at_most, timeout = limit(args.part, args.budget_left)
         except ValueError as e:
             ap.error(str(e))
         print(f"LIMIT {at_most} timeout_s {timeout}")
-        return 0
-    print(json.dumps(list(PARTS[args.part])))
-    print(f"{(tree_bytes() + carried_bytes(args.part)) / 2**20:.1f} MiB with the tree", file=sys.stderr)
+    elif args.what == "suite":
+        rc = run_suite(args.folder, args.device, args.workers, args.limit)
+        print("\n".join((args.folder / f"{LOG}.txt").read_text(errors="replace").splitlines()[-2:]))
+        return rc
+    else:
+        print(json.dumps(list(PARTS[args.part])))
+        print(f"{(tree_bytes() + carried_bytes(args.part)) / 2**20:.1f} MiB with the tree", file=sys.stderr)
     return 0
 
 

@@ -33,24 +33,15 @@ work=${WORK:-/tmp/fastdecode-$part}  # (a test gives its own)
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 py=${PYTHON:-python3}
-STOPPED="gpu_run.sh: the suite stopped at its time limit of"  # (tools/gpu_verdict.py reads both)
-NOT_RUN="gpu_run.sh: not run within the call's limit of"
+NOT_RUN="gpu_run.sh: not run within the call's limit of"  # (tools/gpu_verdict.py reads it)
 log="$out/$part-log.txt"
 # a call brings back at most 8 files: everything but the log goes into one archive, remade after every stage so
 # that a stage cut by the call's time limit still leaves the earlier ones (written aside and renamed, so that a call
 # killed while it writes keeps the previous archive whole)
 snap() { tar czf "$out/$part.tgz.part" -C "$work" . && mv -f "$out/$part.tgz.part" "$out/$part.tgz"; }
-# the whole suite with the device switch, in parallel (15 workers and the options of tools/gpu_parts.py; the graphs'
-# tests among them): each failure with its traceback as it happens (the time limit can stop pytest before its
-# summary), each test's outcome in a JUnit file, so that tools/gpu_verdict.py finds the tests that never ran (skipped
-# where their weights were not there)
-# At the limit pytest gets SIGINT, so that it still writes its JUnit file and counts (of the tests run until then),
-# and the log gets the line tools/gpu_verdict.py reads as "stopped at the time limit" (KILL 30 s later if need be).
-suite() { FASTDECODE_TEST_DEVICE=cuda FASTDECODE_FAILURES="$work/pytest-failures.txt" timeout -s INT -k 30 "$1" \
-  $py -m pytest -p tools.pytest_failures -p no:cacheprovider --junitxml "$work/pytest.xml" \
-  $($py tools/gpu_parts.py pytest 15) tests > "$work/pytest.txt" 2>&1
-  [ $? != 124 ] || echo "$STOPPED $1 s" >> "$work/pytest.txt"
-  tail -2 "$work/pytest.txt" | tee -a "$log"; snap; }
+# the whole suite with the device switch, 15 workers (tools/gpu_parts.py `run_suite`: its log, JUnit file and each
+# failure as it comes; at LIMIT pytest is interrupted and the log says so), then the archive
+suite() { $py tools/gpu_parts.py suite "$work" --device cuda --workers 15 --limit "$1" 2>&1 | tee -a "$log"; snap; }
 { nvidia-smi -L; $py -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
 transformers.__version__, torch.cuda.get_device_name())"; $py tools/gpu_parts.py present; } 2>&1 | tee "$log"
 case $part in

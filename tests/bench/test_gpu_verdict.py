@@ -99,7 +99,6 @@ def test_the_suite_passes_only_when_its_log_reached_its_summary_with_nothing_fai
     found = verdict.suite([tmp_path])
     assert found.met is None and "rest/pytest.txt: stopped before its end (a time limit)" in found.figures
     # stopped by SIGINT at the limit, pytest still prints the counts of what it ran: the script's line says so
-    assert verdict.STOPPED[0] in (ROOT / "tools" / "gpu_run.sh").read_text()  # the line the script writes
     log.write_text(f"....\n2000 passed, 3 skipped in 239.80s\n{verdict.STOPPED[0]} of 240 s\n")
     assert verdict.pytest_counts(log) is None and verdict.suite([tmp_path]).met is None
     log.write_text("....\n2000 passed in 239.80s\nTraceback (most recent call last):\nKeyboardInterrupt\n")
@@ -185,23 +184,27 @@ def test_main_prints_the_table_and_refuses_a_missing_folder(verdict, tmp_path, c
     assert "unpack each PART.tgz" in capsys.readouterr().err
 
 
-def test_the_device_suite_options_keep_the_summary_the_verdict_reads(verdict, tool, tmp_path):
-    """The device run's pytest options (tools/gpu_parts.py) with the repository's own (addopts: -q) leave pytest's
-    counts in the log; a second -q hid them, and the verdict then reads a finished run as one cut by its limit."""
+def test_the_device_suite_keeps_the_summary_the_verdict_reads_and_says_where_its_limit_stopped(verdict, tool,
+                                                                                               tmp_path):
+    """The suite as the device's last call runs it (tools/gpu_parts.py `run_suite`, with the repository's own pytest
+    options: addopts' -q) leaves pytest's counts in its log; a second -q hid them, and the verdict then read a
+    finished run as one cut by its limit. Stopped at its limit, pytest still writes its JUnit file and the counts of
+    what it ran, and the log gets the line the verdict reads as stopped."""
     pytest.importorskip("xdist")
     pytest.importorskip("pytest_timeout")
-    import subprocess
-    import sys
-
-    (tmp_path / "test_t.py").write_text("import pytest\n\ndef test_a():\n    pass\n\n"
-                                        "def test_b():\n    pytest.skip('not here')\n")
-    options = tool("gpu_parts").pytest_options(1)
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"),
-                          "--rootdir", str(tmp_path), *options, str(tmp_path / "test_t.py")],
-                         capture_output=True, text=True, timeout=120)
-    log = tmp_path / "pytest.txt"
-    log.write_text(run.stdout + run.stderr)
+    parts = tool("gpu_parts")
+    tests = tmp_path / "test_t.py"
+    tests.write_text("import pytest\nimport time\n\ndef test_a():\n    pass\n\n"
+                     "def test_b():\n    pytest.skip('not here')\n")
+    assert parts.run_suite(tmp_path / "done", "cpu", 1, tests=(str(tests),)) == 0
+    log = tmp_path / "done" / "pytest.txt"
     assert verdict.pytest_counts(log) == {"passed": 1, "skipped": 1}, log.read_text()[-2000:]
+    tests.write_text(tests.read_text() + "\ndef test_c():\n    time.sleep(100)\n")
+    assert parts.run_suite(tmp_path / "cut", "cpu", 1, limit=8, tests=(str(tests),)) == 124
+    log = tmp_path / "cut" / "pytest.txt"
+    assert log.read_text().splitlines()[-1] == f"{verdict.STOPPED[0]} 8 s"
+    assert (tmp_path / "cut" / "pytest.xml").is_file() and verdict.pytest_counts(log) is None
+    assert "cut/pytest.txt: stopped before its end" in verdict.suite([tmp_path]).figures
 
 
 def test_the_calls_logs_name_what_failed_or_was_not_done(verdict, tmp_path):
