@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -9,23 +11,27 @@ from fastdecode.speculative.drafters.suffix import SuffixConfig, SuffixDrafter
 from fastdecode.speculative.suffix_tree import SuffixTree, best_draft, draft_from, tree_from
 
 
-def path(tree: SuffixTree, tokens: list[int]):
+def path(tree: SuffixTree, tokens: list[int]) -> int:
     node = tree.root
     for t in tokens:
-        node = node.children[t]
+        node = tree.children[node][t]
     return node
+
+
+def count(tree: SuffixTree, tokens: list[int]) -> int:
+    return tree.count[path(tree, tokens)]
 
 
 def test_counts_are_substring_occurrences():
     tree = SuffixTree(max_depth=3)
     tree.extend(0, [1, 2, 1, 2, 3])
-    assert path(tree, [1]).count == 2 and path(tree, [1, 2]).count == 2 and path(tree, [2, 3]).count == 1
-    assert path(tree, [1, 2, 1]).count == 1
-    assert not path(tree, [1, 2, 1]).children  # depth 3 is the limit
+    assert count(tree, [1]) == 2 and count(tree, [1, 2]) == 2 and count(tree, [2, 3]) == 1
+    assert count(tree, [1, 2, 1]) == 1
+    assert not tree.children[path(tree, [1, 2, 1])]  # depth 3 is the limit
     tree.extend(0, [1, 2])  # growing a sequence counts only the new suffixes
-    assert path(tree, [1, 2]).count == 3 and path(tree, [3, 1, 2]).count == 1
-    assert [n.depth for n in tree.suffix_nodes(0)] == [1, 2]
-    assert tree.suffix_nodes(0)[1] is path(tree, [1, 2])
+    assert count(tree, [1, 2]) == 3 and count(tree, [3, 1, 2]) == 1
+    assert [tree.depth[n] for n in tree.suffix_nodes(0)] == [1, 2]
+    assert tree.suffix_nodes(0)[1] == path(tree, [1, 2])
 
 
 def test_remove_undoes_a_sequence():
@@ -34,41 +40,68 @@ def test_remove_undoes_a_sequence():
     tree.extend(1, [6, 7, 8, 6, 7])
     tree.remove(1)
     assert len(tree) == 1 and tree.oldest() == 0
-    assert path(tree, [6, 7]).count == 1 and 8 not in tree.root.children
+    assert count(tree, [6, 7]) == 1 and 8 not in tree.children[tree.root]
     fresh = SuffixTree(max_depth=4)
     fresh.extend(0, [5, 6, 7])
 
-    def dump(node):
-        return {t: (c.count, dump(c)) for t, c in node.children.items()}
+    def dump(t, node):
+        return {token: (t.count[c], dump(t, c)) for token, c in t.children[node].items()}
 
-    assert dump(tree.root) == dump(fresh.root)
+    assert dump(tree, tree.root) == dump(fresh, fresh.root)
+    assert tree.nodes == fresh.nodes  # the removed substrings' nodes are free for reuse
+
+
+def test_freed_nodes_are_reused():
+    tree = SuffixTree(max_depth=6)
+    tree.extend(0, [1, 2, 3])
+    for seq in range(1, 40):  # a global tree's FIFO: one request in, the oldest out
+        tree.extend(seq, [seq % 7, 40 + seq % 5, 3, seq % 3])
+        tree.remove(tree.oldest())
+    assert len(tree) == 1
+    fresh = SuffixTree(max_depth=6)
+    fresh.extend(0, [39 % 7, 40 + 39 % 5, 3, 39 % 3])
+    assert tree.nodes == fresh.nodes and len(tree.count) < 4 * fresh.nodes  # storage bounded by the live nodes
+
+
+def test_a_tree_adds_no_objects_for_the_cycle_collector():
+    # a node as an object was three tracked objects; ~55,000 for one generation's trees started full collections
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 300, (2000,), generator=g).tolist()
+    gc.collect()
+    before = len(gc.get_objects())
+    tree = SuffixTree(max_depth=24)
+    for t in tokens:  # one token at a time, as a generation adds them
+        tree.extend(0, [t])
+    gc.collect()  # (tuples of untracked items are untracked by a collection)
+    assert tree.nodes > 20000
+    assert len(gc.get_objects()) - before < 50
 
 
 def test_draft_follows_the_most_frequent_child_until_the_probability_drops():
     tree = SuffixTree(max_depth=8)
     tree.extend(0, [1, 2, 3, 9, 1, 2, 3, 9, 1, 2, 4, 9, 1, 2])
     node = path(tree, [1, 2])  # count 4, followed by 3 twice and 4 once
-    d = draft_from(node, max_tokens=5, min_token_prob=0.1)
+    d = draft_from(tree, node, max_tokens=5, min_token_prob=0.1)
     # p = 2/4 for 3, then 1 along [9 1 2], then 1/2 at the tie between 3 and 4 (first seen wins)
     assert d.tokens == [3, 9, 1, 2, 3] and d.score == pytest.approx(0.5 * 4 + 0.25)
-    assert draft_from(node, max_tokens=5, min_token_prob=0.6).tokens == []
-    assert draft_from(node, max_tokens=1, min_token_prob=0.1).tokens == [3]
+    assert draft_from(tree, node, max_tokens=5, min_token_prob=0.6).tokens == []
+    assert draft_from(tree, node, max_tokens=1, min_token_prob=0.1).tokens == [3]
 
 
 def test_tree_mode_grows_the_likeliest_continuations_first():
     tree = SuffixTree(max_depth=8)
     tree.extend(0, [1, 2, 3, 9, 1, 2, 3, 9, 1, 2, 4, 9, 1, 2])
     node = path(tree, [1, 2])  # count 4: 3 twice (p 1/2), 4 once (p 1/4), the open end once
-    d = tree_from(node, max_tokens=4, min_token_prob=0.1)
+    d = tree_from(tree, node, max_tokens=4, min_token_prob=0.1)
     # the chain 3 9 1 2 keeps path probability 1/2 (each of its steps is certain), above the 1/4 of 4
     assert d.tokens == [3, 9, 1, 2] and d.parents == [-1, 0, 1, 2] and d.score == pytest.approx(2.0)
-    d = tree_from(node, max_tokens=6, min_token_prob=0.1)
+    d = tree_from(tree, node, max_tokens=6, min_token_prob=0.1)
     # then three candidates at 1/4: 4 under the root (offered first), then 3 and 4 after [.. 2] (offered next)
     assert d.tokens == [3, 9, 1, 2, 4, 3] and d.parents == [-1, 0, 1, 2, -1, 3]
     assert d.score == pytest.approx(2.0 + 0.25 + 0.25)
-    assert tree_from(node, max_tokens=6, min_token_prob=0.3).parents == [-1, 0, 1, 2]  # 1/4 falls below the floor
-    assert tree_from(node, max_tokens=6, min_token_prob=0.6).tokens == []
-    assert best_draft([node], 6, 3.0, 0.0, 0.1, tree=True) == d  # a 2-token match may draft 6 nodes
+    assert tree_from(tree, node, max_tokens=6, min_token_prob=0.3).parents == [-1, 0, 1, 2]  # 1/4 under the floor
+    assert tree_from(tree, node, max_tokens=6, min_token_prob=0.6).tokens == []
+    assert best_draft(tree, [node], 6, 3.0, 0.0, 0.1, tree_mode=True) == d  # a 2-token match may draft 6 nodes
 
 
 def test_the_drafter_sends_a_branching_tree_and_a_chain_otherwise():
@@ -87,12 +120,12 @@ def test_the_drafter_sends_a_branching_tree_and_a_chain_otherwise():
 def test_draft_length_grows_with_the_match_length():
     tree = SuffixTree(max_depth=16)
     tree.extend(0, list(range(10)) * 2)
-    assert [n.depth for n in tree.match([7, 8, 9])] == [1, 2]  # as Arctic: never the whole context
+    assert [tree.depth[n] for n in tree.match([7, 8, 9])] == [1, 2]  # as Arctic: never the whole context
     nodes = tree.match([6, 7, 8, 9])  # suffixes [9], [8 9], [7 8 9]
-    assert [n.depth for n in nodes] == [1, 2, 3]
-    assert best_draft(nodes, 100, 1.0, 0.0, 0.1).tokens == [0, 1, 2]  # at most 3 tokens for a 3-token match
-    assert best_draft(nodes, 2, 1.0, 0.0, 0.1).tokens == [0, 1]
-    assert best_draft(nodes, 100, 2.0, 1.0, 0.1).tokens == list(range(7))  # 3*2+1, clipped by the remaining depth
+    assert [tree.depth[n] for n in nodes] == [1, 2, 3]
+    assert best_draft(tree, nodes, 100, 1.0, 0.0, 0.1).tokens == [0, 1, 2]  # at most 3 tokens for a 3-token match
+    assert best_draft(tree, nodes, 2, 1.0, 0.0, 0.1).tokens == [0, 1]
+    assert best_draft(tree, nodes, 100, 2.0, 1.0, 0.1).tokens == list(range(7))  # 3*2+1, clipped by the depth left
     assert tree.match([42, 9]) == [path(tree, [9])]
 
 
@@ -111,7 +144,7 @@ def test_drafter_uses_earlier_requests_through_the_global_tree():
         d = SuffixDrafter(cfg, shared)
         d.propose(torch.tensor([0]), 1)
         d.finish(torch.tensor([0, 50, 51]))
-    assert len(shared) == 2 and 30 not in shared.root.children
+    assert len(shared) == 2 and 30 not in shared.children[shared.root]
 
 
 def test_global_trees_of_different_depths_do_not_replace_each_other():
@@ -134,30 +167,30 @@ def test_global_trees_of_different_depths_do_not_replace_each_other():
     assert len(memory_of(model)) == 0
 
 
-def kid_tokens(node) -> list[int]:
-    return [t for t, _ in node.kids]
+def kid_tokens(tree: SuffixTree, node: int) -> list[int]:
+    return [tree.token[kid] for kid in tree.kids[node]]
 
 
 def test_equally_frequent_children_are_ordered_as_arctic_s_sibling_list():
     tree = SuffixTree(max_depth=4)
     tree.extend(0, [1, 2, 1, 3])  # new children join the back of the count-1 run
-    assert kid_tokens(path(tree, [1])) == [2, 3]
+    assert kid_tokens(tree, path(tree, [1])) == [2, 3]
     tree.extend(0, [1, 2])  # 2 led the count-1 run: it leads the count-2 run
-    assert kid_tokens(path(tree, [1])) == [2, 3]
+    assert kid_tokens(tree, path(tree, [1])) == [2, 3]
     tree.extend(0, [1, 3])  # 3 led the count-1 run too: it goes before 2, the most recently counted first
-    assert kid_tokens(path(tree, [1])) == [3, 2]
-    assert draft_from(path(tree, [1]), 1, 0.1).tokens == [3]  # the first landed draft took the first-made child, 2
+    assert kid_tokens(tree, path(tree, [1])) == [3, 2]
+    assert draft_from(tree, path(tree, [1]), 1, 0.1).tokens == [3]  # the first landed draft took the first-made child, 2
 
     tree = SuffixTree(max_depth=4)
     tree.extend(0, [9, 5, 9, 5, 9, 6, 9, 7])  # under 9: 5 (2), 6 (1), 7 (1)
-    assert kid_tokens(path(tree, [9])) == [5, 6, 7]
+    assert kid_tokens(tree, path(tree, [9])) == [5, 6, 7]
     tree.extend(0, [9, 7])  # 7 did not lead its run: it joins the count-2 run at its back
-    assert kid_tokens(path(tree, [9])) == [5, 7, 6]
+    assert kid_tokens(tree, path(tree, [9])) == [5, 7, 6]
     tree.extend(1, [9, 6])
     tree.remove(1)  # a count going down leads the lower run
-    assert kid_tokens(path(tree, [9])) == [5, 7, 6]
+    assert kid_tokens(tree, path(tree, [9])) == [5, 7, 6]
     tree.remove(0)
-    assert not tree.root.children and not tree.root.kids
+    assert not tree.children[tree.root] and not tree.kids[tree.root] and tree.nodes == 1
 
 
 def test_kids_stay_sorted_by_count_through_random_edits():
@@ -170,27 +203,22 @@ def test_kids_stay_sorted_by_count_through_random_edits():
     stack = [tree.root]
     while stack:
         node = stack.pop()
-        counts = [child.count for _, child in node.kids]
+        counts = [tree.count[kid] for kid in tree.kids[node]]
         assert counts == sorted(counts, reverse=True) and all(c > 0 for c in counts)
-        assert {t: c for t, c in node.kids} == node.children
-        stack.extend(node.children.values())
+        assert {tree.token[kid]: kid for kid in tree.kids[node]} == tree.children[node]
+        stack.extend(tree.children[node].values())
 
 
 def test_on_equal_scores_the_longer_match_wins():
-    from fastdecode.speculative.suffix_tree import Node
-
-    def node(depth, count, kids):
-        n = Node(depth)
-        n.count = count
-        for token, kid_count in kids:
-            child = n.children[token] = Node(depth + 1)
-            child.count = kid_count
-            n.kids.append((token, child))
-        return n
-
-    short, long = node(1, 2, [(7, 1)]), node(2, 2, [(9, 1)])  # both draft one token at probability 0.5
-    assert best_draft([short, long], 5, 1.0, 0.0, 0.1).tokens == [9]
-    assert best_draft([short, long], 5, 1.0, 0.0, 0.6).tokens == []
+    tree = SuffixTree(max_depth=4)
+    tree.extend(0, [5, 7, 0, 5, 0, 8, 9, 0, 8, 0])  # [5] then 7 or 0; [8 9] then 0, [8] then 9 or 0
+    short, long = path(tree, [5]), path(tree, [8, 9])
+    assert (tree.count[short], tree.count[path(tree, [5, 7])]) == (2, 1)  # [5]: 7 at probability 0.5
+    assert (tree.count[long], tree.count[path(tree, [8, 9, 0])]) == (1, 1)
+    tree.extend(1, [8, 9, 6])  # [8 9] twice: 0 or 6 at probability 0.5
+    assert tree.count[long] == 2
+    assert best_draft(tree, [short, long], 1, 1.0, 0.0, 0.1).tokens == [0]  # both one token at 0.5: the longer
+    assert best_draft(tree, [short, long], 1, 1.0, 0.0, 0.6).tokens == []
 
 
 def test_defaults_follow_vllm():

@@ -63,9 +63,10 @@ class SuffixDrafter(BaseDrafter):
         cfg = self.cfg
         args = (k, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob, cfg.tree)
         n = context.numel()  # as Arctic, never the whole context as the match
-        draft = best_draft([node for node in self.local.suffix_nodes(0) if node.depth < n], *args)
+        local = self.local
+        draft = best_draft(local, [node for node in local.suffix_nodes(0) if local.depth[node] < n], *args)
         if self.shared is not None and len(self.shared):
-            other = best_draft(self.shared.match(context[-cfg.max_depth :].tolist()), *args)
+            other = best_draft(self.shared, self.shared.match(context[-cfg.max_depth :].tolist()), *args)
             draft = other if other.score > draft.score else draft  # the request's own tree wins ties
         return Draft(torch.tensor(draft.tokens, dtype=torch.long), parents=draft.parents)
 
