@@ -283,6 +283,12 @@ class _Stopwatch:
         return start.elapsed_time(end) / 1000.0
 
 
+def _where(blocks: list[_Block]) -> torch.device:
+    """Where the blocks' ids are: on the host, or on the device where a drafter left its drafts unread
+    (`_Row.block`)."""
+    return next((b.tokens.device for b in blocks if b.tokens.device.type != "cpu"), torch.device("cpu"))
+
+
 def _onto(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`t` on `device`; a copy from the host to a GPU does not wait for the device (CUDA takes a pageable source in
     before it returns, and the kernels that read it follow on the stream), so a step's one synchronisation stays the
@@ -296,9 +302,12 @@ class _Block:
 
     tokens: torch.Tensor  # [T_b] long
     positions: torch.Tensor  # [T_b] long
-    visible: torch.Tensor  # [T_b, T_b] bool
+    visible: torch.Tensor | None  # [T_b, T_b] bool; None: plain causal (a chain draft, no side tokens)
     pending: int  # P: context tokens the cache has not seen (the first P of `tokens`)
-    chain: bool = False  # `visible` is plain causal (a chain draft, no side tokens)
+
+    @property
+    def chain(self) -> bool:
+        return self.visible is None
 
 
 class _Group:
@@ -401,12 +410,25 @@ class _Group:
                  ) -> tuple[torch.Tensor | CausalOutput, int]:
         """One target forward over the rows' blocks (None: a row that feeds nothing), padded to the longest; returns
         its output from the earliest position any row reads on, and that position."""
-        model = self.model
+        model, device = self.model, self.model.device
         T = max(b.tokens.numel() for b in blocks if b is not None)
+        first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
+        # every row a chain of the same length: a plain causal block of real tokens, which needs no mask and no
+        # padding, so the rows' own tensors are the block (with CUDA graphs no mask is copied to the device either;
+        # docs/gpu.md, "Host work per step")
+        if all(blk is not None and blk.chain and blk.tokens.numel() == T for blk in blocks):
+            chains = [blk for blk in blocks if blk is not None]
+            if len(chains) == 1:
+                inp, pos = chains[0].tokens[None], chains[0].positions[None]
+            else:
+                where = _where(chains)
+                inp = torch.stack([_onto(blk.tokens, where) for blk in chains])
+                pos = torch.stack([blk.positions for blk in chains])
+            fwd = model.forward(_onto(inp, device), _onto(pos, device), self.cache, None, num_logits=T - first,
+                                hidden=hidden, sparse=self.sparse)
+            return fwd, first
         B = len(self.rows)
-        # the ids where the drafts are: on the host, or on the device where a drafter left them unread (`_Row.block`)
-        where = next((b.tokens.device for b in blocks if b is not None and b.tokens.device.type != "cpu"),
-                     torch.device("cpu"))
+        where = _where([b for b in blocks if b is not None])
         inp = torch.full((B, T), model.pad_token_id, dtype=torch.long, device=where)
         pos = torch.zeros(B, T, dtype=torch.long)
         vis = torch.zeros(B, T, T, dtype=torch.bool)
@@ -416,17 +438,11 @@ class _Group:
                 continue
             n = blk.tokens.numel()
             inp[b, :n] = _onto(blk.tokens, where)
-            pos[b, :n], vis[b, :n, :n], real[b, :n] = blk.positions, blk.visible, 1
+            pos[b, :n], real[b, :n] = blk.positions, 1
+            vis[b, :n, :n] = blk.visible if blk.visible is not None else torch.ones(n, n, dtype=torch.bool).tril()
             pos[b, n:] = blk.positions[-1]
-        first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
-        device = model.device
-        # every row a chain of the same length: a plain causal block of real tokens, which needs no mask (with CUDA
-        # graphs no mask is copied to the device then: docs/gpu.md, "Host work per step")
-        plain = all(blk is not None and blk.chain and blk.tokens.numel() == T for blk in blocks)
-        fwd = model.forward(_onto(inp, device), _onto(pos, device), self.cache,
-                            None if plain else _onto(real, device), num_logits=T - first,
-                            visible=None if plain else _onto(vis, device), hidden=hidden,
-                            sparse=self.sparse)
+        fwd = model.forward(_onto(inp, device), _onto(pos, device), self.cache, _onto(real, device),
+                            num_logits=T - first, visible=_onto(vis, device), hidden=hidden, sparse=self.sparse)
         return fwd, first
 
     def _confirm(self, rows: dict[int, tuple[_Row, Verdict]], base: list[int]) -> dict[int, Verdict]:
@@ -540,8 +556,7 @@ class _Row:
         tokens = torch.cat([_onto(self.ids[n - P : n], where), draft.tokens]
                            + ([_onto(side.tokens, where)] if side else []))
         if draft.parents is None and side is None:  # a chain: plain causal attention
-            return _Block(tokens, torch.arange(n - P, n + k), torch.ones(P + k, P + k, dtype=torch.bool).tril(), P,
-                          chain=True)
+            return _Block(tokens, torch.arange(n - P, n + k), None, P)
         offsets = (
             torch.tensor(depths(draft.parents), dtype=torch.long) if draft.parents is not None
             else torch.arange(1, k + 1)

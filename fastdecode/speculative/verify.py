@@ -56,10 +56,15 @@ def verify_greedy(draft: torch.Tensor, logits: torch.Tensor) -> Verdict:
     """
     k = draft.numel()
     best = sampling.greedy(logits)  # [k + 1], ties to the lowest id as in ar.greedy
-    n = (draft.to(best.device) == best[:k]).long().cumprod(0).sum()
-    # one copy to the host (one synchronisation on a GPU): the accepted count and every argmax
-    out = torch.cat([n[None], best]).tolist()
-    return Verdict(out[0], out[1 : out[0] + 2])  # best[:n] equals the accepted draft
+    # one copy to the host (one synchronisation on a GPU): every argmax, with the drafts where they were left on the
+    # device (a draft model's greedy chain); drafts on the host are compared there, not copied to the device
+    if draft.device == best.device and best.device.type != "cpu":
+        both = torch.cat([draft, best]).tolist()
+        drafted, best_ids = both[:k], both[k:]
+    else:
+        drafted, best_ids = draft.tolist(), best.tolist()
+    n = next((i for i in range(k) if drafted[i] != best_ids[i]), k)
+    return Verdict(n, best_ids[: n + 1])  # best[:n] equals the accepted draft
 
 
 def verify_sampling(
