@@ -137,9 +137,16 @@ def run_suite(folder: Path, device: str, workers: int, limit: float | None = Non
             except subprocess.TimeoutExpired:
                 run.kill()
                 run.wait()
-    with log.open("a") as out:
-        out.write(f"{STOPPED} {limit:g} s\n")
+    mark_stopped(log, limit)
     return 124
+
+
+def mark_stopped(log: Path, limit: float) -> None:
+    """Append the `STOPPED` line to `log`, on a line of its own where pytest was stopped within one (its progress
+    dots): the verdict reads the line's start."""
+    cut = log.read_bytes()[-1:] not in (b"", b"\n")
+    with log.open("a") as out:
+        out.write(("\n" if cut else "") + f"{STOPPED} {limit:g} s\n")
 
 
 def limit(part: str, budget_left: int | None = None) -> tuple[int, int]:

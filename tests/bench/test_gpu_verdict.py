@@ -205,6 +205,9 @@ def test_the_device_suite_keeps_the_summary_the_verdict_reads_and_says_where_its
     assert log.read_text().splitlines()[-1] == f"{verdict.STOPPED[0]} 8 s"
     assert (tmp_path / "cut" / "pytest.xml").is_file() and verdict.pytest_counts(log) is None
     assert "cut/pytest.txt: stopped before its end" in verdict.suite([tmp_path]).figures
+    log.write_text("..s.")  # stopped within its progress dots (pytest killed before it wrote its summary)
+    parts.mark_stopped(log, 8)
+    assert log.read_text().splitlines() == ["..s.", f"{verdict.STOPPED[0]} 8 s"]
 
 
 def test_the_calls_logs_name_what_failed_or_was_not_done(verdict, tmp_path):
