@@ -12,9 +12,9 @@ count goes down leads the next lower run.
 
 A node is an integer (the root 0) indexing flat per-node lists, its children an int -> int dict and its sibling
 list a tuple of ints: containers Python's cycle collector does not track, so that a tree of many nodes adds nothing
-for it to walk. With a node as an object (itself, a dict and a list: three tracked objects), the trees of a
-generation over a 768-token context made ~55,000 tracked objects, enough to start a full collection every few
-generations, each pausing the process ~0.2 s (docs/gpu.md, "Host work per step"). Freed nodes are reused.
+for it to walk. With a node as an object (itself, a dict and a list: three tracked objects), a tree over 839 tokens
+(18,069 nodes) made ~54,000 tracked objects, enough to start a full collection every few generations, each pausing
+the process ~0.2 s (docs/gpu.md, "Host work per step"). Freed nodes are reused.
 """
 
 from __future__ import annotations

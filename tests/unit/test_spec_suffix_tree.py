@@ -179,7 +179,7 @@ def test_equally_frequent_children_are_ordered_as_arctic_s_sibling_list():
     assert kid_tokens(tree, path(tree, [1])) == [2, 3]
     tree.extend(0, [1, 3])  # 3 led the count-1 run too: it goes before 2, the most recently counted first
     assert kid_tokens(tree, path(tree, [1])) == [3, 2]
-    assert draft_from(tree, path(tree, [1]), 1, 0.1).tokens == [3]  # the first landed draft took the first-made child, 2
+    assert draft_from(tree, path(tree, [1]), 1, 0.1).tokens == [3]  # the first draft took the first-made child, 2
 
     tree = SuffixTree(max_depth=4)
     tree.extend(0, [9, 5, 9, 5, 9, 6, 9, 7])  # under 9: 5 (2), 6 (1), 7 (1)
