@@ -289,6 +289,11 @@ def _where(blocks: list[_Block]) -> torch.device:
     return next((b.tokens.device for b in blocks if b.tokens.device.type != "cpu"), torch.device("cpu"))
 
 
+def _causal(n: int) -> torch.Tensor:
+    """`[n, n]` bool, plain causal: a chain's block."""
+    return torch.ones(n, n, dtype=torch.bool).tril()
+
+
 def _onto(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`t` on `device`; a copy from the host to a GPU does not wait for the device (CUDA takes a pageable source in
     before it returns, and the kernels that read it follow on the stream), so a step's one synchronisation stays the
@@ -413,19 +418,25 @@ class _Group:
         model, device = self.model, self.model.device
         T = max(b.tokens.numel() for b in blocks if b is not None)
         first = min(blk.pending - 1 for blk in blocks if blk is not None)  # the earliest logits any row reads
-        # every row a chain of the same length: a plain causal block of real tokens, which needs no mask and no
-        # padding, so the rows' own tensors are the block (with CUDA graphs no mask is copied to the device either;
-        # docs/gpu.md, "Host work per step")
-        if all(blk is not None and blk.chain and blk.tokens.numel() == T for blk in blocks):
-            chains = [blk for blk in blocks if blk is not None]
-            if len(chains) == 1:
-                inp, pos = chains[0].tokens[None], chains[0].positions[None]
+        # every row feeds a block of the same length: no padding, so the rows' own tensors are the block; chains all
+        # of them: a plain causal block of real tokens, which needs no mask either (with CUDA graphs nothing but ids
+        # and positions is copied to the device then; docs/gpu.md, "Host work per step")
+        if all(blk is not None and blk.tokens.numel() == T for blk in blocks):
+            fed = [blk for blk in blocks if blk is not None]
+            vis = None
+            if len(fed) == 1:
+                inp, pos = fed[0].tokens[None], fed[0].positions[None]
+                if fed[0].visible is not None:  # (not a chain)
+                    vis = fed[0].visible[None]
             else:
-                where = _where(chains)
-                inp = torch.stack([_onto(blk.tokens, where) for blk in chains])
-                pos = torch.stack([blk.positions for blk in chains])
+                where = _where(fed)
+                inp = torch.stack([_onto(blk.tokens, where) for blk in fed])
+                pos = torch.stack([blk.positions for blk in fed])
+                if not all(blk.chain for blk in fed):
+                    vis = torch.stack([_causal(T) if blk.visible is None else blk.visible for blk in fed])
             fwd = model.forward(_onto(inp, device), _onto(pos, device), self.cache, None, num_logits=T - first,
-                                hidden=hidden, sparse=self.sparse)
+                                visible=None if vis is None else _onto(vis, device), hidden=hidden,
+                                sparse=self.sparse)
             return fwd, first
         B = len(self.rows)
         where = _where([b for b in blocks if b is not None])
@@ -439,7 +450,7 @@ class _Group:
             n = blk.tokens.numel()
             inp[b, :n] = _onto(blk.tokens, where)
             pos[b, :n], real[b, :n] = blk.positions, 1
-            vis[b, :n, :n] = blk.visible if blk.visible is not None else torch.ones(n, n, dtype=torch.bool).tril()
+            vis[b, :n, :n] = _causal(n) if blk.visible is None else blk.visible
             pos[b, n:] = blk.positions[-1]
         fwd = model.forward(_onto(inp, device), _onto(pos, device), self.cache, _onto(real, device),
                             num_logits=T - first, visible=_onto(vis, device), hidden=hidden, sparse=self.sparse)
