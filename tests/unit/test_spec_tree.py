@@ -45,6 +45,20 @@ def test_depths_masks_and_children():
         check_tree([1, 1], [-1, -1])  # repeated siblings
 
 
+def test_ancestor_masks_of_random_trees_follow_the_parent_links():
+    g = torch.Generator().manual_seed(0)
+    for T in (1, 2, 7, 40, 96):
+        parents = [int(torch.randint(-1, i, (1,), generator=g)) for i in range(T)]  # each after its parent
+        expect = torch.zeros(T, T, dtype=torch.bool)
+        for i in range(T):
+            node = i
+            while node >= 0:  # the node, its parent, ... up to the root
+                expect[i, node] = True
+                node = parents[node]
+        assert torch.equal(ancestor_mask(parents), expect)
+    assert ancestor_mask([]).shape == (0, 0)
+
+
 def argmax_rows(best: list[int]) -> torch.Tensor:
     logits = torch.zeros(len(best), V)
     logits[torch.arange(len(best)), torch.tensor(best)] = 1.0

@@ -136,11 +136,15 @@ class RecyclingDrafter(BaseDrafter):
         tokens: list[int] = []
         parents: list[int] = []
         placed: dict[int, int] = {}  # template index -> draft node index
+        rows: dict[int, list[int]] = {}  # the matrix's rows read so far (each once: a read per entry was 3 operations)
         for i, (parent, rank) in enumerate(self.template):
             if self.depth[i] > k or (parent >= 0 and parent not in placed):
                 continue
             above = root if parent < 0 else tokens[placed[parent]]
-            token = int(self.adjacency[above, rank])
+            row = rows.get(above)
+            if row is None:
+                row = rows[above] = self.adjacency[above].tolist()
+            token = row[rank]
             if token < 0:
                 continue
             placed[i] = len(tokens)
