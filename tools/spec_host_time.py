@@ -43,7 +43,8 @@ from fastdecode.bench.tasks import format_prompt
 from fastdecode.models.graphs import Graphs
 from fastdecode.speculative.memory import DrafterMemory, forget
 
-METHODS = ["ar.greedy", "spec.pld", "spec.ngram", "spec.suffix", "spec.suffix:tree=true"]
+METHODS = ["ar.greedy", "spec.pld", "spec.ngram", "spec.suffix", "spec.suffix:tree=true", "spec.lookahead",
+           "spec.recycling"]
 
 
 class Clock:
