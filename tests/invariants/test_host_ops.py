@@ -23,7 +23,8 @@ MAX_OPS = 13
 # a speculative step of one row's chain, besides its drafter's own (spec.pld's n-gram search: 6 a length it tries,
 # host tensors): the block (3) and its copies into the graph's buffers (9 with their views), the logits' clone and
 # slices, the verdict's argmax, the accepted tokens written into the row's context; 47 on zoo:ar-small before a
-# chain's block was fed without padding and masks and the verdict compared the drafts on the host
+# chain's block was fed without padding and masks and the verdict compared the drafts on the host; on a GPU two
+# more: the block's ids and positions copied to the device (`_onto`, no operation on the CPU)
 MAX_SPEC_OPS = 23
 
 
@@ -78,7 +79,7 @@ def test_the_counter_sees_reads_and_skips_the_graph_body(graphed):
     assert 0 < count.ops <= MAX_OPS
 
 
-def test_a_speculative_step_runs_few_host_operations(graphed):
+def test_a_speculative_step_runs_few_host_operations(graphed, device):
     """spec.pld's steps (a host drafter, chain drafts) in exact mode with graphs: the verification of one row's chain
     is fed as the row's own tensors (no padded block, no masks), and the verdict reads the argmaxes once and compares
     them with the drafts on the host."""
@@ -88,6 +89,7 @@ def test_a_speculative_step_runs_few_host_operations(graphed):
     session = spec.driver(graphed, encode_batch(graphed, [prompt], 24), cfg, RunContext())
     for _ in range(2):  # the prefill, the eager forward that allocates the storage, the capture
         next(session)
+    limit = MAX_SPEC_OPS + 2 * (device.type == "cuda")
     counted = 0
     for _ in range(6):
         with HostOps() as count:
@@ -95,7 +97,7 @@ def test_a_speculative_step_runs_few_host_operations(graphed):
         if event is None or event.finished[0]:
             break
         ours = {line: n for line, n in count.by_line.items() if not line.startswith("speculative/lookup.py")}
-        assert sum(ours.values()) <= MAX_SPEC_OPS, "operations outside the graph and the drafter:\n" + "\n".join(
+        assert sum(ours.values()) <= limit, "operations outside the graph and the drafter:\n" + "\n".join(
             f"{n}  {line}" for line, n in sorted(ours.items(), key=lambda kv: -kv[1]))
         counted += 1
     assert counted >= 2, "the tiny model ended its row too early to count speculative steps"
