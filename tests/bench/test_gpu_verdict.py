@@ -4,6 +4,8 @@ small made-up folders (rows from the CPU never count; a pytest log cut before it
 from __future__ import annotations
 
 import json
+import math
+import time
 from pathlib import Path
 
 import pytest
@@ -196,18 +198,22 @@ def test_the_device_suite_keeps_the_summary_the_verdict_reads_and_says_where_its
     tests = tmp_path / "test_t.py"
     tests.write_text("import pytest\nimport time\n\ndef test_a():\n    pass\n\n"
                      "def test_b():\n    pytest.skip('not here')\n")
+    start = time.monotonic()
     assert parts.run_suite(tmp_path / "done", "cpu", 1, tests=(str(tests),)) == 0
+    # the limit leaves the run's start-up (its workers', slow on a busy machine) and a few seconds more: the cut must
+    # come while test_c sleeps, not before pytest has a session to end
+    limit = math.ceil(time.monotonic() - start) + 5
     log = tmp_path / "done" / "pytest.txt"
     assert verdict.pytest_counts(log) == {"passed": 1, "skipped": 1}, log.read_text()[-2000:]
-    tests.write_text(tests.read_text() + "\ndef test_c():\n    time.sleep(100)\n")
-    assert parts.run_suite(tmp_path / "cut", "cpu", 1, limit=8, tests=(str(tests),)) == 124
+    tests.write_text(tests.read_text() + "\ndef test_c():\n    time.sleep(300)\n")
+    assert parts.run_suite(tmp_path / "cut", "cpu", 1, limit=limit, tests=(str(tests),)) == 124
     log = tmp_path / "cut" / "pytest.txt"
-    assert log.read_text().splitlines()[-1] == f"{verdict.STOPPED[0]} 8 s"
+    assert log.read_text().splitlines()[-1] == f"{verdict.STOPPED[0]} {limit} s"
     assert (tmp_path / "cut" / "pytest.xml").is_file() and verdict.pytest_counts(log) is None
     assert "cut/pytest.txt: stopped before its end" in verdict.suite([tmp_path]).figures
     log.write_text("..s.")  # stopped within its progress dots (pytest killed before it wrote its summary)
-    parts.mark_stopped(log, 8)
-    assert log.read_text().splitlines() == ["..s.", f"{verdict.STOPPED[0]} 8 s"]
+    parts.mark_stopped(log, limit)
+    assert log.read_text().splitlines() == ["..s.", f"{verdict.STOPPED[0]} {limit} s"]
 
 
 def test_the_calls_logs_name_what_failed_or_was_not_done(verdict, tmp_path):
