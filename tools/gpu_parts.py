@@ -127,7 +127,8 @@ def run_suite(folder: Path, device: str, workers: int, limit: float | None = Non
             *tests]
     log = folder / f"{LOG}.txt"
     with log.open("w") as out:
-        run = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        run = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                               preexec_fn=_interruptible)
         try:
             return run.wait(timeout=limit)
         except subprocess.TimeoutExpired:
@@ -139,6 +140,13 @@ def run_suite(folder: Path, device: str, workers: int, limit: float | None = Non
                 run.wait()
     mark_stopped(log, limit)
     return 124
+
+
+def _interruptible() -> None:
+    """In the suite's process before it starts: SIGINT back to its default, so that Python turns it into
+    KeyboardInterrupt. A command a non-interactive shell starts in the background ignores SIGINT, and its children
+    inherit that; pytest then let the limit's interrupt pass, and was killed 30 s later without its JUnit file."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def mark_stopped(log: Path, limit: float) -> None:

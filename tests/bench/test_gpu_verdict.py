@@ -4,6 +4,7 @@ small made-up folders (rows from the CPU never count; a pytest log cut before it
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -200,11 +201,14 @@ def test_the_device_suite_keeps_the_summary_the_verdict_reads_and_says_where_its
     log = tmp_path / "done" / "pytest.txt"
     assert verdict.pytest_counts(log) == {"passed": 1, "skipped": 1}, log.read_text()[-2000:]
     tests.write_text(tests.read_text() + "\ndef test_c():\n    time.sleep(300)\n")
-    # the cut runs without xdist's workers (`-n 0`): on a busy machine (this suite under xdist) their bring-up could
-    # take the limit, and a controller interrupted then neither ends its session nor writes its JUnit file; the
-    # limit leaves pytest's own start-up ample time, so that the cut comes while test_c sleeps
+    # as a command a shell started in the background (nohup ... &): SIGINT ignored, which children inherit; the limit
+    # leaves the workers' bring-up ample time on a busy machine, so that the cut comes while test_c sleeps
     limit = 15
-    assert parts.run_suite(tmp_path / "cut", "cpu", 0, limit=limit, tests=(str(tests),)) == 124
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert parts.run_suite(tmp_path / "cut", "cpu", 1, limit=limit, tests=(str(tests),)) == 124
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     log = tmp_path / "cut" / "pytest.txt"
     assert log.read_text().splitlines()[-1] == f"{verdict.STOPPED[0]} {limit} s"
     assert (tmp_path / "cut" / "pytest.xml").is_file() and verdict.pytest_counts(log) is None
