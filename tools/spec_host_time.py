@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 import fastdecode
+from fastdecode.bench.harness import Entry
 from fastdecode.bench.suites import get_suite
 from fastdecode.bench.tasks import format_prompt
 from fastdecode.models.graphs import Graphs
@@ -83,16 +84,6 @@ class Clock:
             self._gc_start = time.perf_counter()
         elif info["generation"] == 2:
             self.full.append(time.perf_counter() - self._gc_start)
-
-
-def method_kwargs(spec: str) -> tuple[str, dict]:
-    """"spec.suffix:tree=true" -> ("spec.suffix", {"tree": True})."""
-    name, _, params = spec.partition(":")
-    kw = {}
-    for part in filter(None, params.split(",")):
-        key, _, value = part.partition("=")
-        kw[key] = {"true": True, "false": False}.get(value, value)
-    return name, kw
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -147,10 +138,11 @@ class Runs:
 
     def host(self, method: str, prompt: str, new_tokens: int, memory: DrafterMemory | None) -> tuple[float, int]:
         """(host seconds, target forwards) of one generation; `memory` None: the model's own."""
-        name, kw = method_kwargs(method)
+        entry = Entry.parse(method)  # as `fastdecode bench --methods` reads "spec.suffix:tree=true"
         self.clock.inside = 0.0
         start = time.perf_counter()
-        out = fastdecode.generate(self.model, prompt, name, max_new_tokens=new_tokens, memory=memory, **kw)
+        out = fastdecode.generate(self.model, prompt, entry.method, max_new_tokens=new_tokens, memory=memory,
+                                  **entry.own)
         return time.perf_counter() - start - self.clock.inside, out.stats.forwards
 
     def steady(self, methods: list[str], prompts: list[str], short: int, long: int, repeats: int) -> list[dict]:

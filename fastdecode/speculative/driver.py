@@ -290,7 +290,7 @@ def _where(blocks: list[_Block]) -> torch.device:
 
 
 def _causal(n: int) -> torch.Tensor:
-    """`[n, n]` bool, plain causal: a chain's block."""
+    """`[n, n]` bool, plain causal: a chain's block (or its pending context's part)."""
     return torch.ones(n, n, dtype=torch.bool).tril()
 
 
@@ -641,8 +641,8 @@ class _Row:
         Q = P + k + S
         allow = torch.zeros(Q, Q, dtype=torch.bool)
         allow[P:, :P] = True  # draft and side tokens see all the unseen context
-        allow[:P, :P] = torch.ones(P, P, dtype=torch.bool).tril()
-        tree = ancestor_mask(draft.parents) if draft.parents is not None else torch.ones(k, k, dtype=torch.bool).tril()
+        allow[:P, :P] = _causal(P)
+        tree = ancestor_mask(draft.parents) if draft.parents is not None else _causal(k)
         allow[P : P + k, P : P + k] = tree
         if draft.side is not None and S:
             allow[P + k :, P + k :] = draft.side.mask
