@@ -55,6 +55,7 @@ class ModelChainDrafter(BaseDrafter):
         self.forwards = 0
         self._base = 0  # context length at the last proposal
         self._drafted = 0
+        self.confidences: list[float] = []  # with a confidence stop: the last draft's, token by token
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         return self.draft_chain(context, k)
@@ -74,6 +75,7 @@ class ModelChainDrafter(BaseDrafter):
         pos = torch.arange(self.cache.length, n, device=device)
         each = reads_each_token(self.read_each_token, device, self.cfg, stops=bool(self.confidence_stop))
         tokens, probs = [], []
+        self.confidences = []
         for _ in range(k):
             logits = self.model.forward(feed[None], pos[None], self.cache, num_logits=1)[0, -1]  # [V]
             self.forwards += 1
@@ -81,8 +83,9 @@ class ModelChainDrafter(BaseDrafter):
             tokens.append(x)
             probs.append(q)
             if each:  # a read per token
-                if int(x) in self.eos or (self.confidence_stop
-                                          and float(logits.softmax(-1).max()) < self.confidence_stop):
+                if self.confidence_stop:
+                    self.confidences.append(float(logits.softmax(-1).max()))
+                if int(x) in self.eos or (self.confidence_stop and self.confidences[-1] < self.confidence_stop):
                     break
             feed, pos = x.view(1), pos[-1:] + 1
         if not tokens:

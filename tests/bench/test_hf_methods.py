@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import fastdecode
@@ -72,3 +74,72 @@ def test_registered_as_lossless_causal_methods():
         method = fastdecode.get_method(name)
         assert method.kind == "causal" and method.lossless
     assert dict(fastdecode.get_method("hf.prompt_lookup").params())["max_matching_ngram_size"] == 2
+
+
+@pytest.fixture(scope="module")
+def zoo_pair():
+    return fastdecode.load("zoo:ar-small"), fastdecode.load("zoo:ar-tiny")
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_spec_draft_model_drafts_as_hf_assisted(zoo_pair, adaptive):
+    """The like-for-like pair of the benchmarks: transformers' settings (20 tokens, a 0.4 confidence stop), with the
+    threshold fixed or adapted as transformers adapts it where scikit-learn is installed: the same drafts, so the
+    same forwards, draft forwards and acceptances."""
+    if adaptive:
+        pytest.importorskip("sklearn")
+    target, draft = zoo_pair
+    prompt = format_prompt(TASKS["code.complete"].items(DEFAULT_TEST_SEED, 1)[0].prompt)
+    ours = fastdecode.generate(target, prompt, "spec.draft_model", draft=draft, max_new_tokens=96,
+                               num_draft_tokens=20, confidence_stop=0.4, adaptive_stop=adaptive)
+    theirs = fastdecode.generate(target, prompt, "hf.assisted", draft=draft, max_new_tokens=96,
+                                 adaptive_threshold=adaptive)
+    assert ours.token_ids == theirs.token_ids
+    counts = lambda r: (r.stats.forwards, r.stats.draft_forwards, r.stats.proposed, r.stats.accepted)  # noqa: E731
+    assert counts(ours) == counts(theirs)
+    if adaptive:  # the adaptation happened: the threshold left 0.4, and the drafts differ from the fixed stop's
+        fixed = fastdecode.generate(target, prompt, "spec.draft_model", draft=draft, max_new_tokens=96,
+                                    num_draft_tokens=20, confidence_stop=0.4)
+        assert fixed.token_ids == ours.token_ids and fixed.stats.proposed != ours.stats.proposed
+
+
+def test_hf_assisted_records_whether_its_threshold_adapts(monkeypatch):
+    from fastdecode.config import build_config
+    from fastdecode.hf import assisted
+
+    cfg = build_config(assisted.AssistedConfig, {}, "hf.assisted")
+    assert cfg.adaptive_threshold is assisted._transformers_adapts()  # None resolved: what transformers does here
+    assert build_config(assisted.AssistedConfig, {"assistant_confidence_threshold": 0.0},
+                        "hf.assisted").adaptive_threshold is False  # no threshold, nothing to adapt
+    with pytest.raises(fastdecode.ParameterError, match="confidence_threshold=0.4"):
+        build_config(assisted.AssistedConfig, {"adaptive_threshold": True, "assistant_confidence_threshold": 0.0},
+                     "hf.assisted")
+    monkeypatch.setattr(assisted, "_transformers_adapts", lambda: False)  # a machine without scikit-learn
+    assert build_config(assisted.AssistedConfig, {}, "hf.assisted").adaptive_threshold is False
+    with pytest.raises(fastdecode.ParameterError, match="pip install scikit-learn"):
+        build_config(assisted.AssistedConfig, {"adaptive_threshold": True}, "hf.assisted")
+
+
+def test_a_fixed_threshold_leaves_transformers_as_it_was():
+    pytest.importorskip("sklearn")
+    import transformers.generation.candidate_generator as candidates
+
+    from fastdecode.hf.assisted import fixed_threshold
+
+    with fixed_threshold():
+        assert candidates.is_sklearn_available() is False
+        seen = []
+        other = threading.Thread(target=lambda: seen.append(candidates.is_sklearn_available()))
+        other.start()
+        other.join()
+        assert seen == [True]  # another thread's runs (a server's) keep transformers' own behaviour
+        with fixed_threshold():
+            pass
+        assert candidates.is_sklearn_available() is False  # a nested run's exit keeps the outer one's setting
+    assert candidates.is_sklearn_available() is True
+
+
+def test_adaptive_stop_needs_a_confidence_stop():
+    with pytest.raises(fastdecode.ParameterError, match="confidence_stop=0.4"):
+        fastdecode.generate(fastdecode.load("zoo:ar-tiny"), "x", "spec.draft_model", draft=fastdecode.load(
+            "zoo:ar-tiny"), adaptive_stop=True)

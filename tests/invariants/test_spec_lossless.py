@@ -51,6 +51,7 @@ CASES = [
     ("spec.ngram", {"min_n": 2, "max_n": 4, "num_tokens": 8}, None),
     ("spec.draft_model", {"num_draft_tokens": 3}, "self"),
     ("spec.draft_model", {"schedule": "heuristic", "confidence_stop": 0.4}, "other"),
+    ("spec.draft_model", {"confidence_stop": 0.4, "adaptive_stop": True, "num_draft_tokens": 8}, "other"),
     ("spec.draft_model", {"schedule": "heuristic", "num_draft_tokens": 2}, "self"),
     ("spec.suffix", {"max_cached_requests": 0}, None),
     ("spec.suffix", {"max_depth": 8, "max_spec_factor": 2.0, "min_token_prob": 0.0}, None),

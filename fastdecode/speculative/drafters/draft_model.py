@@ -1,5 +1,6 @@
 """spec.draft_model: classic speculative decoding with a separate small draft model (Leviathan et al. 2023;
-Chen et al. 2023), transformers' draft-length heuristic, and a SpecDec++-style confidence stop."""
+Chen et al. 2023), transformers' draft-length heuristic, and a SpecDec++-style confidence stop, fixed or adapted
+during the generation as transformers adapts it (`adaptive_stop`, `adaptive_stop.py`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ...config import check
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
+from ..adaptive_stop import AdaptiveStop
 from ..drafter import Draft, SpecConfig, Verification, register_spec
 from ..driver import check_rollback, speculative
 from ..model_chain import ModelChainDrafter
@@ -23,11 +25,17 @@ class DraftModelConfig(SpecConfig):
     num_draft_tokens: int = 5  # draft length (the starting length under the heuristic schedule)
     schedule: Literal["constant", "heuristic"] = "constant"  # heuristic: +2 when all accepted, else -1 (min 1)
     confidence_stop: float = 0.0  # stop drafting after a token whose draft max-probability is below this; 0 = off
+    # re-choose confidence_stop after each verification from the generation's drafts (transformers' rule where
+    # scikit-learn is installed, which hf.assisted follows there: hf.assisted's adaptive_threshold)
+    adaptive_stop: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.num_draft_tokens >= 1, "num_draft_tokens", self.num_draft_tokens, "must be at least 1")
         check(0 <= self.confidence_stop < 1, "confidence_stop", self.confidence_stop, "must be in [0, 1) (0 = off)")
+        check(not self.adaptive_stop or self.confidence_stop > 0, "adaptive_stop", self.adaptive_stop,
+              "adapts the confidence stop's threshold, so it needs one to start from: add confidence_stop=0.4 "
+              "(transformers' default)")
 
 
 class ModelDrafter(ModelChainDrafter):
@@ -38,6 +46,7 @@ class ModelDrafter(ModelChainDrafter):
     def __init__(self, draft: CausalLM, cfg: DraftModelConfig, generator: torch.Generator | None) -> None:
         super().__init__(draft, cfg, generator, cfg.confidence_stop)
         self.length = cfg.num_draft_tokens  # current draft length (changes under the heuristic schedule)
+        self.adaptive = AdaptiveStop(cfg.confidence_stop) if cfg.adaptive_stop else None
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         return self.draft_chain(context, min(k, self.length))
@@ -46,6 +55,8 @@ class ModelDrafter(ModelChainDrafter):
         super().observe(verification)
         if self._drafted and self.cfg.schedule == "heuristic":
             self.length = self.length + 2 if verification.accepted == self.length else max(1, self.length - 1)
+        if self.adaptive is not None:
+            self.confidence_stop = self.adaptive.update(self.confidences, verification.accepted)
 
 
 @register_spec("spec.draft_model", config=DraftModelConfig, needs_draft=True)
