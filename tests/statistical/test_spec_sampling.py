@@ -3,6 +3,7 @@ emitted tokens against exact marginals, for a model drafter (real q) and a deter
 
 from __future__ import annotations
 
+import pytest
 import torch
 from sampling_stats import PROCESSORS, N, chi_square_p_value, first_two, next_distribution
 
@@ -83,3 +84,60 @@ def test_the_chi_square_check_has_power(causal, near_draft, prompt, marginals):
     q1 = torch.where(marginals[0] > 0, q1 + 1e-3, torch.zeros_like(q1))  # same support, q's shape
     draws = torch.multinomial(q1, N, replacement=True, generator=torch.Generator().manual_seed(0)).tolist()
     assert chi_square_p_value(draws, marginals[0]) < 1e-3
+
+
+
+def third_marginal(model, prompt: list[int]) -> torch.Tensor:
+    """The exact distribution of the third generated token given that neither earlier one is an end of text."""
+    eos = model.eos_token_ids
+    p1 = next_distribution(model, torch.tensor([prompt]))[0]
+    pairs, weights = [], []
+    for x1 in (x for x in p1.nonzero().squeeze(-1).tolist() if x not in eos):
+        p2 = next_distribution(model, torch.tensor([prompt + [x1]]))[0]
+        for x2 in (x for x in p2.nonzero().squeeze(-1).tolist() if x not in eos):
+            pairs.append([x1, x2])
+            weights.append(float(p1[x1] * p2[x2]))
+    ids = torch.cat([torch.tensor([prompt]).expand(len(pairs), -1), torch.tensor(pairs)], 1)
+    w = torch.tensor(weights, dtype=torch.float64)
+    return ((w / w.sum())[:, None] * next_distribution(model, ids).double()).sum(0)
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_confidence_stop_keeps_the_target_distribution(causal, near_draft, prompt, marginals, adaptive):
+    """The stop ends a draft on the draft's own probabilities (adapted: and on the earlier verdicts), never on the
+    target's, so the verification's draws stay the target's. The threshold sits below the draft's confidence in its
+    first token (the same prompt for every row) and among its confidences in the second, so that a 3-token draft is
+    cut after its second token on some rows and not on others: the third token comes from the draft or from the
+    verification's bonus. Adapted, each row starts with five known drafted tokens, so that its first verdict moves its
+    threshold before its second draft."""
+    L = len(prompt)
+    first = near_draft.forward(torch.tensor([prompt]), torch.arange(L)[None])[0, -1].softmax(-1).max().item()
+    cfg = DraftModelConfig(max_new_tokens=4, num_draft_tokens=3, confidence_stop=0.95 * first, adaptive_stop=adaptive,
+                           seed=14, **PROCESSORS)
+    batch = encode_batch(causal, [prompt] * N, cfg.max_new_tokens)
+    drafters: list[ModelDrafter] = []
+
+    def new_drafter(generator):
+        drafter = ModelDrafter(near_draft, cfg, generator)
+        if drafter.adaptive is not None:
+            drafter.adaptive.scores, drafter.adaptive.hits = [0.9, 0.6, 0.4, 0.3, 0.2], [1, 1, 1, 0, 0]
+        drafters.append(drafter)
+        return drafter
+
+    rows: list[dict[int, int]] = [{} for _ in range(N)]
+    cut = 0
+    for event in speculative(causal, batch, cfg, RunContext(), new_drafter):
+        if event.index == 0:
+            cut += sum(1 for p in event.proposed if p == 2)  # a 3-token draft ended by the stop after its second
+        for b, pairs in enumerate(event.tokens):
+            rows[b].update(pairs)
+    assert 0.05 * N < cut < 0.95 * N
+    if adaptive:
+        assert sum(d.confidence_stop != cfg.confidence_stop for d in drafters) > 0.5 * N  # the thresholds moved
+    outputs = [[row[i] for i in sorted(row)] for row in rows]
+    first_tokens, second_tokens = first_two(outputs)
+    assert chi_square_p_value(first_tokens, marginals[0]) > 1e-3
+    assert chi_square_p_value(second_tokens, marginals[1]) > 1e-3
+    third = [o[2] for o in outputs if len(o) > 2]
+    assert len(third) > 0.9 * N
+    assert chi_square_p_value(third, third_marginal(causal, prompt)) > 1e-3
