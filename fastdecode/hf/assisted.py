@@ -72,7 +72,8 @@ def _run(model: CausalLM, batch: PromptBatch, cfg: AssistedConfig, draft: Causal
     saved = {k: getattr(gen, k, None) for k in settings}
     for k, v in settings.items():
         setattr(gen, k, v)
-    try:  # every prompt's generate() runs before the first step is yielded (`hf_driver`)
+    try:  # as in `hf_driver`, every prompt's generate() runs before the first step is yielded: the settings and
+        # the fixed threshold hold for exactly those calls
         with contextlib.nullcontext() if cfg.adaptive_threshold else fixed_threshold():
             runs = [generate_one(model, batch.row(b), {"max_new_tokens": cfg.max_new_tokens}, draft.model,
                                  constraint) for b in range(batch.size)]

@@ -140,6 +140,10 @@ def test_a_fixed_threshold_leaves_transformers_as_it_was():
 
 
 def test_adaptive_stop_needs_a_confidence_stop():
+    from fastdecode.config import build_config
+    from fastdecode.speculative.drafters.draft_model import DraftModelConfig
+
     with pytest.raises(fastdecode.ParameterError, match="confidence_stop=0.4"):
-        fastdecode.generate(fastdecode.load("zoo:ar-tiny"), "x", "spec.draft_model", draft=fastdecode.load(
-            "zoo:ar-tiny"), adaptive_stop=True)
+        build_config(DraftModelConfig, {"adaptive_stop": "true"}, "spec.draft_model")
+    assert build_config(DraftModelConfig, {"adaptive_stop": "true", "confidence_stop": "0.4"},
+                        "spec.draft_model").adaptive_stop is True
