@@ -110,8 +110,8 @@ def test_a_confidence_stop_keeps_the_target_distribution(causal, near_draft, pro
     cut after its second token on some rows and not on others: the third token comes from the draft or from the
     verification's bonus. Adapted, each row starts with five known drafted tokens, so that its first verdict moves its
     threshold before its second draft."""
-    L = len(prompt)
-    first = near_draft.forward(torch.tensor([prompt]), torch.arange(L)[None])[0, -1].softmax(-1).max().item()
+    ids = torch.tensor([prompt], device=near_draft.device)
+    first = near_draft.forward(ids, torch.arange(len(prompt), device=ids.device)[None])[0, -1].softmax(-1).max().item()
     cfg = DraftModelConfig(max_new_tokens=4, num_draft_tokens=3, confidence_stop=0.95 * first, adaptive_stop=adaptive,
                            seed=14, **PROCESSORS)
     batch = encode_batch(causal, [prompt] * N, cfg.max_new_tokens)
