@@ -100,7 +100,7 @@ README_ROWS = [
     ("parallel-lists", "zoo:ar-small",
      ["spec.draft_model (adaptive_stop=False, confidence_stop=0.4, num_draft_tokens=20)",
       "hf.assisted (adaptive_threshold=False)"],
-     "`spec.draft_model` / `hf.assisted` (draft ar-tiny, same settings)"),
+     "`spec.draft_model` / `hf.assisted` (draft ar-tiny, same settings, a fixed threshold)"),
     ("parallel-lists", "zoo:dlm-small", ["dlm.baseline"], "`dlm.baseline` (one token per step)"),
     ("parallel-lists", "zoo:dlm-small", ["dlm.freedave"], "`dlm.freedave`"),
     ("parallel-lists", "zoo:dlm-small", ["dlm.threshold"], "`dlm.threshold`"),
@@ -118,9 +118,20 @@ class Table(dict):
     results: Path
 
 
+def bench_file(path: Path) -> bool:
+    """Whether `path` holds `fastdecode bench` rows: other tools' JSONL files (tools/structured.py's) lie beside them
+    and are read by their own keys, not as bench rows (a file whose first line is not JSON is read, and reported)."""
+    with path.open() as f:
+        first = f.readline()
+    try:
+        return "suite" in json.loads(first)
+    except ValueError:
+        return True
+
+
 def load(results: Path) -> Table:
     rows = []
-    for path in sorted(results.glob("*.jsonl")):
+    for path in sorted(p for p in results.glob("*.jsonl") if bench_file(p)):
         for row in read_rows(path):
             row["_source"] = str(path)
             rows.append(row)
