@@ -70,13 +70,18 @@ def _run(model: CausalLM, batch: PromptBatch, cfg: AssistedConfig, draft: Causal
         "assistant_confidence_threshold": cfg.assistant_confidence_threshold,
     }
     saved = {k: getattr(gen, k, None) for k in settings}
-    for k, v in settings.items():
-        setattr(gen, k, v)
+    runs = []
     try:  # as in `hf_driver`, every prompt's generate() runs before the first step is yielded: the settings and
         # the fixed threshold hold for exactly those calls
         with contextlib.nullcontext() if cfg.adaptive_threshold else fixed_threshold():
-            runs = [generate_one(model, batch.row(b), {"max_new_tokens": cfg.max_new_tokens}, draft.model,
-                                 constraint) for b in range(batch.size)]
+            for b in range(batch.size):
+                # set again for each prompt: under the "heuristic" schedule transformers writes the draft length it
+                # reached back into the draft's config, where the next generate() would start from it; each row of
+                # a batch starts as a run of its own does
+                for k, v in settings.items():
+                    setattr(gen, k, v)
+                runs.append(generate_one(model, batch.row(b), {"max_new_tokens": cfg.max_new_tokens}, draft.model,
+                                         constraint))
     finally:
         for k, old in saved.items():
             setattr(gen, k, old)

@@ -48,9 +48,19 @@ def test_same_tokens_as_ar_greedy(target, draft, prompt, method, kwargs):
         assert result.stats.draft_forwards > 0
 
 
-def test_batch_equals_one_by_one(target, draft):
-    one = [fastdecode.generate(target, p, "hf.assisted", draft=draft, max_new_tokens=12) for p in PROMPTS]
-    batch = fastdecode.generate(target, PROMPTS, "hf.assisted", draft=draft, max_new_tokens=12)
+@pytest.mark.parametrize("kwargs", [
+    {},
+    # the target as its own draft, every token accepted: the heuristic schedule lengthens the draft by 2 a step, and
+    # transformers carries the length it reached into the next generate() call with the same draft
+    {"num_assistant_tokens_schedule": "heuristic", "num_assistant_tokens": 2, "assistant_confidence_threshold": 0.0,
+     "self": True},
+])
+def test_batch_equals_one_by_one(target, draft, kwargs):
+    """A batch's rows start as runs of their own do."""
+    kwargs = dict(kwargs)
+    drafter = target if kwargs.pop("self", False) else draft
+    one = [fastdecode.generate(target, p, "hf.assisted", draft=drafter, max_new_tokens=24, **kwargs) for p in PROMPTS]
+    batch = fastdecode.generate(target, PROMPTS, "hf.assisted", draft=drafter, max_new_tokens=24, **kwargs)
     for a, b in zip(one, batch, strict=True):
         assert a.token_ids == b.token_ids
         assert (a.stats.forwards, a.stats.proposed, a.stats.accepted) == (
