@@ -61,6 +61,6 @@ class ModelDrafter(ModelChainDrafter):
 
 @register_spec("spec.draft_model", config=DraftModelConfig, needs_draft=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: DraftModelConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """Speculative decoding with a small draft model (pass draft=); constant or heuristic length, confidence stop."""
+    """Speculative decoding with a small draft model (pass draft=); length schedule, a fixed or adaptive stop."""
     check_rollback(ctx.draft)
     return speculative(model, batch, cfg, ctx, lambda generator: ModelDrafter(ctx.draft, cfg, generator))
