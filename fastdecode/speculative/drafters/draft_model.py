@@ -61,6 +61,6 @@ class ModelDrafter(ModelChainDrafter):
 
 @register_spec("spec.draft_model", config=DraftModelConfig, needs_draft=True)
 def run(model: CausalLM, batch: PromptBatch, cfg: DraftModelConfig, ctx: RunContext) -> Iterator[StepEvent]:
-    """Speculative decoding with a small draft model (pass draft=); length schedule, a fixed or adaptive stop."""
+    """Speculative decoding with a draft model (pass draft=); length schedule, fixed or adaptive confidence stop."""
     check_rollback(ctx.draft)
     return speculative(model, batch, cfg, ctx, lambda generator: ModelDrafter(ctx.draft, cfg, generator))
