@@ -29,8 +29,6 @@ test: lint
 # to finish a file); docs/RESULTS.md is the hand-written findings page, whose figures `make docs-figures` refreshes.
 # One torch thread (--threads 1): each run uses one core, and its timings are comparable with the others.
 RESULTS := docs/results
-# the bench rows among them (tools/structured.py's rows, beside them, have their own table)
-BENCH_ROWS = $(filter-out $(RESULTS)/structured.jsonl,$(wildcard $(RESULTS)/*.jsonl))
 # the model-free and self-drafting methods; then those that run zoo:ar-tiny as a draft model
 SPEC_FREE := spec.pld hf.prompt_lookup spec.ngram spec.suffix spec.suffix:tree=true spec.recycling spec.lookahead spec.jacobi \
 	spec.layerskip hf.greedy
@@ -56,7 +54,7 @@ LONG := --param dlm.baseline.max_new_tokens=384 --param dlm.threshold.max_new_to
 	results-engine results-llamacpp
 results: results-spec results-dlm results-dlm-canvas results-cost results-engine
 	$(MAKE) results-bound
-	$(BIN)/fastdecode report $(BENCH_ROWS) --out $(RESULTS)/report.md --plots $(RESULTS)
+	$(BIN)/fastdecode report $(RESULTS)/*.jsonl --out $(RESULTS)/report.md --plots $(RESULTS)
 	$(BIN)/python tools/measured.py
 
 # the figures README.md and docs/*.md quote (marked <!--m NAME-->...<!--/m-->, NAME defined in docs/figures.txt),
@@ -121,7 +119,8 @@ results-cost: $(VENV)/.installed
 # constrained decoding (docs/constraints.md): constraint kind x method, with and without the constraint
 .PHONY: results-structured
 results-structured: $(VENV)/.installed
-	$(BIN)/python tools/structured.py --threads 1 --out $(RESULTS)/structured.jsonl --table $(RESULTS)/structured.md
+	$(BIN)/python tools/structured.py --threads 1 --out $(RESULTS)/structured/structured.jsonl \
+		--table $(RESULTS)/structured/structured.md
 
 .PHONY: results-engine
 results-engine: $(VENV)/.installed

@@ -118,20 +118,9 @@ class Table(dict):
     results: Path
 
 
-def bench_file(path: Path) -> bool:
-    """Whether `path` holds `fastdecode bench` rows: other tools' JSONL files (tools/structured.py's) lie beside them
-    and are read by their own keys, not as bench rows (a file whose first line is not JSON is read, and reported)."""
-    with path.open() as f:
-        first = f.readline()
-    try:
-        return "suite" in json.loads(first)
-    except ValueError:
-        return True
-
-
 def load(results: Path) -> Table:
     rows = []
-    for path in sorted(p for p in results.glob("*.jsonl") if bench_file(p)):
+    for path in sorted(results.glob("*.jsonl")):
         for row in read_rows(path):
             row["_source"] = str(path)
             rows.append(row)

@@ -5,7 +5,7 @@ feature classes of `fastdecode.bench.tasks.structured` (enums, nested objects, b
 anyOf), every method runs each item unconstrained and constrained. One JSONL row per generation (resumable: rows
 already in --out are skipped); then a Markdown table of the summary (--table).
 
-    python tools/structured.py --threads 1 --out docs/results/structured.jsonl --table docs/results/structured.md
+    python tools/structured.py --threads 1    # writes docs/results/structured/structured.jsonl and .md
 """
 
 from __future__ import annotations
@@ -166,8 +166,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/structured.jsonl")
-    parser.add_argument("--table", default="docs/results/structured.md")
+    parser.add_argument("--out", default="docs/results/structured/structured.jsonl")
+    parser.add_argument("--table", default="docs/results/structured/structured.md")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--items", type=int, default=None, help="cap on items per zoo task (default: the suite's)")
     parser.add_argument("--schema-repeats", type=int, default=3, help="runs of each JSON-schema feature class")
@@ -178,7 +178,7 @@ def main() -> int:
     rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
     Path(args.table).write_text(
         "# Constrained decoding: constraint kind x method\n\nMade by `make results-structured` "
-        "(`python tools/structured.py --threads 1`) from `docs/results/structured.jsonl`; zoo:ar-small "
+        "(`python tools/structured.py --threads 1`) from `docs/results/structured/structured.jsonl`; zoo:ar-small "
         "(spec.draft_model with zoo:ar-tiny), zoo:dlm-small for dlm.threshold (LAVE; +prefix: the left-to-right "
         "prefix rule). "
         "valid = a complete sentence of the constraint ended by EOS within the budget; accuracy = the task's scorer "
