@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sampling_stats import next_distribution
+from sampling_stats import token_marginals
 
 import fastdecode
 
@@ -27,9 +27,4 @@ def prompt(causal):
 @pytest.fixture(scope="module")
 def marginals(causal, prompt):
     """Exact distributions of the first generated token, and of the second given that the first is not EOS."""
-    p1 = next_distribution(causal, torch.tensor([prompt]))[0]  # [V]
-    support = [x for x in p1.nonzero().squeeze(-1).tolist() if x not in causal.eos_token_ids]
-    ids = torch.cat([torch.tensor([prompt]).expand(len(support), -1), torch.tensor(support)[:, None]], 1)
-    weights = p1[support] / p1[support].sum()
-    p2 = (weights[:, None] * next_distribution(causal, ids)).sum(0)  # [V] = sum_x p1(x | not EOS) p(. | x)
-    return p1, p2
+    return tuple(token_marginals(causal, prompt, 2))

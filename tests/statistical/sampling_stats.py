@@ -34,6 +34,23 @@ def next_distribution(model, ids: torch.Tensor) -> torch.Tensor:
     return target_distribution(logits, PROCESSORS["temperature"], PROCESSORS["top_k"]).cpu()
 
 
+def token_marginals(model, prompt: list[int], depth: int) -> list[torch.Tensor]:
+    """Exact `[V]` distributions of the first `depth` generated tokens, each given that no earlier one is an end of
+    text: every continuation in the processors' support, weighted by its probability, one batched forward a level."""
+    eos = sorted(model.eos_token_ids)
+    contexts, weights = torch.tensor([prompt]), torch.ones(1, dtype=torch.float64)
+    out = []
+    for level in range(depth):
+        p = next_distribution(model, contexts).double()  # [C, V]
+        out.append((weights[:, None] * p).sum(0).float())
+        if level + 1 < depth:
+            p[:, eos] = 0
+            rows, tokens = p.nonzero(as_tuple=True)
+            weights = weights[rows] * p[rows, tokens]
+            weights, contexts = weights / weights.sum(), torch.cat([contexts[rows], tokens[:, None]], 1)
+    return out
+
+
 def first_two(outputs: list[list[int]]) -> tuple[list[int], list[int]]:
     """First tokens of every output; second tokens of those that did not stop at EOS."""
     return [o[0] for o in outputs], [o[1] for o in outputs if len(o) > 1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sampling_stats import PROCESSORS, N, chi_square_p_value, first_two, next_distribution
+from sampling_stats import PROCESSORS, N, chi_square_p_value, first_two, next_distribution, token_marginals
 
 import fastdecode
 from fastdecode.engine import encode_batch
@@ -87,21 +87,6 @@ def test_the_chi_square_check_has_power(causal, near_draft, prompt, marginals):
 
 
 
-def third_marginal(model, prompt: list[int]) -> torch.Tensor:
-    """The exact distribution of the third generated token given that neither earlier one is an end of text."""
-    eos = model.eos_token_ids
-    p1 = next_distribution(model, torch.tensor([prompt]))[0]
-    pairs, weights = [], []
-    for x1 in (x for x in p1.nonzero().squeeze(-1).tolist() if x not in eos):
-        p2 = next_distribution(model, torch.tensor([prompt + [x1]]))[0]
-        for x2 in (x for x in p2.nonzero().squeeze(-1).tolist() if x not in eos):
-            pairs.append([x1, x2])
-            weights.append(float(p1[x1] * p2[x2]))
-    ids = torch.cat([torch.tensor([prompt]).expand(len(pairs), -1), torch.tensor(pairs)], 1)
-    w = torch.tensor(weights, dtype=torch.float64)
-    return ((w / w.sum())[:, None] * next_distribution(model, ids).double()).sum(0)
-
-
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_a_confidence_stop_keeps_the_target_distribution(causal, near_draft, prompt, marginals, adaptive):
     """The stop ends a draft on the draft's own probabilities (adapted: and on the earlier verdicts), never on the
@@ -140,4 +125,4 @@ def test_a_confidence_stop_keeps_the_target_distribution(causal, near_draft, pro
     assert chi_square_p_value(second_tokens, marginals[1]) > 1e-3
     third = [o[2] for o in outputs if len(o) > 2]
     assert len(third) > 0.9 * N
-    assert chi_square_p_value(third, third_marginal(causal, prompt)) > 1e-3
+    assert chi_square_p_value(third, token_marginals(causal, prompt, 3)[2]) > 1e-3
