@@ -30,10 +30,9 @@ class AdaptiveStop:
         """Record a draft (its tokens' confidences, the number accepted) and return the threshold for the next."""
         if confidences:
             kept = min(accepted, len(confidences))
-            self.hits.extend([1] * kept)
-            if kept < len(confidences):
-                self.hits.append(0)
-            self.scores.extend(confidences[: len(self.hits) - len(self.scores)])
+            known = [1] * kept + ([0] if kept < len(confidences) else [])  # the first rejected one too
+            self.hits.extend(known)
+            self.scores.extend(confidences[: len(known)])
             if len(self.scores) > 5 and 0 in self.hits and 1 in self.hits:
                 self.threshold = best_threshold(self.scores, self.hits)
         return self.threshold
