@@ -22,7 +22,7 @@ from ..config import MethodConfig, check
 from ..models.causal import CausalLM
 from ..registry import RunContext, register
 from ..types import PromptBatch, StepEvent
-from .driver import check_assisted, check_sliding_assistant, generate_one, replay
+from .driver import check_assisted, check_sliding_assistant, hf_driver
 
 
 @dataclass(frozen=True)
@@ -63,29 +63,30 @@ def run(model: CausalLM, batch: PromptBatch, cfg: AssistedConfig, ctx: RunContex
 
 def _run(model: CausalLM, batch: PromptBatch, cfg: AssistedConfig, draft: CausalLM,
          constraint: Any = None) -> Iterator[StepEvent]:
-    gen = draft.model.generation_config
     settings = {
         "num_assistant_tokens": cfg.num_assistant_tokens,
         "num_assistant_tokens_schedule": cfg.num_assistant_tokens_schedule,
         "assistant_confidence_threshold": cfg.assistant_confidence_threshold,
     }
+    return hf_driver(model, batch, {"max_new_tokens": cfg.max_new_tokens}, assistant=draft.model,
+                     constraint=constraint, around=lambda: _assisting(draft.model.generation_config, settings,
+                                                                       fixed=not cfg.adaptive_threshold))
+
+
+@contextlib.contextmanager
+def _assisting(gen: Any, settings: dict[str, Any], fixed: bool) -> Iterator[None]:
+    """The settings on the draft's generation config for one prompt's generate(), and its own values back after it:
+    under the "heuristic" schedule transformers writes the draft length it reached back into that config, where the
+    next prompt of a batch would start from it; each row starts as a run of its own does."""
     saved = {k: getattr(gen, k, None) for k in settings}
-    runs = []
-    try:  # as in `hf_driver`, every prompt's generate() runs before the first step is yielded: the settings and
-        # the fixed threshold hold for exactly those calls
-        with contextlib.nullcontext() if cfg.adaptive_threshold else fixed_threshold():
-            for b in range(batch.size):
-                # set again for each prompt: under the "heuristic" schedule transformers writes the draft length it
-                # reached back into the draft's config, where the next generate() would start from it; each row of
-                # a batch starts as a run of its own does
-                for k, v in settings.items():
-                    setattr(gen, k, v)
-                runs.append(generate_one(model, batch.row(b), {"max_new_tokens": cfg.max_new_tokens}, draft.model,
-                                         constraint))
+    for k, v in settings.items():
+        setattr(gen, k, v)
+    try:
+        with fixed_threshold() if fixed else contextlib.nullcontext():
+            yield
     finally:
         for k, old in saved.items():
             setattr(gen, k, old)
-    yield from replay(runs)
 
 
 _CANDIDATES = "transformers.generation.candidate_generator"

@@ -9,7 +9,8 @@ whose logits say how many of them greedy verification kept. Forwards made inside
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,11 +194,16 @@ def generate_one(
 
 def hf_driver(
     model: CausalLM, batch: PromptBatch, gen_kwargs: dict[str, Any], assistant: torch.nn.Module | None = None,
-    constraint: Any = None,
+    constraint: Any = None, around: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> Iterator[StepEvent]:
-    """Generate each prompt on its own, then replay the steps of all rows in lockstep, one event per step."""
-    yield from replay([generate_one(model, batch.row(b), gen_kwargs, assistant, constraint)
-                       for b in range(batch.size)])
+    """Generate each prompt on its own (inside `around()`, a context a method sets transformers up in for one call),
+    then replay the steps of all rows in lockstep, one event per step: every generate() runs before the first step
+    is yielded."""
+    runs = []
+    for b in range(batch.size):
+        with around() if around is not None else nullcontext():
+            runs.append(generate_one(model, batch.row(b), gen_kwargs, assistant, constraint))
+    yield from replay(runs)
 
 
 def replay(runs: list[Run]) -> Iterator[StepEvent]:
