@@ -4,7 +4,9 @@
 model the tests load without naming a device goes there, in float32 (`load` defaults to bfloat16 on CUDA, which the
 token-for-token tests do not assume) and without the fused kernels unless a test asks for them, and the `to_device`
 fixture moves a model a test builds itself (a draft, a head) to the same device. Asked for a device this machine
-lacks, the suite is skipped with the reason.
+lacks, the suite is skipped with the reason. `FASTDECODE_TEST_DEVICE=sim` runs it on a simulated accelerator, the CPU
+under the name cpu:0 refusing what a GPU refuses (a host tensor beside a device one, a host generator for the
+device's sampling: tests/device_sim.py), which is how tools/gpu_dry_run.sh rehearses the device's suite.
 
 On another device, a test that fails because a file of the zoo (weights) or of docs/results is absent from the
 checkout is skipped with that file named: a call to a lent GPU carries at most 64 MiB, so the zoo travels there a few
@@ -17,9 +19,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import device_sim  # tests/ is on the path
 import pytest
 import torch
-from carried import skip_when_not_carried  # tests/ is on the path
+from carried import skip_when_not_carried
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import fastdecode
@@ -41,11 +44,22 @@ os.environ["FASTDECODE_UNTRAINED_HEADS"] = "1"
 torch.set_num_threads(1)  # tiny models run fastest on one thread, and tests then leave a core free
 
 DEVICE_VARIABLE = "FASTDECODE_TEST_DEVICE"
+SIMULATED = "sim"  # the value that runs the suite on tests/device_sim.py's simulated device
+
+
+def simulated() -> bool:
+    return os.environ.get(DEVICE_VARIABLE, "").strip() == SIMULATED
 
 
 def test_device() -> str:
-    """The device the suite runs on: `FASTDECODE_TEST_DEVICE`, default cpu."""
+    """The device the suite runs on: `FASTDECODE_TEST_DEVICE`, default cpu (`sim`: the simulated device's name)."""
+    if simulated():
+        return str(device_sim.DEVICE)
     return os.environ.get(DEVICE_VARIABLE, "").strip() or "cpu"
+
+
+if simulated():
+    device_sim.install()  # at import, in each xdist worker too: before any test makes a tensor
 
 
 def missing_device(name: str) -> str | None:
@@ -66,7 +80,8 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def pytest_report_header(config) -> str:
-    return f"fastdecode test device: {test_device()} ({DEVICE_VARIABLE})"
+    what = " (simulated: tests/device_sim.py)" if simulated() else ""
+    return f"fastdecode test device: {test_device()}{what} ({DEVICE_VARIABLE})"
 
 
 @pytest.hookimpl(wrapper=True)

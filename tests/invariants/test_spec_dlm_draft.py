@@ -133,10 +133,10 @@ def test_one_step_drafts_the_aligned_argmax(diffusion, dream, shifted):
     """With draft_steps=1 the block is the argmax (never the mask token) of the logits that score each position:
     output i for LLaDA, output i - 1 for Dream."""
     model = dream if shifted else diffusion
-    context = torch.tensor(model.encode("the quick brown"), device=model.device)
+    context = torch.tensor(model.encode("the quick brown"))  # on the CPU, as the driver hands it (Drafter.propose)
     n, k = context.numel(), 5
     draft = DiffusionDrafter(model, DlmDraftConfig(num_draft_tokens=k), None).propose(context, 10)
-    canvas = torch.cat([context, torch.full((k,), MASK, device=model.device)])[None]
+    canvas = torch.cat([context, torch.full((k,), MASK)])[None].to(model.device)
     with torch.no_grad():
         raw = model.model(input_ids=canvas).logits[0].float()  # [n + k, V], unaligned
     raw[:, MASK] = float("-inf")

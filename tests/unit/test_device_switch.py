@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import device_sim
 import torch
 
 import fastdecode
@@ -15,7 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_loaded_and_built_models_are_on_the_switched_device(causal, causal_dir, diffusion_dir, device, to_device):
-    assert device == torch.device(os.environ.get("FASTDECODE_TEST_DEVICE", "").strip() or "cpu")
+    asked = os.environ.get("FASTDECODE_TEST_DEVICE", "").strip() or "cpu"
+    assert device == (device_sim.DEVICE if asked == "sim" else torch.device(asked))
+    if asked == "sim":  # the simulated device's tensors (tests/device_sim.py)
+        assert all(isinstance(p, device_sim.SimTensor) for p in causal.model.parameters())
     assert causal.device.type == device.type and causal.dtype == torch.float32
     # without the fused kernels unless asked (on CUDA `load` fuses wherever its graphs are on)
     diffusion = fastdecode.load(diffusion_dir)
@@ -48,4 +52,9 @@ def test_a_device_this_machine_lacks_skips_the_suite_with_the_reason():
 
 def test_the_cpu_switch_runs_the_suite():
     run = _pytest("cpu")
+    assert run.returncode == 0 and "SKIPPED" not in run.stdout and "failed" not in run.stdout, run.stdout + run.stderr
+
+
+def test_the_simulated_switch_runs_the_suite_on_the_simulated_device():
+    run = _pytest("sim")
     assert run.returncode == 0 and "SKIPPED" not in run.stdout and "failed" not in run.stdout, run.stdout + run.stderr
