@@ -78,6 +78,9 @@ class SimTensor(torch.Tensor):
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
         return self.numpy()
 
+    def __reduce_ex__(self, protocol: Any) -> Any:  # torch.save: as the tensor it holds (a GPU's loads back too)
+        return self.payload.__reduce_ex__(protocol)
+
     __torch_function__ = torch._C._disabled_torch_function_impl  # the mode below sees Python-level calls
 
     @classmethod
@@ -210,6 +213,12 @@ def _moved(x: torch.Tensor, dtype: Any, memory_format: Any) -> torch.Tensor:
         return x.to(dtype=dtype or x.dtype, memory_format=memory_format or torch.preserve_format, copy=True)
 
 
+# torch's own methods as they are at import: a test or tool may wrap one (tools/diffusion_host_ops.py counts `tolist`
+# calls), and torch hands the mode what the attribute holds then, so reads are known by name
+_CPU, _TO = torch.Tensor.cpu, torch.Tensor.to
+_READS = {name: getattr(torch.Tensor, name) for name in ("tolist", "data_ptr", "untyped_storage")}
+
+
 class _Mode(TorchFunctionMode):
     """The Python-level calls a SimTensor's dispatch cannot see: factories given the device, moves between host and
     device (the CPU's kernels would treat `cpu:0` as `cpu` and move nothing), what reads a tensor's storage."""
@@ -220,18 +229,18 @@ class _Mode(TorchFunctionMode):
         first = args[0] if args else None
         if func is torch._has_compatible_shallow_copy_type and any(isinstance(a, SimTensor) for a in args):
             return False  # so that Module.to makes new parameters instead of swapping a SimTensor's data in
-        if func is torch.Tensor.cpu and isinstance(first, SimTensor):
+        if func is _CPU and isinstance(first, SimTensor):
             return _moved(first.payload, None, None)
-        if func is torch.Tensor.to:
+        if func is _TO:
             device, dtype, memory_format = _parse_to(args[1:], kwargs)
             if isinstance(first, SimTensor) and device is not None and not on_device(device):
                 return _moved(first.payload, dtype, memory_format)
             if not isinstance(first, SimTensor) and on_device(device):
                 return SimTensor(_moved(first, dtype, memory_format))
             return func(*args, **kwargs)
-        if isinstance(first, SimTensor) and func in (torch.Tensor.tolist, torch.Tensor.data_ptr,
-                                                     torch.Tensor.untyped_storage):
-            return func(first.payload, *args[1:], **kwargs)
+        read = _READS.get(getattr(func, "__name__", "")) if isinstance(first, SimTensor) else None
+        if read is not None:
+            return read(first.payload, *args[1:], **kwargs)
         if on_device(kwargs.get("device")) and func is not torch._C._nn._parse_to:
             with torch._C.DisableTorchFunction():
                 out = func(*args, **{**kwargs, "device": HOST})
@@ -260,6 +269,11 @@ def _bootstrap_under_the_mode(thread: threading.Thread) -> None:
         return _bootstrap(thread)
 
 
+def active() -> bool:
+    """Whether the simulation is on (a test it cannot run skips with `pytest.mark.skipif(device_sim.active(), ...)`)."""
+    return bool(_installed)
+
+
 def install() -> None:
     """Turn the simulation on for this process (the suite's conftest, at import), in the threads it starts too:
     until `uninstall`."""
@@ -286,7 +300,7 @@ def uninstall() -> None:
 @contextlib.contextmanager
 def simulated() -> Iterator[None]:
     """The simulation for a block (its own tests); a no-op where the suite already runs under it."""
-    if _installed:
+    if active():
         yield
         return
     install()

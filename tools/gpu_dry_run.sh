@@ -3,11 +3,12 @@
 # weights that `python tools/gpu_parts.py carry PART` names for the PARTS given (joined by "+": ar+dlm+rest is a
 # machine kept warm through the three calls, rest alone one that went cold before the last) and no docs/results, as
 # the device's checkout is then, and the whole suite, as tools/gpu_run.sh's `rest` runs it, with
-# FASTDECODE_TEST_DEVICE=cpu:0: the CPU, under a name other than "cpu", so that a test failing on a file the calls
-# did not carry is skipped as on the device (tests/carried.py). A failure here is one the device would show too,
-# apart from what only a GPU shows.
+# FASTDECODE_TEST_DEVICE=sim: the simulated device of tests/device_sim.py, the CPU under the name cpu:0 (so that a
+# test failing on a file the calls did not carry is skipped as on the device, tests/carried.py) refusing a host tensor
+# beside a device one and a host generator for the device's sampling, as a GPU does. A failure here is one the device
+# would show too, apart from what only a GPU shows. DEVICE=cpu:0 runs it without the simulation (about 3 times faster).
 #
-#   tools/gpu_dry_run.sh ar+dlm+rest|rest|... [FOLDER]     # FOLDER default /tmp/gpu-dry-run-PARTS; about 5 minutes
+#   tools/gpu_dry_run.sh ar+dlm+rest|rest|... [FOLDER]     # FOLDER default /tmp/gpu-dry-run-PARTS; about 20 minutes
 #
 # with the device's pytest options but WORKERS processes (default 2; the device has the plugins they need, here:
 # pip install --no-deps pytest-xdist execnet pytest-timeout).
@@ -36,7 +37,7 @@ EOF
 rm -rf docs/results
 log=$($py -c "import sys; sys.path.insert(0, 'tools'); import gpu_parts; print(gpu_parts.LOG)")
 $py tools/gpu_parts.py present
-$py tools/gpu_parts.py suite "$dir" --device cpu:0 --workers "${WORKERS:-2}" && rc=0 || rc=$?
+$py tools/gpu_parts.py suite "$dir" --device "${DEVICE:-sim}" --workers "${WORKERS:-2}" && rc=0 || rc=$?
 grep '^SKIPPED.*not in this checkout' "$dir/$log.txt" || true
 [ -f "$dir/$log-failures.txt" ] && grep '^===' "$dir/$log-failures.txt"
 exit $rc

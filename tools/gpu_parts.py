@@ -113,12 +113,13 @@ def pytest_options(workers: int) -> list[str]:
 def run_suite(folder: Path, device: str, workers: int, limit: float | None = None,
               tests: tuple[str, ...] = ("tests",)) -> int:
     """The whole test suite as the device's last call runs it (tools/gpu_run.sh, `device` "cuda") and as its
-    rehearsal does (tools/gpu_dry_run.sh, "cpu:0"), with `pytest_options(workers)`; returns pytest's exit status, 124
-    where `limit` stopped it. In `folder`: the log (`LOG`.txt), each test's outcome in a JUnit file (`LOG`.xml: the
-    verdict finds the tests that never ran, skipped where their weights were not there) and each failure with its
-    traceback as it happens (`LOG`-failures.txt, tools/pytest_failures.py: the limit can stop pytest before its
-    summary). At `limit` seconds pytest gets SIGINT, so that it still writes its JUnit file and counts, KILL 30 s later
-    if need be, and the log gets the `STOPPED` line."""
+    rehearsal does (tools/gpu_dry_run.sh, "sim": the simulated device of tests/device_sim.py), with
+    `pytest_options(workers)`; returns pytest's exit status, 124 where `limit` stopped it. In `folder`: the log
+    (`LOG`.txt), each test's outcome in a JUnit file (`LOG`.xml: the verdict finds the tests that never ran, skipped
+    where their weights were not there) and each failure with its traceback as it happens (`LOG`-failures.txt,
+    tools/pytest_failures.py: the limit can stop pytest before its summary). At `limit` seconds pytest gets SIGINT,
+    so that it still writes its JUnit file and counts, KILL 30 s later if need be, and the log gets the `STOPPED`
+    line."""
     folder.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "FASTDECODE_TEST_DEVICE": device, "FASTDECODE_FAILURES": str(folder / f"{LOG}-failures.txt"),
            "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
@@ -214,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     lim.add_argument("budget_left", nargs="?", type=int, help="the previous reply's lease.budget_left_s")
     run = sub.add_parser("suite", help="the whole test suite as the device runs it")
     run.add_argument("folder", type=Path, help=f"where {LOG}.txt, {LOG}.xml and {LOG}-failures.txt go")
-    run.add_argument("--device", required=True, help="FASTDECODE_TEST_DEVICE: cuda, or cpu:0 for a rehearsal")
+    run.add_argument("--device", required=True,
+                     help="FASTDECODE_TEST_DEVICE: cuda, or sim for a rehearsal (cpu:0: without the simulation)")
     run.add_argument("--workers", type=int, default=15)
     run.add_argument("--limit", type=float, help="seconds before pytest is interrupted")
     args = ap.parse_args(argv)

@@ -14,6 +14,15 @@ if TYPE_CHECKING:
     from .image import ImageSpec
 
 
+_HOST = torch.device("cpu")
+
+
+def on_host(device: torch.device) -> bool:
+    """Whether a tensor or generator on `device` lives in host memory: the CPU, whose tensors always say `cpu`. (The
+    test suite's simulated device, tests/device_sim.py, is the CPU under the name `cpu:0`: a device, as a GPU is.)"""
+    return device == _HOST
+
+
 def _as_id_set(value: Any) -> frozenset[int]:
     if value is None:
         return frozenset()

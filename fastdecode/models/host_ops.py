@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .base import on_host
 from .graphs import Graphs
 
 _SCALAR = torch.ops.aten._local_scalar_dense.default  # .item(), int(t), bool(t)
@@ -101,6 +102,6 @@ class HostOps(TorchDispatchMode):
 
 def _to_host(args: tuple[Any, ...], out: Any) -> bool:
     """A copy whose result is on the CPU and whose source is not."""
-    if not isinstance(out, torch.Tensor) or out.device.type != "cpu":
+    if not isinstance(out, torch.Tensor) or not on_host(out.device):
         return False
-    return any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args)
+    return any(isinstance(a, torch.Tensor) and not on_host(a.device) for a in args)

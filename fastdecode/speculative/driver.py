@@ -18,6 +18,7 @@ import torch
 
 from ..attention import SparseSelector, make_selector
 from ..errors import IncompatibleMethodError
+from ..models.base import on_host
 from ..models.capabilities import sliding_windows, state_layer_types, uses_alibi
 from ..models.causal import CausalLM, CausalOutput
 from ..models.exact import MARGIN
@@ -286,7 +287,7 @@ class _Stopwatch:
 def _where(blocks: list[_Block]) -> torch.device:
     """Where the blocks' ids are: on the host, or on the device where a drafter left its drafts unread
     (`_Row.block`)."""
-    return next((b.tokens.device for b in blocks if b.tokens.device.type != "cpu"), torch.device("cpu"))
+    return next((b.tokens.device for b in blocks if not on_host(b.tokens.device)), torch.device("cpu"))
 
 
 def _causal(n: int) -> torch.Tensor:
@@ -298,7 +299,7 @@ def _onto(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`t` on `device`; a copy from the host to a GPU does not wait for the device (CUDA takes a pageable source in
     before it returns, and the kernels that read it follow on the stream), so a step's one synchronisation stays the
     verdict's read. A copy to the host waits, as it must before the host reads it."""
-    return t.to(device, non_blocking=t.device.type == "cpu" and device.type != "cpu")
+    return t.to(device, non_blocking=on_host(t.device) and not on_host(device))
 
 
 @dataclass

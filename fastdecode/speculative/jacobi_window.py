@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import IncompatibleMethodError
+from ..models.base import on_host
 from ..models.causal import CausalLM
 from .drafter import BaseDrafter, Draft, SpecConfig, Verification
 from .verify import target_distribution
@@ -129,7 +130,7 @@ class JacobiWindow(BaseDrafter):
 def _on_cpu(generator: torch.Generator | None) -> torch.Generator | None:
     """The window draws on CPU copies of its distributions (a few rows of V); a run's generator on another device
     seeds a CPU one of the row's own, so seeded runs still repeat."""
-    if generator is None or generator.device.type == "cpu":
+    if generator is None or on_host(generator.device):
         return generator
     seed = int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
     return torch.Generator().manual_seed(seed)

@@ -9,6 +9,7 @@ from typing import cast
 
 import torch
 
+from ..models.base import on_host
 from ..models.causal import CausalLM
 from .drafter import BaseDrafter, Draft, SpecConfig, Verification
 from .verify import target_distribution
@@ -32,7 +33,7 @@ def reads_each_token(read_each_token: bool | None, device: torch.device, cfg: Sp
     would change the run's later draws), and on the CPU, where a read costs nothing and a forward past an end of text
     does. `read_each_token` (a drafter class's attribute; None: by the device) lets tests run the GPU's path on the
     CPU."""
-    on_cpu = device.type == "cpu" if read_each_token is None else read_each_token
+    on_cpu = on_host(device) if read_each_token is None else read_each_token
     return stops or not cfg.greedy or on_cpu
 
 

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import torch
 
 from .. import sampling
+from ..models.base import on_host
 from ..sampling.pipeline import LogitsPipeline
 
 
@@ -58,7 +59,7 @@ def verify_greedy(draft: torch.Tensor, logits: torch.Tensor) -> Verdict:
     best = sampling.greedy(logits)  # [k + 1], ties to the lowest id as in ar.greedy
     # one copy to the host (one synchronisation on a GPU): every argmax, with the drafts where they were left on the
     # device (a draft model's greedy chain); drafts on the host are compared there, not copied to the device
-    if draft.device == best.device and best.device.type != "cpu":
+    if draft.device == best.device and not on_host(best.device):
         both = torch.cat([draft, best]).tolist()
         drafted, best_ids = both[:k], both[k:]
     else:

@@ -68,8 +68,8 @@ def load_checkpoint(folder: Path, modules: Mapping[str, nn.Module], opts: Mappin
         for i, p in enumerate(g for group in opt.param_groups for g in group["params"]):
             prefix = f"{name}.{i}."
             moments = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-            if moments:  # AdamW keeps its step count as a float tensor
-                opt.state[p] = {k: (v.float() if k == "step" else v) for k, v in moments.items()}
+            if moments:  # AdamW keeps its step count as a float tensor on the host, its moments beside the weight
+                opt.state[p] = {k: (v.float() if k == "step" else v.to(p.device)) for k, v in moments.items()}
     return record
 
 

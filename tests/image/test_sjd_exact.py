@@ -23,8 +23,8 @@ CELLS = list(itertools.product(range(4), repeat=3))
 
 def joint_of_first_three(model, prompt: int) -> torch.Tensor:
     """`[64]` p(a) p(b | a) p(c | a, b) over the 4 codes, from full forwards without a cache."""
-    ids = torch.tensor([[prompt, a, b] for a, b in itertools.product(range(4), repeat=2)])  # [16, 3]
-    logits = model.forward(ids, torch.arange(3)[None].expand(16, 3))  # [16, 3, V]
+    ids = torch.tensor([[prompt, a, b] for a, b in itertools.product(range(4), repeat=2)], device=model.device)
+    logits = model.forward(ids, torch.arange(3, device=model.device)[None].expand(16, 3))  # [16, 3, V]
     p = target_distribution(logits.reshape(48, -1), 1.0).reshape(16, 3, -1)[..., :4]  # [16, 3, 4]
     return torch.tensor([float(p[4 * a + b, 0, a] * p[4 * a + b, 1, b] * p[4 * a + b, 2, c]) for a, b, c in CELLS])
 
@@ -47,7 +47,7 @@ def test_sjd_first_three_codes_follow_the_teacher(tiny_image_model, window, init
 
     def drafter(generator):
         return JacobiWindow(cfg, window, init, coupling, vocab=model.vocab_size, allowed=model.image.K,
-                            grid_width=width, generator=generator)
+                            grid_width=width, generator=generator, device=model.device)
 
     rows: list[dict[int, int]] = [{} for _ in range(N)]
     accepted = 0

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import warnings
 
+import device_sim
 import pytest
 import torch
 
 import fastdecode
 from fastdecode.errors import FastDecodeWarning, ParameterError
 from fastdecode.models.mdlm import LayerKV
+
+# the tests whose subject is torch.compile itself: it does not trace the simulated device's tensors
+COMPILES = pytest.mark.skipif(device_sim.active(), reason="torch.compile does not trace the simulated device's "
+                              "tensors (tests/device_sim.py runs compiled functions eagerly)")
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "0123456789 ABC abc the lazy dog jumps"]
 KW = dict(max_new_tokens=16, block_length=8)
@@ -49,6 +54,7 @@ def forwards(module, x, attention) -> list[torch.Tensor]:
     return [full.logits, part.logits, *(t for layer in part.cache for t in (layer.k, layer.v))]
 
 
+@COMPILES
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_traced_fused_forward_gives_the_plain_logits_at_any_canvas_length(diffusion_dir, backend, dtype):
     if backend != "eager":
@@ -73,6 +79,7 @@ def test_traced_fused_forward_gives_the_plain_logits_at_any_canvas_length(diffus
     assert len(traced) == 4
 
 
+@COMPILES
 def test_a_fused_forward_that_cannot_be_compiled_runs_unfused_with_one_warning(diffusion_dir):
     model = fastdecode.load(diffusion_dir, graphs=False)
     x, attention = canvas(model, 0, 12)

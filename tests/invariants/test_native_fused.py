@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import warnings
 
+import device_sim
 import pytest
 import torch
 
@@ -16,6 +17,10 @@ import fastdecode
 from fastdecode.errors import FastDecodeWarning, ParameterError
 from fastdecode.models.causal import CausalLM
 from fastdecode.models.native import fused_default
+
+# the tests whose subject is torch.compile itself: it does not trace the simulated device's tensors
+COMPILES = pytest.mark.skipif(device_sim.active(), reason="torch.compile does not trace the simulated device's "
+                              "tensors (tests/device_sim.py runs compiled functions eagerly)")
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "0123456789 ABC abc the lazy dog jumps"]
 
@@ -25,6 +30,7 @@ def backend(device) -> str:
     return "inductor" if device.type == "cuda" else "eager"
 
 
+@COMPILES
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_traced_fused_forward_gives_the_plain_logits(causal_dir, load_model, backend, dtype):
     if backend != "eager":
@@ -104,6 +110,7 @@ def test_load_resolves_the_setting(causal_dir, load_model, device):
         CausalLM(plain.model, plain.tokenizer, "x", native=False, fused=True)
 
 
+@COMPILES
 def test_a_compiler_that_fails_leaves_the_model_unfused_with_a_warning(causal_dir, load_model):
     model = load_model(causal_dir)
     ids = model.tokenizer(PROMPTS[0], return_tensors="pt").input_ids.to(model.device)

@@ -110,7 +110,7 @@ def test_a_model_decodes_there_with_the_cpus_tokens(causal_dir):
 
 
 def test_the_simulation_ends_with_its_block():
-    if device_sim._installed:
+    if device_sim.active():
         pytest.skip("the suite runs under the simulation (FASTDECODE_TEST_DEVICE=sim)")
     generator, compile_ = torch.Generator, torch.compile
     with simulated():

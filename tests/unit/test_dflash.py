@@ -141,7 +141,7 @@ def test_objective_loss_weights_and_metrics(causal):
 
 def test_head_saves_and_loads_in_both_layouts(causal, head, tmp_path):
     save_head(head, tmp_path / "ours", dtype="float32")
-    again = load_head(tmp_path / "ours")
+    again = load_head(tmp_path / "ours", device=next(head.parameters()).device)
     assert again.config == head.config
     for k, v in head.state_dict().items():
         torch.testing.assert_close(again.state_dict()[k], v)

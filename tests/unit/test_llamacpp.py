@@ -58,7 +58,7 @@ def test_gguf_file_holds_every_weight_in_llama_layout(causal, tmp_path, monkeypa
     tensors = {t.name: t for t in reader.tensors}
     cfg = causal.config
     assert len(tensors) == 2 + 9 * cfg.num_hidden_layers + (0 if cfg.tie_word_embeddings else 1)
-    state = causal.model.state_dict()
+    state = {k: v.cpu() for k, v in causal.model.state_dict().items()}  # the file's tensors are the host's
     wq = state["model.layers.1.self_attn.q_proj.weight"]
     q = torch.from_numpy(tensors["blk.1.attn_q.weight"].data.copy()).reshape(wq.shape)
     assert torch.equal(q, _permute(wq, cfg.num_attention_heads))
