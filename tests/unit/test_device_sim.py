@@ -126,3 +126,29 @@ def test_threads_started_under_it_simulate_too(sim):
     worker.start()
     worker.join()
     assert seen == [SimTensor]
+
+
+def test_a_training_checkpoint_resumes_its_optimiser_beside_the_weights_on_the_device(sim, tmp_path):
+    """A run resumed on a device keeps AdamW's moments there (they come back from the file on the host): found by the
+    simulation; before, the first step after resuming failed on a GPU."""
+    from fastdecode.train.checkpoint import load_checkpoint, save_checkpoint
+
+    def run(steps: int, resume: bool) -> torch.nn.Linear:
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(4, 4).to(DEVICE)
+        opt = torch.optim.AdamW(layer.parameters(), lr=0.1)
+        if resume:
+            assert load_checkpoint(tmp_path, {"m": layer}, {"opt": opt}, {}) is not None
+            assert all(isinstance(v, SimTensor) for p in layer.parameters() for k, v in opt.state[p].items()
+                       if k != "step")
+        for step in range(steps):
+            x = torch.full((2, 4), float(step + 1), device=DEVICE)
+            opt.zero_grad()
+            layer(x).square().sum().backward()
+            opt.step()
+        save_checkpoint(tmp_path, {"m": layer}, {"opt": opt}, {})
+        return layer
+
+    run(2, resume=False)
+    resumed = run(1, resume=True)
+    assert all(isinstance(p, SimTensor) for p in resumed.parameters())
