@@ -180,6 +180,7 @@ def test_sparse_self_with_the_gpus_unread_drafts_equals_greedy(model, monkeypatc
     ids = [prompt(100, seed) for seed in (1, 2)]
     ref = fastdecode.generate(model, ids, "ar.greedy", max_new_tokens=24)
     kw = {k: v for k, v in SMALL.items() if k != "dense_layers"}
+    monkeypatch.setattr(SparseSelfDrafter, "read_each_token", True)  # the CPU's path, on any device
     with HostOps() as each:
         fastdecode.generate(model, ids[0], "spec.sparse_self", max_new_tokens=24, rule="quest", **kw)
     monkeypatch.setattr(SparseSelfDrafter, "read_each_token", False)
