@@ -239,7 +239,7 @@ def test_draft_cache_rolls_back_to_the_accepted_prefix(other_draft):
     greedy = DraftModelConfig(num_draft_tokens=4)
     drafter = ModelDrafter(other_draft, greedy, None)
     context = torch.tensor(other_draft.encode("the quick brown"))
-    first = drafter.propose(context, 10).tokens
+    first = drafter.propose(context, 10).tokens.cpu()  # on a device a greedy draft is left there, unread
     assert first.numel() == 4 and drafter.forwards == 4
     # the target accepts two drafts, then corrects the third
     context = torch.cat([context, first[:2], torch.tensor([(int(first[2]) + 1) % other_draft.vocab_size])])
@@ -254,7 +254,7 @@ def test_heuristic_schedule_grows_and_shrinks(other_draft):
     context = torch.tensor(other_draft.encode("the quick brown"))
     lengths = []
     for accepted_all in (True, True, False, False, False, False):
-        d = drafter.propose(context, 100).tokens
+        d = drafter.propose(context, 100).tokens.cpu()  # (left on a device unread)
         accepted = d.numel() if accepted_all else 0
         context = torch.cat([context, d[:accepted], torch.tensor([5])])
         drafter.observe(verified(d, context, accepted))
