@@ -274,6 +274,16 @@ def active() -> bool:
     return bool(_installed)
 
 
+def compiling_tests() -> Any:
+    """The mark of a test whose subject is torch.compile itself (traces, compiled versions, a compiler's failure):
+    skipped under the simulation, which runs compiled functions eagerly. Made when a test module is imported, after
+    the suite's conftest has installed the simulation."""
+    import pytest
+
+    return pytest.mark.skipif(active(), reason="torch.compile does not trace the simulated device's tensors "
+                              "(tests/device_sim.py runs compiled functions eagerly)")
+
+
 def install() -> None:
     """Turn the simulation on for this process (the suite's conftest, at import), in the threads it starts too:
     until `uninstall`."""

@@ -18,9 +18,7 @@ from fastdecode.errors import FastDecodeWarning, ParameterError
 from fastdecode.models.causal import CausalLM
 from fastdecode.models.native import fused_default
 
-# the tests whose subject is torch.compile itself: it does not trace the simulated device's tensors
-COMPILES = pytest.mark.skipif(device_sim.active(), reason="torch.compile does not trace the simulated device's "
-                              "tensors (tests/device_sim.py runs compiled functions eagerly)")
+COMPILES = device_sim.compiling_tests()
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "0123456789 ABC abc the lazy dog jumps"]
 
