@@ -96,9 +96,9 @@ def execute_on_ray(jobs: Sequence[Any], reference: Mapping[tuple[str, int, int],
                 write(row)
             if queue:
                 running[pool[w].run_item.remote(queue.pop(), warmup)] = w
-    finally:
+    finally:  # (an actor task cannot be cancelled with force=True: that raised over the error that brought us here)
         for ref in running:
-            ray.cancel(ref, force=True)
+            ray.cancel(ref)
         for a in pool:
             ray.kill(a)
     return workers
