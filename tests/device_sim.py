@@ -213,9 +213,9 @@ def _moved(x: torch.Tensor, dtype: Any, memory_format: Any) -> torch.Tensor:
         return x.to(dtype=dtype or x.dtype, memory_format=memory_format or torch.preserve_format, copy=True)
 
 
-# torch's own methods as they are at import: a test or tool may wrap one (tools/diffusion_host_ops.py counts `tolist`
-# calls), and torch hands the mode what the attribute holds then, so reads are known by name
-_CPU, _TO = torch.Tensor.cpu, torch.Tensor.to
+# the Tensor methods the mode answers itself are known by name: torch hands the mode what the attribute holds at call
+# time, which a test or tool may have wrapped (tools/diffusion_host_ops.py counts `tolist` calls); the reads call
+# torch's own methods, as they were at import
 _READS = {name: getattr(torch.Tensor, name) for name in ("tolist", "data_ptr", "untyped_storage")}
 
 
@@ -227,20 +227,20 @@ class _Mode(TorchFunctionMode):
         kwargs = kwargs or {}
         _check_generators(args, kwargs)
         first = args[0] if args else None
+        name = getattr(func, "__name__", "")
         if func is torch._has_compatible_shallow_copy_type and any(isinstance(a, SimTensor) for a in args):
             return False  # so that Module.to makes new parameters instead of swapping a SimTensor's data in
-        if func is _CPU and isinstance(first, SimTensor):
+        if name == "cpu" and isinstance(first, SimTensor):
             return _moved(first.payload, None, None)
-        if func is _TO:
+        if name == "to" and isinstance(first, torch.Tensor):
             device, dtype, memory_format = _parse_to(args[1:], kwargs)
             if isinstance(first, SimTensor) and device is not None and not on_device(device):
                 return _moved(first.payload, dtype, memory_format)
             if not isinstance(first, SimTensor) and on_device(device):
                 return SimTensor(_moved(first, dtype, memory_format))
             return func(*args, **kwargs)
-        read = _READS.get(getattr(func, "__name__", "")) if isinstance(first, SimTensor) else None
-        if read is not None:
-            return read(first.payload, *args[1:], **kwargs)
+        if name in _READS and isinstance(first, SimTensor):
+            return _READS[name](first.payload, *args[1:], **kwargs)
         if on_device(kwargs.get("device")) and func is not torch._C._nn._parse_to:
             with torch._C.DisableTorchFunction():
                 out = func(*args, **{**kwargs, "device": HOST})

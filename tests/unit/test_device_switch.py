@@ -16,10 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_loaded_and_built_models_are_on_the_switched_device(causal, causal_dir, diffusion_dir, device, to_device):
-    asked = os.environ.get("FASTDECODE_TEST_DEVICE", "").strip() or "cpu"
-    assert device == (device_sim.DEVICE if asked == "sim" else torch.device(asked))
-    if asked == "sim":  # the simulated device's tensors (tests/device_sim.py)
+    if device_sim.active():  # FASTDECODE_TEST_DEVICE=sim: the simulated device's tensors (tests/device_sim.py)
+        assert device == device_sim.DEVICE
         assert all(isinstance(p, device_sim.SimTensor) for p in causal.model.parameters())
+    else:
+        assert device == torch.device(os.environ.get("FASTDECODE_TEST_DEVICE", "").strip() or "cpu")
     assert causal.device.type == device.type and causal.dtype == torch.float32
     # without the fused kernels unless asked (on CUDA `load` fuses wherever its graphs are on)
     diffusion = fastdecode.load(diffusion_dir)
