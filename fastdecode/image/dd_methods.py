@@ -19,8 +19,8 @@ from ..errors import IncompatibleMethodError, ModelLoadError
 from ..heads import head_class
 from ..heads.dd import DDNet
 from ..heads.io import WEIGHTS, head_names, load_head, resolve_head, untrained_heads_allowed
-from ..models.base import on_host
 from ..registry import ConstraintSupport, RunContext, register
+from ..sampling.samplers import host_generator
 from ..types import PromptBatch, StepEvent
 from .dd import dd_steps, noise
 
@@ -30,7 +30,8 @@ NO_CONSTRAINTS = ConstraintSupport(refused="writes every code of an image at onc
 
 @dataclass(frozen=True)
 class DDConfig(MethodConfig):
-    """seed (None: torch's global RNG) and head ("" = the network shipped beside the zoo teacher)."""
+    """seed (None: the run's generator=, on any device, else torch's global RNG) and head ("" = the network shipped
+    beside the zoo teacher)."""
 
     seed: int | None = None
     head: str = ""
@@ -96,7 +97,7 @@ def _load(source: str, device: str) -> DDNet:
 def _run(model: Any, batch: PromptBatch, cfg: DDConfig, name: str, steps: int, ctx: RunContext) -> Iterator[StepEvent]:
     net = dd_network(model, name, cfg.head)
     image = model.image
-    gen = ctx.generator if ctx.generator is not None and on_host(ctx.generator.device) else None
+    gen = host_generator(ctx.generator)  # the noise is drawn on the host
     if gen is None and cfg.seed is not None:
         gen = torch.Generator().manual_seed(cfg.seed)
     labels = torch.tensor([batch.row(b)[0] for b in range(batch.size)])  # [B] class tokens

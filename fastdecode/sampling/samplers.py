@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ParameterError
+from ..models.base import on_host
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -31,3 +32,14 @@ def make_generator(seed: int | None, given: torch.Generator | None, device: torc
     if seed is None:
         return None
     return torch.Generator(device=device).manual_seed(seed)
+
+
+def host_generator(generator: torch.Generator | None) -> torch.Generator | None:
+    """A generator for draws a method makes in host memory (a few rows of distributions, an image's noise): the run's
+    own where it lives there; a run's generator on a device seeds a host one from its own stream (one draw), so that
+    seeded runs repeat and a generator passed again draws anew, as it does on the host; None stays None (torch's
+    global RNG)."""
+    if generator is None or on_host(generator.device):
+        return generator
+    seed = int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
+    return torch.Generator().manual_seed(seed)

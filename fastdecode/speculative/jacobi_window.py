@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from ..errors import IncompatibleMethodError
-from ..models.base import on_host
 from ..models.causal import CausalLM
+from ..sampling.samplers import host_generator
 from .drafter import BaseDrafter, Draft, SpecConfig, Verification
 from .verify import target_distribution
 
@@ -47,7 +47,7 @@ class JacobiWindow(BaseDrafter):
                 "init='vertical' repeats the token one image row above, but this model has no image grid (a text "
                 "model). Use init='random' (or 'auto') with text models."
             )
-        self.generator = _on_cpu(generator)
+        self.generator = host_generator(generator)  # it draws on host copies of a few rows of V
         self.sampling = cfg.temperature > 0
         self.start: int | None = None  # the prompt length: where generated tokens begin
         self.guess: list[int] = []  # guesses carried over from the last verification
@@ -125,15 +125,6 @@ class JacobiWindow(BaseDrafter):
         residual = (p - q).clamp(min=0.0)
         return int(torch.multinomial(residual if float(residual.sum()) > 0 else p, 1, generator=gen))
 
-
-
-def _on_cpu(generator: torch.Generator | None) -> torch.Generator | None:
-    """The window draws on CPU copies of its distributions (a few rows of V); a run's generator on another device
-    seeds a CPU one of the row's own, so seeded runs still repeat."""
-    if generator is None or on_host(generator.device):
-        return generator
-    seed = int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
-    return torch.Generator().manual_seed(seed)
 
 
 def image_of(model: CausalLM) -> Any:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from device_sim import simulated
 from statistical.sampling_stats import chi_square_p_value  # tests/ is on the path (rootdir conftest)
 
 import fastdecode
@@ -159,6 +160,26 @@ def test_methods_write_an_image_in_one_or_two_forwards(guided, tiny_image_guided
     eps = noise(2, 64, 1, torch.Generator().manual_seed(5))
     labels = torch.tensor([guided.image.label_token("3"), guided.image.label_token("7")])
     assert [r.token_ids for r in results] == dd_sample(net, labels, eps, 1).tolist()
+
+
+def test_a_generator_on_a_device_seeds_the_host_noise(tiny_image_dir, tmp_path, monkeypatch) -> None:
+    """DD draws its noise on the host: a run's generator on a device (the simulated one: a GPU's generator cannot
+    draw host noise) seeds it, so a seeded run repeats there as on the host, and a generator passed again draws
+    anew. (The noise came from torch's global RNG before, whatever the generator.)"""
+    from fastdecode.heads import save_head
+    from fastdecode.image import dd_methods
+
+    drawn: list[torch.Tensor] = []
+    monkeypatch.setattr(dd_methods, "noise", lambda *args: drawn.append(noise(*args)) or drawn[-1])
+    with simulated():
+        model = fastdecode.load(tiny_image_dir, device="cpu:0")
+        save_head(DDNet.for_target(model, split=20, second=20, cfg_scale=1.0), tmp_path / "net")
+        again = torch.Generator(device=model.device).manual_seed(11)
+        for generator in (torch.Generator(device=model.device).manual_seed(11), again, again):
+            fastdecode.generate(model, ["3", "7"], "img.dd1", head=str(tmp_path / "net"), generator=generator)
+    first, second, third = drawn
+    assert first.device == torch.device("cpu") and first.shape == (2, 64, model.image.d)
+    assert torch.equal(first, second) and not torch.equal(second, third)
 
 
 def test_methods_refuse_what_they_cannot_do(tiny_image_guided, causal, tmp_path) -> None:
