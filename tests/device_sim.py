@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,6 +42,35 @@ _Generator = torch._C.Generator
 # operations CUDA runs with host tensors beside device ones: the indices of indexing (moved to the device), copies
 _INDEXING = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default, _aten._index_put_impl_.default}
 _COPIES = {_aten.copy_.default, _aten._to_copy.default, _aten.lift_fresh.default}
+
+
+# what waits for the device on CUDA (a synchronisation): a value read into Python (`.item()`, `int()`, `bool()`: aten's
+# `_local_scalar_dense`), and the operations whose output's size depends on the values, which read it back to size
+# the result (`nonzero`, a boolean mask's indexing, `masked_select`, `unique`, `repeat_interleave` without
+# `output_size`); copies to host memory are counted where they are made (`_Mode`, `_dispatch`)
+_SIZED_BY_VALUES = {_aten.nonzero.default, _aten.masked_select.default, _aten._unique2.default,
+                    _aten.unique_consecutive.default, _aten.unique_dim.default}
+_counters: list[Counter[str]] = []
+
+
+def _waited(what: str) -> None:
+    for counter in _counters:
+        counter[what] += 1
+
+
+@contextlib.contextmanager
+def counting_reads() -> Iterator[Counter[str]]:
+    """Count, while the block runs, what would make the host wait for a GPU: each read of a device value (`item`:
+    `.item()`, `int()`, `bool()`; `tolist`; `copy`: `.cpu()`, `.to("cpu")`, a copy into a host tensor) and each
+    operation that sizes its output by the values (`sized`, e.g. `nonzero`). Copies made with `non_blocking=True`
+    count apart (`async copy`): they wait only where the host then reads them (issue #30's "one synchronisation a
+    step" counts the rest). Under the simulation only; in every thread."""
+    counter: Counter[str] = Counter()
+    _counters.append(counter)
+    try:
+        yield counter
+    finally:
+        _counters.remove(counter)
 
 
 def on_device(device: Any) -> bool:
@@ -145,6 +175,8 @@ def _aliases(func: Any) -> bool:
 def _dispatch(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     """Run `func` on the payload tensors after CUDA's device check; results on the device, aliasing as the CPU's."""
     _check_mixed(func, args, kwargs)
+    if _counters:
+        _count_waits(func, args, kwargs)
     if func is _aten._to_copy.default:  # .to() of a dtype (moves between host and device come through the mode)
         device = kwargs.get("device")
         out = func(_unwrap(args[0]), *args[1:], **{k: v for k, v in kwargs.items() if k != "device"})
@@ -158,6 +190,18 @@ def _dispatch(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         with torch.inference_mode(False):
             return return_and_correct_aliasing(func, args, kwargs, _map(_wrap, out))
     return return_and_correct_aliasing(func, args, kwargs, _map(_wrap, out))
+
+
+def _count_waits(func: Any, args: Any, kwargs: dict[str, Any]) -> None:
+    if func is _aten._local_scalar_dense.default:
+        _waited("item")
+    elif func in _SIZED_BY_VALUES or (func is _aten.repeat_interleave.Tensor and kwargs.get("output_size") is None):
+        _waited("sized")
+    elif func is _aten.index.Tensor and any(isinstance(t, SimTensor) and t.dtype == torch.bool
+                                            for t in args[1] if t is not None):
+        _waited("sized")
+    elif func is _aten.copy_.default and not isinstance(args[0], SimTensor) and isinstance(args[1], SimTensor):
+        _waited("async copy" if (args[2] if len(args) > 2 else kwargs.get("non_blocking", False)) else "copy")
 
 
 class SimGenerator(_Generator):
@@ -231,15 +275,19 @@ class _Mode(TorchFunctionMode):
         if func is torch._has_compatible_shallow_copy_type and any(isinstance(a, SimTensor) for a in args):
             return False  # so that Module.to makes new parameters instead of swapping a SimTensor's data in
         if name == "cpu" and isinstance(first, SimTensor):
+            _waited("async copy" if kwargs.get("non_blocking") else "copy")
             return _moved(first.payload, None, None)
         if name == "to" and isinstance(first, torch.Tensor):
             device, dtype, memory_format = _parse_to(args[1:], kwargs)
             if isinstance(first, SimTensor) and device is not None and not on_device(device):
+                _waited("async copy" if kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True) else "copy")
                 return _moved(first.payload, dtype, memory_format)
             if not isinstance(first, SimTensor) and on_device(device):
                 return SimTensor(_moved(first, dtype, memory_format))
             return func(*args, **kwargs)
         if name in _READS and isinstance(first, SimTensor):
+            if name == "tolist":
+                _waited("tolist")
             return _READS[name](first.payload, *args[1:], **kwargs)
         if on_device(kwargs.get("device")) and func is not torch._C._nn._parse_to:
             with torch._C.DisableTorchFunction():

@@ -243,7 +243,8 @@ class Eagle3Head(Head):
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Target token ids of draft-vocabulary ids."""
-        return draft_ids + self.d2t[draft_ids]
+        # (index_select: indexing by a 0-dim tensor reads its value to the host, a synchronisation on a GPU)
+        return draft_ids + self.d2t.index_select(0, draft_ids.reshape(-1)).view(draft_ids.shape)
 
     # -- decoding: entries appended to the head's own cache --------------------------------------------------------
     def step(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: DraftCache,

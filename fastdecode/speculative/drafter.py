@@ -110,6 +110,9 @@ class Verification:
     # one [P + k + S, H] per index of the drafter's `hidden_layers`, in its order: each decoder layer's output
     # before the final norm (`CausalOutput.layers`); empty unless the drafter asks for layers
     layers: tuple[torch.Tensor, ...] = ()
+    # what the drafter's `reads` asked of these logits, copied to the host with the verdict (one synchronisation a
+    # step on a GPU); None where nothing was asked, or where the caller did not read it (`BaseDrafter.asked`)
+    read: torch.Tensor | None = None
 
     @property
     def root_logits(self) -> torch.Tensor:
@@ -172,6 +175,13 @@ class Drafter(Protocol):
         """Draft a chain of at most k tokens, or a tree at most k deep, to follow `context` (`[N]` long, on the CPU)."""
         ...
 
+    def reads(self, logits: torch.Tensor, num_draft: int) -> torch.Tensor | None:
+        """What `observe` will read of a step's `[1 + k + S, V]` logits (rows in the drafter's order, k =
+        `num_draft`): integers computed where the logits are, e.g. the side tokens' argmax. The driver copies them to
+        the host in the same read as the verdict (on a GPU each read is a synchronisation; issue #30 asks for one a
+        step) and hands them over as `Verification.read`. None: nothing."""
+        ...
+
     def observe(self, verification: Verification) -> None:
         """The last draft was verified and the row goes on: `verification.accepted` draft tokens were accepted,
         then the target emitted one more; it also holds the target's logits (and hidden states) of that step."""
@@ -197,6 +207,19 @@ class BaseDrafter:
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         raise NotImplementedError(f"{type(self).__name__} must implement propose(context, k)")
+
+    def reads(self, logits: torch.Tensor, num_draft: int) -> torch.Tensor | None:
+        return None
+
+    def asked(self, verification: Verification) -> torch.Tensor:
+        """On the host: what `reads` asks of `verification`'s logits, as the driver read it with the verdict, or read
+        now where it was not (a caller that built the Verification itself)."""
+        if verification.read is not None:
+            return verification.read
+        found = self.reads(verification.logits, verification.num_draft)
+        if found is None:
+            raise ValueError(f"{type(self).__name__}.reads asks nothing of these logits")
+        return found.cpu()
 
     def observe(self, verification: Verification) -> None:
         pass

@@ -365,7 +365,7 @@ class _Group:
             t2 = watch.mark()
             lo = blk.pending - 1 - first
             slices[b] = logits[b, lo : lo + 1 + blk.tokens.numel() - blk.pending]  # [1 + k + S, V]
-            verdicts[b] = row.judge(draft, slices[b])
+            verdicts[b] = row.judge(draft, slices[b], reads=True)
             spent[b].append((t2, watch.mark()))
         confirm = []  # rows whose tree path must be confirmed as a chain first (exact mode)
         for b, verdict in list(verdicts.items()):
@@ -406,7 +406,8 @@ class _Group:
             chained = self._confirm({b: (self.rows[b], verdicts[b]) for b in confirm}, base)
             again = (t4, watch.mark())  # shared by the confirmed rows, as the first forward is by all
             for b, verdict in chained.items():
-                verdicts[b] = verdict
+                # (what the drafter asked of the tree's forward comes with it)
+                verdicts[b] = dataclasses.replace(verdict, read=verdicts[b].read)
                 spent[b].append(again)
                 settle(b, True)
         self.cache.crop_rows(keep)
@@ -576,9 +577,12 @@ class _Row:
         pos = torch.cat([torch.arange(n - P, n), n - 1 + offsets] + ([self._side_positions(side)] if side else []))
         return _Block(tokens, pos, self._visible(P, draft), P)
 
-    def judge(self, draft: Draft, logits: torch.Tensor) -> Verdict:
-        """The verdict on `draft` from the `[1 + k + S, V]` logits of its forward (side tokens' rows unread)."""
-        return self._verify(draft, logits[: draft.tokens.numel() + 1])
+    def judge(self, draft: Draft, logits: torch.Tensor, reads: bool = False) -> Verdict:
+        """The verdict on `draft` from the `[1 + k + S, V]` logits of its forward (side tokens' rows unread); `reads`:
+        with what the drafter's `reads` asks of them (`Verdict.read`), in the verdict's read where it is greedy."""
+        k = draft.tokens.numel()
+        also = self.drafter.reads(self._as_drafted(logits, 1), k) if reads else None
+        return self._verify(draft, logits[: k + 1], also)
 
     def exact_verdict(self, draft: Draft | None, verdict: Verdict) -> Verdict | None:
         """The verdict to keep, or None where it must first be confirmed as a chain (`_Group._confirm`).
@@ -595,7 +599,7 @@ class _Row:
         m = first_branch_prefix(draft.tokens.tolist(), draft.parents, path)
         if m == len(path):
             return verdict
-        return Verdict(m, path[: m + 1]) if 2 * (m + 1) >= verdict.accepted + 1 else None
+        return Verdict(m, path[: m + 1], verdict.read) if 2 * (m + 1) >= verdict.accepted + 1 else None
 
     def settle(self, draft: Draft, verdict: Verdict, logits: torch.Tensor, cached: int, P: int, chained: bool = False,
                hidden: torch.Tensor | None = None, layers: dict[int, torch.Tensor] | None = None) -> tuple[_Out, int]:
@@ -623,7 +627,7 @@ class _Row:
             mine = tuple(self._as_drafted(layers[i], P) for i in self.drafter.hidden_layers) if layers else ()
             logits = self._as_drafted(logits, 1)
             hidden = self._as_drafted(hidden, P) if hidden is not None else None
-            self.drafter.observe(Verification(verdict.accepted, tuple(tokens), logits, k, hidden, mine))
+            self.drafter.observe(Verification(verdict.accepted, tuple(tokens), logits, k, hidden, mine, verdict.read))
         out = _Out(tokens=tuple((made + i, t) for i, t in enumerate(tokens)), proposed=k,
                    accepted=min(verdict.accepted, len(tokens)))
         return out, min(kept, start + len(tokens))
@@ -649,9 +653,13 @@ class _Row:
             allow[P + k :, P + k :] = draft.side.mask
         return allow
 
-    def _verify(self, draft: Draft, logits: torch.Tensor) -> Verdict:
+    def _verify(self, draft: Draft, logits: torch.Tensor, also: torch.Tensor | None = None) -> Verdict:
         """The verdict on `draft` from the target's `[k + 1, V]` logits, each position through the request's pipeline
-        with its own history: the committed context, plus the drafted tokens on its path (a tree node's ancestors)."""
+        with its own history: the committed context, plus the drafted tokens on its path (a tree node's ancestors).
+        `also` (integers) comes back as `Verdict.read`: in the greedy verdict's one read, else read after it."""
+        if also is not None and not self.cfg.greedy:
+            verdict = self._verify(draft, logits)
+            return dataclasses.replace(verdict, read=also.cpu())
         tree = draft.parents
         at = None
         if self.history is not None:
@@ -660,8 +668,8 @@ class _Row:
         if self.cfg.greedy:
             logits = self.pipeline.process(logits, at)  # the processors that can move the argmax
             if tree is None:
-                return verify_greedy(draft.tokens, logits)
-            return verify_tree_greedy(draft.tokens.tolist(), tree, logits)
+                return verify_greedy(draft.tokens, logits, also)
+            return verify_tree_greedy(draft.tokens.tolist(), tree, logits, also)
         p = self.pipeline.distributions(logits, at)  # [k + 1, V]
         if tree is None:
             return self.accept(draft.tokens, draft.probs, p, self.generator)

@@ -92,17 +92,21 @@ class JacobiWindow(BaseDrafter):
         self.last = Draft(ids, torch.stack(qs).to(self.device) if self.sampling and qs else None)
         return self.last
 
+    def reads(self, logits: torch.Tensor, num_draft: int) -> torch.Tensor | None:
+        """Greedy: every node row's argmax (read with the verdict); sampling draws on the host instead."""
+        return None if self.sampling else logits[: 1 + num_draft].argmax(-1)
+
     def observe(self, verification: Verification) -> None:
         # node row i predicts draft position i; after n accepted and one emitted, rows n+1..k are the positions that
         # follow, conditioned on the old drafts: their new distributions are the Jacobi update
         n = verification.accepted
-        rows = verification.node_logits[n + 1 :]  # [k - n, V]
-        if rows.shape[0] == 0:
+        if verification.num_draft <= n:
             self.guess, self.guess_q = [], None
             return
         if not self.sampling:
-            self.guess, self.guess_q = rows.argmax(-1).tolist(), None
+            self.guess, self.guess_q = self.asked(verification).tolist()[n + 1 :], None
             return
+        rows = verification.node_logits[n + 1 :]  # [k - n, V]
         cfg = self.cfg
         p = target_distribution(rows, cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p).cpu()  # [k - n, V]
         new = torch.multinomial(p, 1, generator=self.generator).squeeze(1) if not self.coupling else None

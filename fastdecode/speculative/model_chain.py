@@ -76,6 +76,7 @@ class ModelChainDrafter(BaseDrafter):
         pos = torch.arange(self.cache.length, n, device=device)
         each = reads_each_token(self.read_each_token, device, self.cfg, stops=bool(self.confidence_stop))
         tokens, probs = [], []
+        read: list[int] = []  # the tokens read as they came (`each`)
         self.confidences = []
         for _ in range(k):
             logits = self.model.forward(feed[None], pos[None], self.cache, num_logits=1)[0, -1]  # [V]
@@ -84,9 +85,10 @@ class ModelChainDrafter(BaseDrafter):
             tokens.append(x)
             probs.append(q)
             if each:  # a read per token
+                read.append(int(x))
                 if self.confidence_stop:
                     self.confidences.append(float(logits.softmax(-1).max()))
-                if int(x) in self.eos or (self.confidence_stop and self.confidences[-1] < self.confidence_stop):
+                if read[-1] in self.eos or (self.confidence_stop and self.confidences[-1] < self.confidence_stop):
                     break
             feed, pos = x.view(1), pos[-1:] + 1
         if not tokens:
@@ -96,9 +98,9 @@ class ModelChainDrafter(BaseDrafter):
             # the output at the first end of text among the accepted tokens
             self._base, self._drafted = n, len(tokens)
             return Draft(torch.stack(tokens))
-        drafted = torch.stack(tokens).cpu()  # [m] (each token was read as it came)
+        drafted = torch.tensor(read, dtype=torch.long)  # [m], on the host: each token was read as it came
         # nothing after an end of text can be emitted: the chain ends with it
-        m = next((i + 1 for i, t in enumerate(drafted.tolist()) if t in self.eos), len(tokens))
+        m = next((i + 1 for i, t in enumerate(read) if t in self.eos), len(tokens))
         self._base, self._drafted = n, m
         # [m, V]; pick_token gives q for every token (sampling) or for none (greedy)
         q = torch.stack(cast(list[torch.Tensor], probs[:m])) if probs[0] is not None else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .verify import Verdict
+from .verify import Verdict, read_with
 
 
 def depths(parents: list[int]) -> list[int]:
@@ -46,12 +46,14 @@ def children(parents: list[int]) -> dict[int, list[int]]:
     return out
 
 
-def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tensor) -> Verdict:
+def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tensor,
+                       also: torch.Tensor | None = None) -> Verdict:
     """Longest root path whose every token is the target's argmax after its parent; then the target's next token.
 
-    logits: `[T + 1, V]`. Among equally deep accepted nodes the first listed wins.
+    logits: `[T + 1, V]`. Among equally deep accepted nodes the first listed wins. `also`: integers read with the
+    argmax, in one synchronisation on a GPU (`Verdict.read`).
     """
-    best = logits.argmax(-1).tolist()  # [T + 1]
+    best, read = read_with(logits.argmax(-1), also)  # [T + 1]
     ok = [False] * len(tokens)
     depth = depths(parents)
     end, end_depth = -1, 0
@@ -60,7 +62,7 @@ def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tens
         if ok[i] and depth[i] > end_depth:
             end, end_depth = i, depth[i]
     path = _path(parents, end)
-    return Verdict(len(path), [tokens[i] for i in path] + [best[end + 1]])
+    return Verdict(len(path), [tokens[i] for i in path] + [best[end + 1]], read)
 
 
 def preorder(parents: list[int]) -> list[int]:

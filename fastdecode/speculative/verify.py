@@ -28,6 +28,7 @@ class Verdict:
 
     accepted: int
     tokens: list[int]
+    read: torch.Tensor | None = None  # on the host: what was read with the verdict beside it (`read_with`)
 
 
 # a chain's acceptance rule at temperature > 0: (draft [k], q [k, V] or None, p [k + 1, V], generator) -> Verdict;
@@ -49,23 +50,35 @@ def target_distribution(
     return LogitsPipeline.from_config(cfg).distributions(logits)
 
 
-def verify_greedy(draft: torch.Tensor, logits: torch.Tensor) -> Verdict:
+def read_with(first: torch.Tensor, also: torch.Tensor | None) -> tuple[list[int], torch.Tensor | None]:
+    """`first.tolist()` (integers), and `also` (integers where `first` is; any shape) copied to the host in the same
+    read, one synchronisation on a GPU; `also` comes back as a host tensor of its shape."""
+    if also is None:
+        return first.tolist(), None
+    n = first.numel()
+    values = torch.cat([first.reshape(-1), also.reshape(-1).to(first.dtype)]).tolist()
+    return values[:n], torch.tensor(values[n:], dtype=also.dtype).view(also.shape)
+
+
+def verify_greedy(draft: torch.Tensor, logits: torch.Tensor, also: torch.Tensor | None = None) -> Verdict:
     """Accept the longest draft prefix equal to the target's argmax, then emit the target's own token.
 
     draft: `[k]` token ids; logits: `[k + 1, V]` target logits (row i predicts the token after x_i), already through
-    the request's pipeline when it has processors that can change the argmax (repetition penalty).
+    the request's pipeline when it has processors that can change the argmax (repetition penalty). `also`: integers
+    beside the logits read with the argmax (`Verdict.read`: a drafter's `reads`).
     """
     k = draft.numel()
     best = sampling.greedy(logits)  # [k + 1], ties to the lowest id as in ar.greedy
     # one copy to the host (one synchronisation on a GPU): every argmax, with the drafts where they were left on the
     # device (a draft model's greedy chain); drafts on the host are compared there, not copied to the device
     if draft.device == best.device and not on_host(best.device):
-        both = torch.cat([draft, best]).tolist()
+        both, read = read_with(torch.cat([draft, best]), also)
         drafted, best_ids = both[:k], both[k:]
     else:
-        drafted, best_ids = draft.tolist(), best.tolist()
+        drafted = draft.tolist()
+        best_ids, read = read_with(best, also)
     n = next((i for i in range(k) if drafted[i] != best_ids[i]), k)
-    return Verdict(n, best_ids[: n + 1])  # best[:n] equals the accepted draft
+    return Verdict(n, best_ids[: n + 1], read)  # best[:n] equals the accepted draft
 
 
 def verify_sampling(
@@ -84,22 +97,24 @@ def verify_sampling(
     p_x = p[rows, x]  # [k]
     q_x = q[rows, x] if q is not None else torch.ones_like(p_x)  # a deterministic drafter proposes x with q = 1
     u = torch.rand(k, generator=generator, device=p.device)  # [k]
+    if k == 0:
+        return Verdict(0, torch.multinomial(p[0], 1, generator=generator).tolist())
     accept = u * q_x < p_x  # u < p/q without dividing; P(accept) = min(1, p/q)
-    n = int(accept.long().cumprod(0).sum())
-    if n == k:
-        residual = p[k]  # bonus token
-    else:
-        residual = _residual(p[n], q[n] if q is not None else None, int(x[n]))
-    y = int(torch.multinomial(residual, 1, generator=generator))
-    return Verdict(n, x[:n].tolist() + [y])
+    # what follows stays on the device and is read once at the end (one synchronisation a step on a GPU): the number
+    # accepted n, the row drawn from (the bonus token's p_{k+1} when n == k, else the residual at n) and the draw
+    n = accept.long().cumprod(0).sum().view(1)  # [1]
+    at = n.clamp(max=k - 1)  # the rejected position when n < k (unused when n == k)
+    p_n = p.index_select(0, n)[0]  # [V]
+    residual = _residual(p_n, q.index_select(0, at)[0] if q is not None else None, x.index_select(0, at))
+    y = torch.multinomial(torch.where(n == k, p_n, residual), 1, generator=generator)  # [1]
+    values = torch.cat([n, y, x]).tolist()
+    accepted = values[0]
+    return Verdict(accepted, values[2 : 2 + accepted] + [values[1]])
 
 
-def _residual(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
-    """`[V]` unnormalised max(p - q, 0); with q one-hot at x that is p with x removed."""
-    if q is None:
-        r = p.clone()
-        r[x] = 0.0
-    else:
-        r = (p - q).clamp(min=0.0)
+def _residual(p: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """`[V]` unnormalised max(p - q, 0); with q one-hot at x (`[1]`, where p is) that is p with x removed. Nothing
+    is read: the choice below is made on the device."""
+    r = p.scatter(0, x, 0.0) if q is None else (p - q).clamp(min=0.0)
     # p == q leaves nothing; rejection then had probability 0 up to rounding, and p itself is the right law
-    return r if float(r.sum()) > 0 else p
+    return torch.where(r.sum() > 0, r, p)

@@ -109,6 +109,20 @@ def test_a_model_decodes_there_with_the_cpus_tokens(causal_dir):
     assert [[r.token_ids for r in rows] for rows in got] == [[r.token_ids for r in rows] for rows in want]
 
 
+def test_it_counts_what_would_wait_for_a_gpu(sim):
+    """`counting_reads`: each read of a device value, each copy to the host and each operation sized by the values;
+    a non-blocking copy apart; nothing of host tensors."""
+    x, host = torch.arange(6, device="cpu:0"), torch.arange(6)
+    with device_sim.counting_reads() as reads:
+        x.sum().item(), int(x[0]), float(x.float().mean()), bool(x[1] > 0)
+        x.tolist(), x.cpu(), x.to("cpu"), torch.empty(6, dtype=torch.long).copy_(x)
+        x.nonzero(), x[x > 2], x.repeat_interleave(x)
+        x.to("cpu", non_blocking=True)
+        host.tolist(), host.sum().item(), host.nonzero()  # the host's own: no wait
+        x + 1, x[host[:2]], x.argmax()  # work queued on the device, indices sent there: no wait
+    assert dict(reads) == {"item": 4, "tolist": 1, "copy": 3, "sized": 3, "async copy": 1}
+
+
 def test_the_simulation_ends_with_its_block():
     if device_sim.active():
         pytest.skip("the suite runs under the simulation (FASTDECODE_TEST_DEVICE=sim)")

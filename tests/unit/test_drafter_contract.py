@@ -16,7 +16,7 @@ from fastdecode.speculative import drafters, driver
 from fastdecode.speculative.drafter import BaseDrafter, Drafter
 
 CAPABILITIES = {"forwards", "needs_hidden", "hidden_layers", "tree_drafts", "shares_target_cache", "bind"}
-CALLS = {"propose", "observe", "finish"}
+CALLS = {"propose", "reads", "observe", "finish"}
 FLAGS = ("needs_hidden", "tree_drafts", "shares_target_cache")
 DRAFTERS = Path(drafters.__file__).parent
 # image-only methods (spec.lantern, spec.gsd) draft with spec.sjd's window, checked on the text model through it

@@ -88,10 +88,10 @@ class DFlashDrafter(BaseDrafter):
         out = self.head(self.embed(ids), positions, self.kv)  # [1, 1 + m, H]
         logits = self.lm_head(out[0, 1:].to(self.lm_head.weight.dtype)).float()  # [m, V]
         self.forwards += 1
-        if self.cfg.greedy:
-            return Draft(logits.argmax(-1).cpu())
+        if self.cfg.greedy:  # left unread where it was drafted: the verification reads it with its verdict, the
+            return Draft(logits.argmax(-1))  # step's one synchronisation on a GPU (issue #30)
         q = target_distribution(logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)  # [m, V]
-        return Draft(torch.multinomial(q, 1, generator=self.generator).squeeze(-1).cpu(), q)
+        return Draft(torch.multinomial(q, 1, generator=self.generator).squeeze(-1), q)  # (unread, as above)
 
     @torch.inference_mode()
     def observe(self, verification: Verification) -> None:

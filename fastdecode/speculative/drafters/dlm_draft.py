@@ -96,14 +96,17 @@ class DiffusionDrafter(BaseDrafter):
             # never depends on the tokens drawn there
             score = q.max(-1).values.masked_fill(~masked, float("-inf"))  # [k]
             commit = select_topk(score[None], torch.tensor([count], device=device))[0]  # [k] bool
-            canvas[n:][commit] = self._pick(q[commit])
+            if self.cfg.greedy:  # (a boolean mask's indexing reads the mask to the host: a synchronisation on a GPU)
+                canvas[n:] = torch.where(commit, q.argmax(-1), canvas[n:])
+            else:  # one draw per committed position, no more (the run's generator)
+                canvas[n:][commit] = self._pick(q[commit])
             masked &= ~commit
             step_of[commit] = t
             if not self.cfg.greedy:
                 probs = q if probs is None else torch.where(commit[:, None], q, probs)
+        if self.cfg.greedy:  # greedy verification is exact for any draft; left unread where it was drafted, for the
+            return Draft(canvas[n:])  # verification to read with its verdict (one synchronisation a step)
         tokens = canvas[n:].cpu()
-        if self.cfg.greedy:
-            return Draft(tokens)  # greedy verification is exact for any draft
         m = in_order_prefix(step_of)
         assert probs is not None  # sampling: set by the first commit
         return Draft(tokens[:m], probs[:m])
@@ -115,10 +118,7 @@ class DiffusionDrafter(BaseDrafter):
         return target_distribution(logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)
 
     def _pick(self, q: torch.Tensor) -> torch.Tensor:
-        """`[c, V]` -> `[c]`: the argmax (ties to the lowest id) when greedy, else one independent draw x_i ~ q_i
-        each."""
-        if self.cfg.greedy:
-            return q.argmax(-1)
+        """`[c, V]` -> `[c]`: one independent draw x_i ~ q_i each (sampling; greedy takes the argmax above)."""
         return torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
 
 

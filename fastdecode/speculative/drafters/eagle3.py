@@ -18,6 +18,7 @@ import torch
 from ...config import check
 from ...heads.eagle3 import DraftCache, Eagle3Head, target_embeddings
 from ...heads.eagle3_io import eagle3_for
+from ...models.base import on_host
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
@@ -48,6 +49,9 @@ class Eagle3SpecConfig(SpecConfig):
 class Eagle3Drafter(BaseDrafter):
     """One row's EAGLE-3 drafter: the head's cache of committed entries, the fused features not yet entered."""
 
+    # whether the chain reads each token as it comes (None: on the CPU only; tests set False to run a GPU's path)
+    read_each_token: bool | None = None
+
     def __init__(self, model: CausalLM, head: Eagle3Head, cfg: Eagle3SpecConfig) -> None:
         self.head, self.cfg = head, cfg
         self.hidden_layers = head.config.layers
@@ -63,7 +67,7 @@ class Eagle3Drafter(BaseDrafter):
         self._pending: list[torch.Tensor] = []  # [m, H] fused features of positions _entered.._featured-1
         self._last: torch.Tensor | None = None  # [H] output of the newest committed entry
         self._n = 0  # context length at the last proposal
-        self._tokens: list[int] = []  # the last draft
+        self._tokens: list[int] = []  # the last draft tree
         self._parents: list[int] = []
 
     # -- proposing ------------------------------------------------------------------------------------------------
@@ -95,25 +99,28 @@ class Eagle3Drafter(BaseDrafter):
         self._pending, self._entered, self._committed = [], start + m, C + m
         self._last = out[0, -1]
 
-    def _pick(self, logits: torch.Tensor) -> int:
-        return int(self.head.to_target(logits.argmax(-1)))
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.head.to_target(logits.argmax(-1))  # a 0-dim tensor where the logits are
 
     def _chain(self, k: int) -> Draft:
+        """At most k tokens, each the head's argmax. On a GPU the loop reads nothing: the chain goes to the
+        verification unread, which reads it with its verdict (one synchronisation a step, issue #30), and an end of
+        text among the drafts ends the output where the driver settles the step; on the CPU each token is read as
+        it comes and the chain stops at an end of text (`read_each_token`, as a draft model's chain)."""
         assert self._last is not None
         h, p = self._last, self._entered - 1  # the newest entry sits at position p; chain step i at p + i
+        each = on_host(h.device) if self.read_each_token is None else self.read_each_token
         tokens = [self._pick(self.head.logits(h))]
         for i in range(1, k):
-            if tokens[-1] in self.eos:
+            if each and int(tokens[-1]) in self.eos:
                 break
-            x = torch.tensor([[tokens[-1]]], device=h.device)
             allow = torch.ones(1, self.cache.length + 1, dtype=torch.bool)
-            out = self.head.step(self.embed(x), h[None, None], torch.tensor([[p + i]], device=h.device), self.cache,
-                                 allow)
+            out = self.head.step(self.embed(tokens[-1].view(1, 1)), h[None, None],
+                                 torch.tensor([[p + i]], device=h.device), self.cache, allow)
             self.forwards += 1
             h = out[0, -1]
             tokens.append(self._pick(self.head.logits(h)))
-        self._tokens, self._parents = tokens, list(range(-1, len(tokens) - 1))
-        return Draft(torch.tensor(tokens, dtype=torch.long))
+        return Draft(torch.stack(tokens))
 
     def _tree(self, depth: int) -> Draft:
         assert self._last is not None
@@ -182,7 +189,9 @@ class Eagle3Drafter(BaseDrafter):
             self._featured = start + feats.shape[0]
 
     def _accepted_path(self, v: Verification) -> list[int]:
-        """The draft nodes accepted, root to leaf."""
+        """The draft nodes accepted, root to leaf (a chain's first `accepted`)."""
+        if not self.cfg.tree:
+            return list(range(v.accepted))
         tokens, parents = self._tokens[: v.num_draft], self._parents[: v.num_draft]
         path, node = [], -1
         for t in v.tokens[: v.accepted]:

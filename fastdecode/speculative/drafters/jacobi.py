@@ -41,10 +41,12 @@ class JacobiDrafter(BaseDrafter):
         self.guess = (self.guess + [fill] * m)[:m]
         return Draft(torch.tensor(self.guess, dtype=torch.long))
 
+    def reads(self, logits: torch.Tensor, num_draft: int) -> torch.Tensor:
+        return logits[: 1 + num_draft].argmax(-1)  # [m + 1]: row i predicts the token after guess i
+
     def observe(self, verification: Verification) -> None:
-        # row i predicts the token after guess i; rows after the emitted one are the Jacobi updates
-        update = verification.node_logits.argmax(-1).tolist()  # [m + 1]
-        self.guess = update[verification.accepted + 1 :]
+        # the rows after the emitted token are the Jacobi updates
+        self.guess = self.asked(verification).tolist()[verification.accepted + 1 :]
 
 
 @register_spec("spec.jacobi", config=JacobiConfig)

@@ -95,18 +95,27 @@ class LookaheadDrafter(BaseDrafter):
         side = Side(torch.tensor(sum(self.levels, []), dtype=torch.long), offsets, mask)
         return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents, side=side)
 
+    def _top(self, side_rows: int) -> slice | None:
+        """The rows of the window's top level among a step's `side_rows` side tokens (level 0's guesses, then each
+        level above); None where the step carried no window."""
+        S = sum(map(len, self.levels))
+        if self._root is None or not S or side_rows < S:
+            return None
+        return slice(S - len(self.levels[-1]), S)
+
+    def reads(self, logits: torch.Tensor, num_draft: int) -> torch.Tensor | None:
+        top = self._top(logits.shape[0] - 1 - num_draft)
+        return None if top is None else logits[1 + num_draft :][top].argmax(-1)  # the top level's next tokens
+
     def observe(self, verification: Verification) -> None:
-        if self._root is None:
+        root = self._root
+        if root is None or self._top(verification.logits.shape[0] - 1 - verification.num_draft) is None:
             return
         levels, w = self.levels, len(self.levels[0]) + 1
-        S = sum(map(len, levels))
-        side = verification.side_logits  # [S, V]: level 0's guesses, then each level above
-        if side is None or side.shape[0] < S:  # this step carried no window
-            return
-        out = side[S - len(levels[-1]) : S].argmax(-1).tolist()  # the top level's columns (1.. at level 0, else 0..)
+        out = self.asked(verification).tolist()  # the top level's columns (1.. at level 0, else 0..)
         if len(levels) == self.cfg.ngram - 1:
             for i in range(w):
-                first = self._root if i == 0 else levels[0][i - 1]
+                first = root if i == 0 else levels[0][i - 1]
                 self._remember([first] + [level[i] for level in levels[1:]] + [out[i]])
             self.levels = [levels[1][1:]] + levels[2:] + [out]
         else:  # still filling: every level moves one column on, and the top's new tokens are the next level

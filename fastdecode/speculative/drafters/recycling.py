@@ -153,9 +153,11 @@ class RecyclingDrafter(BaseDrafter):
         self._inputs = [root] + tokens
         return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
 
+    def reads(self, logits: torch.Tensor, num_draft: int) -> torch.Tensor:
+        return logits[: 1 + num_draft].topk(self.k, dim=-1).indices  # [1 + T, k], one row per input token
+
     def observe(self, verification: Verification) -> None:
-        top = verification.node_logits.topk(self.k, dim=-1).indices.cpu()  # [1 + T, k], one row per input token
-        self.adjacency[torch.tensor(self._inputs)] = top
+        self.adjacency[torch.tensor(self._inputs)] = self.asked(verification)
 
 
 @register_spec("spec.recycling", config=RecyclingConfig)

@@ -1,0 +1,81 @@
+"""One synchronisation a speculative step (issue #30, docs/gpu.md "One read a step"): on a GPU each read of a device
+value (`.item()`, `.tolist()`, a copy to the host, an operation sized by the values) makes the host wait for the
+device, so a step should read once: its verdict, with the drafts a drafter left on the device and what it asked of
+the logits (`Drafter.reads`). Counted on the simulated device (tests/device_sim.py `counting_reads`), which sees
+every such read, per target forward of a 40-token generation less an 8-token one (the prefill and first steps cancel
+out), every lossless causal method of the registry found there; and the tokens of that device path equal
+`ar.greedy`'s. A method that reads more names its reason below (strict: one that comes down to one read fails
+here, so that the list is kept true)."""
+
+from __future__ import annotations
+
+import pytest
+from device_sim import counting_reads, simulated
+
+import fastdecode
+from fastdecode.registry import list_methods
+from fastdecode.speculative.memory import DrafterMemory
+
+PROMPT = "Sort this"  # 40 tokens without an end of text on the tiny model
+CAUSAL = [m.name for m in list_methods() if m.kind == "causal" and m.lossless
+          and not m.name.startswith(("hf.", "llamacpp."))]  # (those run another runtime's loop)
+TREES = "builds its tree a level at a time, reading each level's candidates to choose the next (one read a level)"
+MORE = {
+    "spec.dyntree": TREES,
+    "spec.medusa": TREES,
+    "spec.rsd": TREES,
+    "spec.layerskip": "its default confidence_stop reads each drafted token's confidence, which decides whether to "
+                      "draft on (with confidence_stop=0 it reads once: below)",
+}
+# at a temperature: the chain methods whose drafts need no draw of their own (the verdict's acceptance draws and
+# reads once: verify_sampling); a drafter that samples reads as it draws, and sampled trees verify node by node
+SAMPLED = ["spec.pld", "spec.ngram", "spec.suffix", "spec.eagle3", "spec.dflash"]
+
+
+def waits_per_forward(model, method: str, **kw) -> tuple[float, list[int]]:
+    counted = []
+    for new in (8, 40):
+        with counting_reads() as reads:
+            r = fastdecode.generate(model, PROMPT, method, max_new_tokens=new, memory=DrafterMemory(), **kw)
+        counted.append((r.stats.forwards, sum(n for what, n in reads.items() if what != "async copy")))
+    (f8, w8), (f40, w40) = counted
+    assert f40 > f8, f"{method}: the longer generation ran no more target forwards"
+    return (w40 - w8) / (f40 - f8), r.token_ids
+
+
+@pytest.fixture(scope="module")
+def on_device(causal_dir, diffusion_dir):
+    """The tiny target and diffusion draft on the simulated device; ar.greedy's tokens there. (Each test runs them
+    under the simulation again: it ends with its block, here and there.)"""
+    with simulated():
+        target = fastdecode.load(causal_dir, device="cpu:0")
+        drafts = {"causal": target, "diffusion": fastdecode.load(diffusion_dir, device="cpu:0")}
+        base = fastdecode.generate(target, PROMPT, "ar.greedy", max_new_tokens=40).token_ids
+    return target, drafts, base
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=MORE[n]))
+                                  if n in MORE else n for n in CAUSAL])
+def test_a_greedy_step_reads_once(on_device, name):
+    target, drafts, base = on_device
+    method = fastdecode.get_method(name)
+    draft = {"draft": drafts[method.draft_kind]} if method.needs_draft else {}
+    with simulated():
+        waits, tokens = waits_per_forward(target, name, **draft)
+    assert tokens == base
+    assert waits <= 1.0
+
+
+def test_layerskip_without_its_confidence_stop_reads_once(on_device):
+    target, _, base = on_device
+    with simulated():
+        waits, tokens = waits_per_forward(target, "spec.layerskip", confidence_stop=0.0, skip_layers="1")
+    assert tokens == base and waits <= 1.0
+
+
+@pytest.mark.parametrize("name", SAMPLED)
+def test_a_sampled_chain_step_reads_once(on_device, name):
+    target, _, _ = on_device
+    with simulated():
+        waits, _ = waits_per_forward(target, name, temperature=1.0, seed=0)
+    assert waits <= 1.0
