@@ -22,7 +22,8 @@ CAUSAL = [m.name for m in list_methods() if m.kind == "causal" and m.lossless
 TREES = "builds its tree a level at a time, reading each level's candidates to choose the next (one read a level)"
 MORE = {
     "spec.dyntree": TREES,
-    "spec.medusa": TREES,
+    "spec.medusa": "reads its heads' candidates for every level of its tree in one read when it drafts, before the "
+                   "verification's: two reads a step",
     "spec.rsd": TREES,
     "spec.layerskip": "its default confidence_stop reads each drafted token's confidence, which decides whether to "
                       "draft on (with confidence_stop=0 it reads once: below)",

@@ -50,6 +50,18 @@ class MedusaSpecConfig(SpecConfig):
         check(self.depth >= 0, "depth", self.depth, "must be 0 (one level per head) or more")
 
 
+def read_top(logits: torch.Tensor, width: int) -> tuple[list[list[int]], list[list[float]]]:
+    """Each row's `width` likeliest tokens of `logits` `[R, V]` and their log-probabilities (at most 0), in one read
+    (one synchronisation on a GPU): the float32 values travel as their bits in the indices' integer copy."""
+    logq = logits.float().log_softmax(-1)  # [R, V]
+    top = logq.topk(min(width, logq.shape[-1]), dim=-1)
+    bits = top.values.clamp(max=0.0).contiguous().view(torch.int32).long()
+    both = torch.cat([top.indices, bits], dim=-1).tolist()  # [R, 2w]
+    w = top.indices.shape[-1]
+    values = torch.tensor([row[w:] for row in both], dtype=torch.int32).view(torch.float32).tolist()
+    return [row[:w] for row in both], values
+
+
 @dataclass
 class _Tree:
     """Nodes in creation order (parents first), each with its token, parent (-1 = root) and log path score."""
@@ -60,12 +72,14 @@ class _Tree:
 
     def grow(self, beam: list[int], logits: torch.Tensor, width: int) -> list[int]:
         """Give each beam node (-1 = the root) the `width` likeliest tokens of its row of `logits` `[len(beam), V]`."""
-        logq = logits.float().log_softmax(-1)  # [B, V]
-        top = logq.topk(min(width, logq.shape[-1]), dim=-1)
+        return self.grow_from(beam, *read_top(logits, width))
+
+    def grow_from(self, beam: list[int], ids: list[list[int]], logq: list[list[float]]) -> list[int]:
+        """Give each beam node its row's candidates: `ids` and their log-probabilities `logq` (`read_top`)."""
         new = []
-        for parent, ids, lq in zip(beam, top.indices.tolist(), top.values.clamp(max=0.0).tolist(), strict=True):
+        for parent, row, lq in zip(beam, ids, logq, strict=True):
             base = self.scores[parent] if parent >= 0 else 0.0
-            for token, s in zip(ids, lq, strict=True):
+            for token, s in zip(row, lq, strict=True):
                 new.append(len(self.tokens))
                 self.tokens.append(token)
                 self.parents.append(parent)
@@ -126,10 +140,12 @@ class MedusaDrafter(BaseDrafter):
         assert self.hidden is not None and isinstance(self.head, MedusaHead)
         logits = self.head.logits(self.hidden[None], self.lm_head)[:levels, 0]  # [levels, V]: one forward, all heads
         self.calls += 1
-        level = tree.grow([-1], logits[:1], self.cfg.width)
+        # every node of a level gets its head's candidates: all levels' in one read
+        ids, logq = read_top(logits, self.cfg.width)
+        level = tree.grow_from([-1], ids[:1], logq[:1])
         for d in range(1, levels):
             beam = tree.best(level, self.cfg.width)
-            level = tree.grow(beam, logits[d].expand(len(beam), -1), self.cfg.width)
+            level = tree.grow_from(beam, [ids[d]] * len(beam), [logq[d]] * len(beam))
 
     def _grow_hydra(self, tree: _Tree, last: int, levels: int) -> None:
         assert self.hidden is not None and self.embed is not None and isinstance(self.head, HydraHead)
