@@ -1,12 +1,13 @@
-"""How often a step makes the host wait for a GPU (issue #30: "a speculative loop with at most one host
-synchronisation per step"; docs/gpu.md, "One read a step"), counted on this CPU: the simulated device of
-tests/device_sim.py sees every read of a device value (`.item()`, `.tolist()`, a copy to the host, an operation sized
-by the values), each of which waits for a GPU. zoo:ar-small runs on it in bfloat16, exact mode (width 32) and the
-capture-free graphs (`graphs="replay"`): a GPU's default setting, whose verification splits a wide block into chunks
-and confirms a tree path off its first branch with one more forward. Per method and temperature, one JSONL row: the
-reads per target forward of a generation of `--long` new tokens less one of `--short` on the code suite's first
-prompt (so the prefill and the first steps cancel out), by kind. The drafts: zoo:ar-tiny for the methods that take a
-causal draft model, zoo:dlm-small for `spec.dlm_draft`; the heads shipped beside zoo:ar-small.
+"""How often a step makes the host wait for a GPU (issue #30: "a speculative loop with at most one host synchronisation
+per step"; docs/gpu.md, "One read a step"), counted on this CPU: the simulated device of tests/device_sim.py sees
+every read of a device value (`.item()`, `.tolist()`, a copy to the host, an operation sized by the values), each of
+which waits for a GPU. zoo:ar-small runs on it in bfloat16, exact mode (width 32) and the capture-free graphs
+(`graphs="replay"`): a GPU's default setting, whose verification splits a wide block into chunks and confirms a tree
+path off its first branch with one more forward. Per method and temperature, one JSONL row: the reads per target
+forward of a generation of `--long` new tokens less one of `--short` on the code suite's first prompt (so the
+prefill and the first steps cancel out), by kind; `--rows N` runs the prompt N times in one batch. The drafts:
+zoo:ar-tiny for the methods that take a causal draft model, zoo:dlm-small for `spec.dlm_draft`; the heads shipped
+beside zoo:ar-small.
 
 Uses only `fastdecode.load` and `fastdecode.generate`, so it also counts an older checkout's package
 (`PYTHONPATH=CHECKOUT python tools/device_waits.py --label before --commit C`; the simulation is always this
@@ -63,6 +64,8 @@ def main() -> None:
     ap.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     ap.add_argument("--short", type=int, default=8)
     ap.add_argument("--long", type=int, default=40)
+    ap.add_argument("--rows", type=int, default=1, help="the prompt this many times in one batch (a forward serves "
+                    "them all: reads per forward are then per step of the batch)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     setting = dict(device="cpu:0", dtype="bfloat16", exact=32, graphs="replay")
@@ -87,7 +90,8 @@ def main() -> None:
                 counted = []
                 for new in (args.short, args.short, args.long):  # the first run warms up (captures, compiles)
                     with device_sim.counting_reads() as reads:
-                        r = fastdecode.generate(model, prompt, name, max_new_tokens=new, memory=DrafterMemory(), **kw)
+                        r = fastdecode.generate(model, [prompt] * args.rows, name, max_new_tokens=new,
+                                                memory=DrafterMemory(), **kw)[0]
                     counted.append((r.stats.forwards, reads))
                 (f0, c0), (f1, c1) = counted[1:]
                 forwards = f1 - f0
@@ -95,7 +99,8 @@ def main() -> None:
                 waits = round(sum(v for k, v in by_kind.items() if k != "async copy"), 2)
                 row = {"label": args.label, "method": method if not temperature or name != "ar.sample" else name,
                        "temperature": temperature, "forwards": forwards, "waits_per_forward": waits,
-                       "by_kind": by_kind, "commit": commit, "command": command, "model": "zoo:ar-small",
+                       "by_kind": by_kind, "rows": args.rows, "commit": commit, "command": command,
+                       "model": "zoo:ar-small",
                        "setting": {k: str(v) for k, v in setting.items()}}
                 out.write(json.dumps(row) + "\n")
                 out.flush()

@@ -33,11 +33,11 @@ from .tree import (
     first_branch_prefix,
     preorder,
     reorder,
-    verify_tree_greedy,
+    tree_greedy_reading,
     verify_tree_rsd,
     verify_tree_sampling,
 )
-from .verify import Acceptance, Verdict, verify_greedy, verify_sampling
+from .verify import Acceptance, Reading, Verdict, greedy_reading, read_all, verify_sampling
 
 
 def check_rollback(model: CausalLM) -> None:
@@ -359,14 +359,20 @@ class _Group:
         slices: dict[int, torch.Tensor] = {}
         verdicts: dict[int, Verdict] = {}
         spent: list[list[tuple[Any, Any]]] = [[forward] for _ in self.rows]  # each row's verification marks
+        pending: dict[int, Reading] = {}  # greedy verdicts, read together below
         for b, (row, draft, blk) in enumerate(zip(self.rows, drafts, blocks, strict=True)):
             if draft is None or blk is None:
                 continue
             t2 = watch.mark()
             lo = blk.pending - 1 - first
             slices[b] = logits[b, lo : lo + 1 + blk.tokens.numel() - blk.pending]  # [1 + k + S, V]
-            verdicts[b] = row.judge(draft, slices[b], reads=True)
+            got = row.reading(draft, slices[b], reads=True)
+            if isinstance(got, Reading):
+                pending[b] = got
+            else:
+                verdicts[b] = got
             spent[b].append((t2, watch.mark()))
+        self._read(pending, verdicts, spent)
         confirm = []  # rows whose tree path must be confirmed as a chain first (exact mode)
         for b, verdict in list(verdicts.items()):
             kept = self.rows[b].exact_verdict(drafts[b], verdict)
@@ -458,6 +464,20 @@ class _Group:
                             num_logits=T - first, visible=_onto(vis, device), hidden=hidden, sparse=self.sparse)
         return fwd, first
 
+    def _read(self, pending: dict[int, Reading], verdicts: dict[int, Verdict],
+              spent: list[list[tuple[Any, Any]]] | None = None) -> None:
+        """The rows' greedy verdicts in one copy to the host (one synchronisation a step on a GPU, whatever the number
+        of rows), into `verdicts`; its time goes to each row's verification marks."""
+        if not pending:
+            return
+        t = self.watch.mark() if spent is not None else None
+        for b, verdict in zip(pending, read_all(list(pending.values())), strict=True):
+            verdicts[b] = verdict
+        if spent is not None:
+            pair = (t, self.watch.mark())
+            for b in pending:
+                spent[b].append(pair)
+
     def _confirm(self, rows: dict[int, tuple[_Row, Verdict]], base: list[int]) -> dict[int, Verdict]:
         """Exact mode's check of greedy tree paths off the first branch (docs/gpu.md, "Trees on a GPU"): one more
         forward feeds each such row's pending tokens and accepted path as a plain causal block, at the columns a
@@ -471,12 +491,18 @@ class _Group:
             blocks[b] = row.block(paths[b], base[b])
         logits, first = self._forward(blocks)  # [B, T - first, V]
         assert isinstance(logits, torch.Tensor)
-        out = {}
+        out: dict[int, Verdict] = {}
+        pending: dict[int, Reading] = {}
         for b, (row, _) in rows.items():
             blk = blocks[b]
             assert blk is not None
             lo = blk.pending - 1 - first
-            out[b] = row.judge(paths[b], logits[b, lo : lo + 1 + paths[b].tokens.numel()])  # [1 + a, V]
+            got = row.reading(paths[b], logits[b, lo : lo + 1 + paths[b].tokens.numel()])  # [1 + a, V]
+            if isinstance(got, Reading):
+                pending[b] = got
+            else:
+                out[b] = got
+        self._read(pending, out)
         return out
 
 
@@ -577,12 +603,18 @@ class _Row:
         pos = torch.cat([torch.arange(n - P, n), n - 1 + offsets] + ([self._side_positions(side)] if side else []))
         return _Block(tokens, pos, self._visible(P, draft), P)
 
-    def judge(self, draft: Draft, logits: torch.Tensor, reads: bool = False) -> Verdict:
-        """The verdict on `draft` from the `[1 + k + S, V]` logits of its forward (side tokens' rows unread); `reads`:
-        with what the drafter's `reads` asks of them (`Verdict.read`), in the verdict's read where it is greedy."""
+    def reading(self, draft: Draft, logits: torch.Tensor, reads: bool = False) -> Reading | Verdict:
+        """The verdict on `draft` from the `[1 + k + S, V]` logits of its forward (side tokens' rows unread): greedy,
+        its `Reading`, which the group reads with the other rows' (`_Group._read`); else the verdict. `reads`: with
+        what the drafter's `reads` asks of them (`Verdict.read`), in the greedy verdict's read."""
         k = draft.tokens.numel()
         also = self.drafter.reads(self._as_drafted(logits, 1), k) if reads else None
         return self._verify(draft, logits[: k + 1], also)
+
+    def judge(self, draft: Draft, logits: torch.Tensor, reads: bool = False) -> Verdict:
+        """`reading`, read at once."""
+        got = self.reading(draft, logits, reads)
+        return got.verdict() if isinstance(got, Reading) else got
 
     def exact_verdict(self, draft: Draft | None, verdict: Verdict) -> Verdict | None:
         """The verdict to keep, or None where it must first be confirmed as a chain (`_Group._confirm`).
@@ -653,12 +685,14 @@ class _Row:
             allow[P + k :, P + k :] = draft.side.mask
         return allow
 
-    def _verify(self, draft: Draft, logits: torch.Tensor, also: torch.Tensor | None = None) -> Verdict:
+    def _verify(self, draft: Draft, logits: torch.Tensor, also: torch.Tensor | None = None) -> Reading | Verdict:
         """The verdict on `draft` from the target's `[k + 1, V]` logits, each position through the request's pipeline
-        with its own history: the committed context, plus the drafted tokens on its path (a tree node's ancestors).
-        `also` (integers) comes back as `Verdict.read`: in the greedy verdict's one read, else read after it."""
+        with its own history: the committed context, plus the drafted tokens on its path (a tree node's ancestors);
+        greedy, its `Reading`. `also` (integers) comes back as `Verdict.read`: in the greedy verdict's one read, else
+        read after it."""
         if also is not None and not self.cfg.greedy:
             verdict = self._verify(draft, logits)
+            assert isinstance(verdict, Verdict)  # (sampled: read as it draws)
             return dataclasses.replace(verdict, read=also.cpu())
         tree = draft.parents
         at = None
@@ -668,8 +702,8 @@ class _Row:
         if self.cfg.greedy:
             logits = self.pipeline.process(logits, at)  # the processors that can move the argmax
             if tree is None:
-                return verify_greedy(draft.tokens, logits, also)
-            return verify_tree_greedy(draft.tokens.tolist(), tree, logits, also)
+                return greedy_reading(draft.tokens, logits, also)
+            return tree_greedy_reading(draft.tokens.tolist(), tree, logits, also)
         p = self.pipeline.distributions(logits, at)  # [k + 1, V]
         if tree is None:
             return self.accept(draft.tokens, draft.probs, p, self.generator)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .verify import Verdict, read_with
+from .verify import Reading, Verdict, as_read, wanted
 
 
 def depths(parents: list[int]) -> list[int]:
@@ -46,6 +46,25 @@ def children(parents: list[int]) -> dict[int, list[int]]:
     return out
 
 
+def tree_greedy_reading(tokens: list[int], parents: list[int], logits: torch.Tensor,
+                        also: torch.Tensor | None = None) -> Reading:
+    """`verify_tree_greedy`, its read left to the caller (`Reading`)."""
+
+    def finish(values: list[int]) -> Verdict:
+        best = values[: len(tokens) + 1]  # [T + 1]
+        ok = [False] * len(tokens)
+        depth = depths(parents)
+        end, end_depth = -1, 0
+        for i, (t, p) in enumerate(zip(tokens, parents, strict=True)):
+            ok[i] = t == best[p + 1] and (p < 0 or ok[p])
+            if ok[i] and depth[i] > end_depth:
+                end, end_depth = i, depth[i]
+        path = _path(parents, end)
+        return Verdict(len(path), [tokens[i] for i in path] + [best[end + 1]], as_read(values[len(tokens) + 1 :], also))
+
+    return Reading(wanted([logits.argmax(-1)], also), finish)
+
+
 def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tensor,
                        also: torch.Tensor | None = None) -> Verdict:
     """Longest root path whose every token is the target's argmax after its parent; then the target's next token.
@@ -53,16 +72,7 @@ def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tens
     logits: `[T + 1, V]`. Among equally deep accepted nodes the first listed wins. `also`: integers read with the
     argmax, in one synchronisation on a GPU (`Verdict.read`).
     """
-    best, read = read_with(logits.argmax(-1), also)  # [T + 1]
-    ok = [False] * len(tokens)
-    depth = depths(parents)
-    end, end_depth = -1, 0
-    for i, (t, p) in enumerate(zip(tokens, parents, strict=True)):
-        ok[i] = t == best[p + 1] and (p < 0 or ok[p])
-        if ok[i] and depth[i] > end_depth:
-            end, end_depth = i, depth[i]
-    path = _path(parents, end)
-    return Verdict(len(path), [tokens[i] for i in path] + [best[end + 1]], read)
+    return tree_greedy_reading(tokens, parents, logits, also).verdict()
 
 
 def preorder(parents: list[int]) -> list[int]:

@@ -28,7 +28,7 @@ class Verdict:
 
     accepted: int
     tokens: list[int]
-    read: torch.Tensor | None = None  # on the host: what was read with the verdict beside it (`read_with`)
+    read: torch.Tensor | None = None  # on the host: what was read with the verdict beside it (`Reading`)
 
 
 # a chain's acceptance rule at temperature > 0: (draft [k], q [k, V] or None, p [k + 1, V], generator) -> Verdict;
@@ -50,14 +50,60 @@ def target_distribution(
     return LogitsPipeline.from_config(cfg).distributions(logits)
 
 
-def read_with(first: torch.Tensor, also: torch.Tensor | None) -> tuple[list[int], torch.Tensor | None]:
-    """`first.tolist()` (integers), and `also` (integers where `first` is; any shape) copied to the host in the same
-    read, one synchronisation on a GPU; `also` comes back as a host tensor of its shape."""
-    if also is None:
-        return first.tolist(), None
-    n = first.numel()
-    values = torch.cat([first.reshape(-1), also.reshape(-1).to(first.dtype)]).tolist()
-    return values[:n], torch.tensor(values[n:], dtype=also.dtype).view(also.shape)
+@dataclass(frozen=True)
+class Reading:
+    """A greedy verdict waiting for its one read: `wanted`, integers `[n]` where the logits are (the argmaxes, the
+    drafts left there, what the drafter asked), and how the verdict follows from their values on the host. Several
+    rows' readings are read together (`read_all`): one synchronisation a step on a GPU, where reading each row's apart
+    would wait once a row."""
+
+    wanted: torch.Tensor
+    finish: Callable[[list[int]], Verdict]
+
+    def verdict(self) -> Verdict:
+        return self.finish(self.wanted.tolist())
+
+
+def read_all(readings: list[Reading]) -> list[Verdict]:
+    """Each reading's verdict, every `wanted` copied to the host in one read (per device, were they on several)."""
+    if len(readings) == 1 or len({r.wanted.device for r in readings}) > 1:
+        return [r.verdict() for r in readings]
+    values = torch.cat([r.wanted for r in readings]).tolist()
+    out, at = [], 0
+    for r in readings:
+        n = r.wanted.numel()
+        out.append(r.finish(values[at : at + n]))
+        at += n
+    return out
+
+
+def wanted(parts: list[torch.Tensor], also: torch.Tensor | None) -> torch.Tensor:
+    """`[n]` the integers to read: `parts` flattened, then `also` (any shape), as one tensor where they are."""
+    flat = [t.reshape(-1) for t in parts] + ([also.reshape(-1).to(parts[0].dtype)] if also is not None else [])
+    return torch.cat(flat) if len(flat) > 1 else flat[0]
+
+
+def as_read(values: list[int], also: torch.Tensor | None) -> torch.Tensor | None:
+    """`also`'s values, read, as a host tensor of its shape (`Verdict.read`); None without it."""
+    return None if also is None else torch.tensor(values, dtype=also.dtype).view(also.shape)
+
+
+def greedy_reading(draft: torch.Tensor, logits: torch.Tensor, also: torch.Tensor | None = None) -> Reading:
+    """`verify_greedy`, its read left to the caller (`Reading`)."""
+    k = draft.numel()
+    best = sampling.greedy(logits)  # [k + 1], ties to the lowest id as in ar.greedy
+    # every argmax is read, with the drafts where they were left on the device (a draft model's greedy chain); drafts
+    # on the host are compared there, not copied to the device
+    unread = draft.device == best.device and not on_host(best.device)
+    drafted = None if unread else draft.tolist()
+
+    def finish(values: list[int]) -> Verdict:
+        here, values = (values[:k], values[k:]) if drafted is None else (drafted, values)
+        best_ids = values[: k + 1]
+        n = next((i for i in range(k) if here[i] != best_ids[i]), k)
+        return Verdict(n, best_ids[: n + 1], as_read(values[k + 1 :], also))  # best[:n] equals the accepted draft
+
+    return Reading(wanted([draft, best] if unread else [best], also), finish)
 
 
 def verify_greedy(draft: torch.Tensor, logits: torch.Tensor, also: torch.Tensor | None = None) -> Verdict:
@@ -65,20 +111,10 @@ def verify_greedy(draft: torch.Tensor, logits: torch.Tensor, also: torch.Tensor 
 
     draft: `[k]` token ids; logits: `[k + 1, V]` target logits (row i predicts the token after x_i), already through
     the request's pipeline when it has processors that can change the argmax (repetition penalty). `also`: integers
-    beside the logits read with the argmax (`Verdict.read`: a drafter's `reads`).
+    beside the logits read with the argmax (`Verdict.read`: a drafter's `reads`). One copy to the host: one
+    synchronisation on a GPU.
     """
-    k = draft.numel()
-    best = sampling.greedy(logits)  # [k + 1], ties to the lowest id as in ar.greedy
-    # one copy to the host (one synchronisation on a GPU): every argmax, with the drafts where they were left on the
-    # device (a draft model's greedy chain); drafts on the host are compared there, not copied to the device
-    if draft.device == best.device and not on_host(best.device):
-        both, read = read_with(torch.cat([draft, best]), also)
-        drafted, best_ids = both[:k], both[k:]
-    else:
-        drafted = draft.tolist()
-        best_ids, read = read_with(best, also)
-    n = next((i for i in range(k) if drafted[i] != best_ids[i]), k)
-    return Verdict(n, best_ids[: n + 1], read)  # best[:n] equals the accepted draft
+    return greedy_reading(draft, logits, also).verdict()
 
 
 def verify_sampling(

@@ -4,8 +4,8 @@ device, so a step should read once: its verdict, with the drafts a drafter left 
 the logits (`Drafter.reads`). Counted on the simulated device (tests/device_sim.py `counting_reads`), which sees
 every such read, per target forward of a 40-token generation less an 8-token one (the prefill and first steps cancel
 out), every lossless causal method of the registry found there; and the tokens of that device path equal
-`ar.greedy`'s. A method that reads more names its reason below (strict: one that comes down to one read fails
-here, so that the list is kept true)."""
+`ar.greedy`'s; a batch's rows are read together. A method that reads more names its reason below (strict: one that
+comes down to one read fails here, so that the list is kept true)."""
 
 from __future__ import annotations
 
@@ -33,11 +33,13 @@ MORE = {
 SAMPLED = ["spec.pld", "spec.ngram", "spec.suffix", "spec.eagle3", "spec.dflash"]
 
 
-def waits_per_forward(model, method: str, **kw) -> tuple[float, list[int]]:
+def waits_per_forward(model, method: str, rows: int = 1, **kw) -> tuple[float, list[int]]:
+    """Reads per target forward (a forward serves every row of a batch), and the first row's tokens."""
     counted = []
     for new in (8, 40):
         with counting_reads() as reads:
-            r = fastdecode.generate(model, PROMPT, method, max_new_tokens=new, memory=DrafterMemory(), **kw)
+            out = fastdecode.generate(model, [PROMPT] * rows, method, max_new_tokens=new, memory=DrafterMemory(), **kw)
+        r = out[0]
         counted.append((r.stats.forwards, sum(n for what, n in reads.items() if what != "async copy")))
     (f8, w8), (f40, w40) = counted
     assert f40 > f8, f"{method}: the longer generation ran no more target forwards"
@@ -80,3 +82,14 @@ def test_a_sampled_chain_step_reads_once(on_device, name):
     with simulated():
         waits, _ = waits_per_forward(target, name, temperature=1.0, seed=0)
     assert waits <= 1.0
+
+
+@pytest.mark.parametrize("name,params", [("spec.pld", {}), ("spec.suffix", {"tree": True}), ("spec.lookahead", {}),
+                                         ("spec.draft_model", {})])
+def test_a_batch_reads_once_a_step_for_all_its_rows(on_device, name, params):
+    """Three rows in one step: their verdicts (and what their drafters asked) come back in one copy."""
+    target, drafts, base = on_device
+    draft = {"draft": drafts["causal"]} if fastdecode.get_method(name).needs_draft else {}
+    with simulated():
+        waits, tokens = waits_per_forward(target, name, rows=3, **params, **draft)
+    assert tokens == base and waits <= 1.0
