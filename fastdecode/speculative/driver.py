@@ -373,6 +373,7 @@ class _Group:
                 verdicts[b] = got
             spent[b].append((t2, watch.mark()))
         self._read(pending, verdicts, spent)
+        verdicts = dict(sorted(verdicts.items()))  # rows settle in row order (a drafter's memory learns in it)
         confirm = []  # rows whose tree path must be confirmed as a chain first (exact mode)
         for b, verdict in list(verdicts.items()):
             kept = self.rows[b].exact_verdict(drafts[b], verdict)
