@@ -12,7 +12,7 @@ import torch
 from ..models.base import on_host
 from ..models.causal import CausalLM
 from .drafter import BaseDrafter, Draft, SpecConfig, Verification
-from .verify import target_distribution
+from .verify import float_bits, from_bits, target_distribution
 
 
 def pick_token(
@@ -84,10 +84,13 @@ class ModelChainDrafter(BaseDrafter):
             x, q = pick_token(logits, self.cfg, self.generator)
             tokens.append(x)
             probs.append(q)
-            if each:  # a read per token
-                read.append(int(x))
+            if each:  # a read per token: the token, with its confidence where a stop asks for it (one copy)
                 if self.confidence_stop:
-                    self.confidences.append(float(logits.softmax(-1).max()))
+                    token, bits = torch.stack([x.long(), float_bits(logits.softmax(-1).max())]).tolist()
+                    read.append(token)
+                    self.confidences.extend(from_bits([bits]))
+                else:
+                    read.append(int(x))
                 if read[-1] in self.eos or (self.confidence_stop and self.confidences[-1] < self.confidence_stop):
                     break
             feed, pos = x.view(1), pos[-1:] + 1

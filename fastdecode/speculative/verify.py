@@ -84,6 +84,18 @@ def wanted(parts: list[torch.Tensor], also: torch.Tensor | None) -> torch.Tensor
     return torch.cat(flat) if len(flat) > 1 else flat[0]
 
 
+def float_bits(x: torch.Tensor) -> torch.Tensor:
+    """Floating values (float32 or narrower: exact in float32) as int64 integers holding their float32 bits, so that
+    they travel in one integer copy beside token ids (one read, where a second copy would wait again); `from_bits`
+    turns them back. (Not float64 for both: MPS has none.)"""
+    return x.float().contiguous().view(torch.int32).long()
+
+
+def from_bits(bits: list[int]) -> list[float]:
+    """The values `float_bits` read, as Python floats."""
+    return torch.tensor(bits, dtype=torch.int32).view(torch.float32).tolist()
+
+
 def as_read(values: list[int], also: torch.Tensor | None) -> torch.Tensor | None:
     """`also`'s values, read, as a host tensor of its shape (`Verdict.read`); None without it."""
     return None if also is None else torch.tensor(values, dtype=also.dtype).view(also.shape)

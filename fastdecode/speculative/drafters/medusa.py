@@ -29,6 +29,7 @@ from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
 from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import speculative
+from ..verify import float_bits, from_bits
 
 MAX_NODES = 64  # a larger tree costs more to verify than it can gain on a CPU (v(32) = 2.33 target steps)
 
@@ -55,11 +56,9 @@ def read_top(logits: torch.Tensor, width: int) -> tuple[list[list[int]], list[li
     (one synchronisation on a GPU): the float32 values travel as their bits in the indices' integer copy."""
     logq = logits.float().log_softmax(-1)  # [R, V]
     top = logq.topk(min(width, logq.shape[-1]), dim=-1)
-    bits = top.values.clamp(max=0.0).contiguous().view(torch.int32).long()
-    both = torch.cat([top.indices, bits], dim=-1).tolist()  # [R, 2w]
+    both = torch.cat([top.indices, float_bits(top.values.clamp(max=0.0))], dim=-1).tolist()  # [R, 2w]
     w = top.indices.shape[-1]
-    values = torch.tensor([row[w:] for row in both], dtype=torch.int32).view(torch.float32).tolist()
-    return [row[:w] for row in both], values
+    return [row[:w] for row in both], [from_bits(row[w:]) for row in both]
 
 
 @dataclass
