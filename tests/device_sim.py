@@ -73,6 +73,29 @@ def counting_reads() -> Iterator[Counter[str]]:
         _counters.remove(counter)
 
 
+ASYNC = "async copy"  # the kind of `counting_reads` that does not wait by itself
+
+
+def reads_per_forward(generate: Any, short: int = 8, long: int = 40) -> tuple[dict[str, float], int, Any]:
+    """What a generation waits for per target forward in steady state: `generate(new_tokens)` (a `Result`, or a
+    batch's list of them: its first row's forwards count, a forward serving every row) run for `short` and for `long`
+    new tokens under `counting_reads`, the difference divided by the target forwards between the two, so the prefill
+    and the first steps cancel out. Returns the reads per forward by kind with `"waits"`, their sum less the
+    non-blocking copies; the forwards between the two (0: an end of text came first, nothing is divided); and the
+    longer run's result."""
+    counted = []
+    for new in (short, long):
+        with counting_reads() as reads:
+            result = generate(new)
+        first = result[0] if isinstance(result, list) else result
+        counted.append((first.stats.forwards, reads))
+    (f0, c0), (f1, c1) = counted
+    forwards = f1 - f0
+    per = {kind: (c1[kind] - c0[kind]) / max(forwards, 1) for kind in sorted(set(c0) | set(c1))}
+    per["waits"] = sum(v for kind, v in per.items() if kind != ASYNC)
+    return per, forwards, result
+
+
 def on_device(device: Any) -> bool:
     """Whether `device` (a torch.device, a string, None) names the simulated device rather than the host."""
     if device is None or isinstance(device, int):
@@ -201,7 +224,7 @@ def _count_waits(func: Any, args: Any, kwargs: dict[str, Any]) -> None:
                                             for t in args[1] if t is not None):
         _waited("sized")
     elif func is _aten.copy_.default and not isinstance(args[0], SimTensor) and isinstance(args[1], SimTensor):
-        _waited("async copy" if (args[2] if len(args) > 2 else kwargs.get("non_blocking", False)) else "copy")
+        _waited(ASYNC if (args[2] if len(args) > 2 else kwargs.get("non_blocking", False)) else "copy")
 
 
 class SimGenerator(_Generator):
@@ -275,12 +298,12 @@ class _Mode(TorchFunctionMode):
         if func is torch._has_compatible_shallow_copy_type and any(isinstance(a, SimTensor) for a in args):
             return False  # so that Module.to makes new parameters instead of swapping a SimTensor's data in
         if name == "cpu" and isinstance(first, SimTensor):
-            _waited("async copy" if kwargs.get("non_blocking") else "copy")
+            _waited(ASYNC if kwargs.get("non_blocking") else "copy")
             return _moved(first.payload, None, None)
         if name == "to" and isinstance(first, torch.Tensor):
             device, dtype, memory_format = _parse_to(args[1:], kwargs)
             if isinstance(first, SimTensor) and device is not None and not on_device(device):
-                _waited("async copy" if kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True) else "copy")
+                _waited(ASYNC if kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True) else "copy")
                 return _moved(first.payload, dtype, memory_format)
             if not isinstance(first, SimTensor) and on_device(device):
                 return SimTensor(_moved(first, dtype, memory_format))

@@ -34,6 +34,7 @@ import torch  # noqa: E402
 device_sim.install()
 
 import fastdecode  # noqa: E402
+from fastdecode.bench.harness import Entry  # noqa: E402
 from fastdecode.bench.suites import get_suite  # noqa: E402
 from fastdecode.bench.tasks import format_prompt  # noqa: E402
 from fastdecode.speculative.memory import DrafterMemory  # noqa: E402
@@ -42,17 +43,6 @@ METHODS = ["ar.greedy", "spec.pld", "spec.ngram", "spec.suffix", "spec.suffix:tr
            "spec.lookahead", "spec.jacobi", "spec.sjd", "spec.layerskip", "spec.layerskip:confidence_stop=0",
            "spec.sparse_self", "spec.draft_model", "spec.rsd", "spec.dyntree", "spec.medusa",
            "spec.medusa:hydra=true", "spec.eagle3", "spec.eagle3:tree=true", "spec.dflash", "spec.dlm_draft"]
-CAUSAL_DRAFT = ("spec.draft_model", "spec.rsd", "spec.dyntree")
-
-
-def parse(method: str) -> tuple[str, dict[str, object]]:
-    name, _, rest = method.partition(":")
-    params: dict[str, object] = {}
-    for item in filter(None, rest.split(",")):
-        key, value = item.split("=")
-        params[key] = {"true": True, "false": False}.get(value, float(value) if "." in value or value.isdigit()
-                                                          else value)
-    return name, params
 
 
 def main() -> None:
@@ -70,9 +60,10 @@ def main() -> None:
     torch.set_num_threads(1)
     setting = dict(device="cpu:0", dtype="bfloat16", exact=32, graphs="replay")
     model = fastdecode.load("zoo:ar-small", **setting)
-    drafts = {"causal": fastdecode.load("zoo:ar-tiny", **setting), "diffusion": None}
-    if "spec.dlm_draft" in args.methods:
-        drafts["diffusion"] = fastdecode.load("zoo:dlm-small", device="cpu:0", dtype="bfloat16")
+    kinds = {m.draft_kind for m in map(fastdecode.get_method, (Entry.parse(e).method for e in args.methods))
+             if m.needs_draft}
+    zoo = {"causal": ("zoo:ar-tiny", setting), "diffusion": ("zoo:dlm-small", {"device": "cpu:0", "dtype": "bfloat16"})}
+    drafts = {kind: fastdecode.load(draft, **how) for kind, (draft, how) in zoo.items() if kind in kinds}
     task, seed, _ = get_suite("code").plan()[0]
     prompt = format_prompt(task.items(seed, 1)[0].prompt)
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -81,32 +72,28 @@ def main() -> None:
     with open(args.out, "a") as out:
         for temperature in args.temperatures:
             for method in args.methods:
-                name, params = parse(method)
-                if temperature and name == "ar.greedy":
-                    name = "ar.sample"
-                draft = ({"draft": drafts["causal"]} if name in CAUSAL_DRAFT
-                         else {"draft": drafts["diffusion"]} if name == "spec.dlm_draft" else {})
-                kw = {**params, **draft, **({"temperature": temperature, "seed": 0} if temperature else {})}
-                counted = []
-                for new in (args.short, args.short, args.long):  # the first run warms up (captures, compiles)
-                    with device_sim.counting_reads() as reads:
-                        r = fastdecode.generate(model, [prompt] * args.rows, name, max_new_tokens=new,
-                                                memory=DrafterMemory(), **kw)[0]
-                    counted.append((r.stats.forwards, reads))
-                (f0, c0), (f1, c1) = counted[1:]
-                forwards = f1 - f0
-                by_kind = {k: round((c1[k] - c0[k]) / max(forwards, 1), 2) for k in sorted(set(c0) | set(c1))}
-                waits = round(sum(v for k, v in by_kind.items() if k != "async copy"), 2)
-                row = {"label": args.label, "method": method if not temperature or name != "ar.sample" else name,
+                entry = Entry.parse(method)
+                name = "ar.sample" if temperature and entry.method == "ar.greedy" else entry.method
+                spec = fastdecode.get_method(name)
+                kw = {**entry.own, **({"draft": drafts[spec.draft_kind]} if spec.needs_draft else {}),
+                      **({"temperature": temperature, "seed": 0} if temperature else {})}
+
+                def run(new: int, name: str = name, kw: dict = kw) -> list:
+                    return fastdecode.generate(model, [prompt] * args.rows, name, max_new_tokens=new,
+                                               memory=DrafterMemory(), **kw)
+
+                run(args.short)  # a warm-up: the captures, the compilations
+                per, forwards, _ = device_sim.reads_per_forward(run, args.short, args.long)
+                per = {k: round(v, 2) for k, v in per.items()}
+                waits = per.pop("waits")
+                row = {"label": args.label, "method": name if name != entry.method else method,
                        "temperature": temperature, "forwards": forwards, "waits_per_forward": waits,
-                       "by_kind": by_kind, "rows": args.rows, "commit": commit, "command": command,
-                       "model": "zoo:ar-small",
-                       "setting": {k: str(v) for k, v in setting.items()}}
+                       "by_kind": per, "rows": args.rows, "commit": commit, "command": command,
+                       "model": "zoo:ar-small", "setting": {k: str(v) for k, v in setting.items()}}
                 out.write(json.dumps(row) + "\n")
                 out.flush()
                 print(f"{args.label:7s} t={temperature:<4} {row['method']:34s} forwards {forwards:3d}  "
-                      f"waits/forward {waits:6.2f}  {by_kind}", flush=True)
-
+                      f"waits/forward {waits:6.2f}  {per}", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -612,11 +612,6 @@ class _Row:
         also = self.drafter.reads(self._as_drafted(logits, 1), k) if reads else None
         return self._verify(draft, logits[: k + 1], also)
 
-    def judge(self, draft: Draft, logits: torch.Tensor, reads: bool = False) -> Verdict:
-        """`reading`, read at once."""
-        got = self.reading(draft, logits, reads)
-        return got.verdict() if isinstance(got, Reading) else got
-
     def exact_verdict(self, draft: Draft | None, verdict: Verdict) -> Verdict | None:
         """The verdict to keep, or None where it must first be confirmed as a chain (`_Group._confirm`).
 

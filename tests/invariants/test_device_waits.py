@@ -10,7 +10,7 @@ comes down to one read fails here, so that the list is kept true)."""
 from __future__ import annotations
 
 import pytest
-from device_sim import counting_reads, simulated
+from device_sim import reads_per_forward, simulated
 
 import fastdecode
 from fastdecode.registry import list_methods
@@ -35,15 +35,10 @@ SAMPLED = ["spec.pld", "spec.ngram", "spec.suffix", "spec.eagle3", "spec.dflash"
 
 def waits_per_forward(model, method: str, rows: int = 1, **kw) -> tuple[float, list[int]]:
     """Reads per target forward (a forward serves every row of a batch), and the first row's tokens."""
-    counted = []
-    for new in (8, 40):
-        with counting_reads() as reads:
-            out = fastdecode.generate(model, [PROMPT] * rows, method, max_new_tokens=new, memory=DrafterMemory(), **kw)
-        r = out[0]
-        counted.append((r.stats.forwards, sum(n for what, n in reads.items() if what != "async copy")))
-    (f8, w8), (f40, w40) = counted
-    assert f40 > f8, f"{method}: the longer generation ran no more target forwards"
-    return (w40 - w8) / (f40 - f8), r.token_ids
+    per, forwards, out = reads_per_forward(lambda new: fastdecode.generate(
+        model, [PROMPT] * rows, method, max_new_tokens=new, memory=DrafterMemory(), **kw))
+    assert forwards > 0, f"{method}: the longer generation ran no more target forwards"
+    return per["waits"], out[0].token_ids
 
 
 @pytest.fixture(scope="module")
