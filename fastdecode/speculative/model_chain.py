@@ -26,15 +26,15 @@ def pick_token(
     return torch.multinomial(q, 1, generator=generator)[0], q
 
 
-def reads_each_token(read_each_token: bool | None, device: torch.device, cfg: SpecConfig, stops: bool = False) -> bool:
+def reads_each_token(read_each_token: bool | None, device: torch.device, draws: bool, stops: bool = False) -> bool:
     """Whether a drafting loop reads each token as it comes (and stops at an end of text) rather than leaving its
     drafts unread on the device for the verification to read with its verdict: where a stop decides the next forward
-    (`stops`: an unsure token's), where drafting on would draw from the shared generator (a sampled draft past its end
-    would change the run's later draws), and on the CPU, where a read costs nothing and a forward past an end of text
-    does. `read_each_token` (a drafter class's attribute; None: by the device) lets tests run the GPU's path on the
-    CPU."""
+    (`stops`: an unsure token's), where drafting on would draw from the shared generator (`draws`: a sampled draft
+    past its end would change the run's later draws), and on the CPU, where a read costs nothing and a forward past
+    an end of text does. `read_each_token` (a drafter class's attribute; None: by the device) lets tests run the
+    GPU's path on the CPU."""
     on_cpu = on_host(device) if read_each_token is None else read_each_token
-    return stops or not cfg.greedy or on_cpu
+    return stops or draws or on_cpu
 
 
 class ModelChainDrafter(BaseDrafter):
@@ -74,7 +74,7 @@ class ModelChainDrafter(BaseDrafter):
         device = self.model.device
         feed = context[self.cache.length :].to(device)  # context the cache has not seen (>= 1 token)
         pos = torch.arange(self.cache.length, n, device=device)
-        each = reads_each_token(self.read_each_token, device, self.cfg, stops=bool(self.confidence_stop))
+        each = reads_each_token(self.read_each_token, device, not self.cfg.greedy, stops=bool(self.confidence_stop))
         tokens, probs = [], []
         read: list[int] = []  # the tokens read as they came (`each`)
         self.confidences = []

@@ -18,13 +18,13 @@ import torch
 from ...config import check
 from ...heads.eagle3 import DraftCache, Eagle3Head, target_embeddings
 from ...heads.eagle3_io import eagle3_for
-from ...models.base import on_host
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
 from ..best_first import Candidates
 from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import check_rollback, speculative
+from ..model_chain import reads_each_token
 from ..tree import ancestor_mask
 
 MAX_NODES = 64
@@ -109,7 +109,7 @@ class Eagle3Drafter(BaseDrafter):
         it comes and the chain stops at an end of text (`read_each_token`, as a draft model's chain)."""
         assert self._last is not None
         h, p = self._last, self._entered - 1  # the newest entry sits at position p; chain step i at p + i
-        each = on_host(h.device) if self.read_each_token is None else self.read_each_token
+        each = reads_each_token(self.read_each_token, h.device, draws=False)  # (the head's argmax: no draw)
         tokens = [self._pick(self.head.logits(h))]
         for i in range(1, k):
             if each and int(tokens[-1]) in self.eos:

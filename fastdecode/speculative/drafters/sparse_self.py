@@ -95,7 +95,7 @@ class SparseSelfDrafter(BaseDrafter):
         feed = context[base:].to(device)
         pos = torch.arange(base, n, device=device)
         # greedy on a GPU the drafts stay unread on the device, as a draft model's chain's (`reads_each_token`)
-        each = reads_each_token(self.read_each_token, device, self.cfg)
+        each = reads_each_token(self.read_each_token, device, not self.cfg.greedy)
         tokens, probs = [], []
         try:
             for _ in range(min(k, self.cfg.draft_tokens)):
