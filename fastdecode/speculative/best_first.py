@@ -1,6 +1,12 @@
 """The best-first draft tree of EAGLE-2 (Li et al. 2024, arXiv 2406.16858, `topK_genrate`), shared by the drafters
 that grow one (spec.dyntree with a draft model, spec.eagle3 with its head): nodes scored by their log path
-probability under the draft, the `width` best of the newest level expanded, and the `total` best of all kept."""
+probability under the draft, the `width` best of the newest level expanded, and the `total` best of all kept.
+
+The tree grows where the draft's logits are and nothing of it is read until it is complete (`BestFirst.best`): the
+beam is chosen on the device, and what each beam node attends to is built there (`Beam.sees`). A tree grown a level
+at a time with a read a level made the host wait for the GPU once a level (issue #30); the authors' code reads once at
+the end too. Ties go to the node created first, as a stable sort gives on any device; scores are float64 sums of the
+float32 log-probabilities, so the trees equal those of the host-side code this replaced."""
 
 from __future__ import annotations
 
@@ -9,43 +15,98 @@ from dataclasses import dataclass
 import torch
 
 
-@dataclass
-class Candidates:
-    """Every node generated this step, in creation order (parents before children)."""
+@dataclass(frozen=True)
+class Beam:
+    """The nodes of a level chosen to be fed to the draft (and given children), best first."""
 
-    tokens: list[int]
-    parents: list[int]
-    scores: list[float]  # log path probability under the draft
+    nodes: torch.Tensor  # [Q] node indices
+    tokens: torch.Tensor  # [Q]
+    sees: torch.Tensor  # [Q, F] bool over the nodes fed so far, in the order fed (these Q last): its ancestors, itself
+    carry: torch.Tensor | None  # [Q, ...] what each node's parent handed down (EAGLE-3: the parent's output)
 
-    def add_children(self, beam: list[int], logits: torch.Tensor, width: int) -> list[int]:
-        """Give each beam node (-1 = root) its `width` likeliest children; `logits` `[len(beam), V]`. Returns them."""
-        logq = logits.float().log_softmax(-1)  # [B, V]
-        top = logq.topk(min(width, logq.shape[-1]), dim=-1)
-        new = []
-        for parent, ids, lq in zip(beam, top.indices.tolist(), top.values.clamp(max=0.0).tolist(), strict=True):
-            base = self.scores[parent] if parent >= 0 else 0.0
-            for x, s in zip(ids, lq, strict=True):
-                if s == float("-inf"):
-                    continue  # a token the draft cannot propose (outside a reduced draft vocabulary)
-                new.append(len(self.tokens))
-                self.tokens.append(x)
-                self.parents.append(parent)
-                self.scores.append(base + s)  # <= the parent's score: clamp keeps rounding from breaking this
-        return new
 
-    def ranked(self, nodes: list[int]) -> list[int]:
-        """Best score first; ties go to the node created first (so a parent ranks before its children)."""
-        return sorted(nodes, key=lambda i: (-self.scores[i], i))
+class BestFirst:
+    """Every node generated this step, in creation order (parents before children), as tensors where the draft is.
 
-    def full(self, beam: list[int], total: int) -> bool:
-        """Whether `total` nodes already score at least the beam's best: no child of the beam could then be kept."""
-        best = self.scores[beam[0]]
-        return sum(s >= best for s in self.scores) >= total
+    `add_children` gives the root or a beam its `width` likeliest children each; `beam` picks the `width` best of the
+    newest level and feeds them (they take the next columns of the fed order); `best` reads the kept tree once.
+    A token the draft cannot propose (-inf: outside a reduced draft vocabulary) is a node scored -inf, never kept."""
 
-    def best(self, total: int) -> tuple[list[int], list[int]]:
+    def __init__(self, width: int, total: int, device: torch.device) -> None:
+        self.width, self.total, self.device = width, total, device
+        self.tokens = torch.zeros(0, dtype=torch.long, device=device)
+        self.parents = torch.zeros(0, dtype=torch.long, device=device)  # -1: a child of the root
+        self.scores = torch.zeros(0, dtype=torch.float64, device=device)  # log path probability under the draft
+        self.sees = torch.zeros(0, 0, dtype=torch.bool, device=device)  # [N, F] each node's ancestors among the fed
+        self.carry: torch.Tensor | None = None
+        self.fed = 0  # nodes fed to the draft so far (the columns of `sees`)
+        self._level = 0  # where the newest level starts
+
+    def add_children(self, logits: torch.Tensor, beam: Beam | None = None, carry: torch.Tensor | None = None) -> None:
+        """Children for each beam node (the root when None): `logits` `[Q, V]`, one row per beam node; `carry`
+        `[Q, ...]` what each hands down to its children."""
+        logq = logits.float().log_softmax(-1)  # [Q, V]
+        top = logq.topk(min(self.width, logq.shape[-1]), dim=-1)
+        Q, w = top.indices.shape
+        if beam is None:
+            base = torch.zeros(1, dtype=torch.float64, device=self.device)
+            parents = torch.full((1,), -1, dtype=torch.long, device=self.device)
+            sees = torch.zeros(1, self.fed, dtype=torch.bool, device=self.device)
+        else:
+            base, parents, sees = self.scores[beam.nodes], beam.nodes, beam.sees
+        # <= the parent's score: clamp keeps rounding from breaking this, so the kept set is closed under ancestors
+        scores = base[:, None] + top.values.clamp(max=0.0).double()  # [Q, w]
+        self._level = self.tokens.numel()
+        self.tokens = torch.cat([self.tokens, top.indices.reshape(-1)])
+        self.parents = torch.cat([self.parents, parents[:, None].expand(Q, w).reshape(-1)])
+        self.scores = torch.cat([self.scores, scores.reshape(-1)])
+        self.sees = torch.cat([self.sees, sees[:, None].expand(Q, w, self.fed).reshape(Q * w, self.fed)])
+        if carry is not None:
+            new = carry[:, None].expand(Q, w, *carry.shape[1:]).reshape(Q * w, *carry.shape[1:])
+            self.carry = new if self.carry is None else torch.cat([self.carry, new])
+
+    def beam(self) -> Beam:
+        """The `width` best nodes of the newest level (ties: the first created), fed next."""
+        n = self.tokens.numel() - self._level
+        order = torch.sort(self.scores[self._level :], descending=True, stable=True).indices[: self.width]
+        nodes = order + self._level
+        Q, F = min(self.width, n), self.fed
+        self.sees = torch.cat([self.sees, torch.zeros(self.sees.shape[0], Q, dtype=torch.bool, device=self.device)], 1)
+        rows = self.sees[nodes]
+        rows[torch.arange(Q, device=self.device), F + torch.arange(Q, device=self.device)] = True  # each sees itself
+        self.sees[nodes] = rows  # (its children copy the row)
+        self.fed = F + Q
+        return Beam(nodes, self.tokens[nodes], rows, self.carry[nodes] if self.carry is not None else None)
+
+    def paths(self, beam: Beam, depth: int) -> torch.Tensor:
+        """`[Q, depth]` the tokens from the root's child down to each beam node (all at `depth`)."""
+        out, node = [], beam.nodes
+        for _ in range(depth):
+            out.append(self.tokens[node])
+            node = self.parents[node]
+        return torch.stack(out[::-1], 1)
+
+    def saturated(self, beam: Beam) -> bool:
+        """Whether no child of the beam could be kept: `total` nodes already score at least the beam's best (or no
+        beam node can be proposed). Reads the scores: a saving for a drafter on the host only (a read on a GPU costs
+        more than the forwards it saves)."""
+        best = self.scores[beam.nodes[0]]
+        return bool(best == float("-inf")) or int((self.scores >= best).sum()) >= self.total
+
+    def best(self) -> tuple[list[int], list[int]]:
         """`(tokens, parents)` of the `total` best nodes in creation order (closed under ancestors: a child never
-        scores above its parent), parents renumbered."""
-        keep = sorted(self.ranked(list(range(len(self.tokens))))[:total])  # creation order: parents first
-        index = {node: i for i, node in enumerate(keep)}
-        parents = [index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep]
-        return [self.tokens[i] for i in keep], parents
+        scores above its parent), parents renumbered; one read."""
+        keep = torch.sort(self.scores, descending=True, stable=True).indices[: self.total].sort().values
+        found = self.scores[keep] > float("-inf")
+        values = torch.cat([keep, self.tokens[keep], self.parents[keep], found.long()]).tolist()
+        n = keep.numel()
+        index = {-1: -1}
+        tokens: list[int] = []
+        parents: list[int] = []
+        for node, token, parent, ok in zip(values[:n], values[n : 2 * n], values[2 * n : 3 * n], values[3 * n :],
+                                           strict=True):
+            if ok:
+                index[node] = len(tokens)
+                tokens.append(token)
+                parents.append(index[parent])
+        return tokens, parents

@@ -624,10 +624,13 @@ class _Row:
         if draft is None or draft.parents is None or self.model.exact is None or not self.cfg.greedy:
             return verdict
         path = verdict.tokens[: verdict.accepted]
-        m = first_branch_prefix(draft.tokens.tolist(), draft.parents, path)
+        assert verdict.nodes is not None  # (a greedy tree verdict)
+        m = first_branch_prefix(draft.parents, verdict.nodes)
         if m == len(path):
             return verdict
-        return Verdict(m, path[: m + 1], verdict.read) if 2 * (m + 1) >= verdict.accepted + 1 else None
+        if 2 * (m + 1) < verdict.accepted + 1:
+            return None
+        return Verdict(m, path[: m + 1], verdict.read, verdict.nodes[:m])
 
     def settle(self, draft: Draft, verdict: Verdict, logits: torch.Tensor, cached: int, P: int, chained: bool = False,
                hidden: torch.Tensor | None = None, layers: dict[int, torch.Tensor] | None = None) -> tuple[_Out, int]:
@@ -699,7 +702,7 @@ class _Row:
             logits = self.pipeline.process(logits, at)  # the processors that can move the argmax
             if tree is None:
                 return greedy_reading(draft.tokens, logits, also)
-            return tree_greedy_reading(draft.tokens.tolist(), tree, logits, also)
+            return tree_greedy_reading(draft.tokens, tree, logits, also)
         p = self.pipeline.distributions(logits, at)  # [k + 1, V]
         if tree is None:
             return self.accept(draft.tokens, draft.probs, p, self.generator)

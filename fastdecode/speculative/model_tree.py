@@ -13,7 +13,8 @@ class DraftModelTree:
     """Feeds a draft model the context and then chosen nodes of a tree (`tokens`, `parents` as in `tree.py`).
 
     After `start(context)` the cache holds the context; `grow` appends nodes whose ancestors were all fed, each
-    attending to the context and its ancestors, at position (last context position + depth). The next `start`
+    attending to the context and its ancestors, at position (last context position + depth); `feed` does the same
+    for a tree that keeps its own record of who sees whom (`best_first.BestFirst`, on the device). The next `start`
     drops the tree from the cache (the accepted path comes back as context), so no cache surgery is needed.
     """
 
@@ -35,24 +36,28 @@ class DraftModelTree:
         self._n, self._fed = n, []
         return logits
 
-    def grow(self, tokens: list[int], parents: list[int], feed: list[int]) -> torch.Tensor:
-        """Feed the nodes `feed` of the tree in one forward; returns their logits `[len(feed), V]`."""
-        n, device = self._n, self.model.device
+    def grow(self, tokens: torch.Tensor, parents: list[int], feed: list[int]) -> torch.Tensor:
+        """Feed the nodes `feed` of the tree (`tokens` `[T]`, wherever they are: nothing is read), all of one depth, in
+        one forward; returns their logits `[len(feed), V]`."""
         fed = self._fed + feed
         lineage = [_ancestors(parents, i) for i in feed]  # each node with its ancestors
-        C, Q = self.cache.length, len(feed)
-        allow = torch.zeros(Q, C + Q, dtype=torch.bool)
-        allow[:, :n] = True
-        for row, line in enumerate(lineage):
-            allow[row, n:] = torch.tensor([f in line for f in fed])
-        blocked = torch.finfo(self.model.dtype).min
-        mask = torch.zeros(Q, C + Q, dtype=self.model.dtype).masked_fill(~allow, blocked)[None, None].to(device)
-        ids = torch.tensor([tokens[i] for i in feed], device=device)[None]  # [1, Q]
-        pos = torch.tensor([n - 1 + len(line) for line in lineage], device=device)[None]  # depth = len(line)
-        logits = self.model.forward(ids, pos, self.cache, mask, num_logits=Q)[0]  # [Q, V]
-        self.forwards += 1
+        sees = torch.tensor([[f in line for f in fed] for line in lineage], dtype=torch.bool)  # [Q, len(fed)]
         self._fed = fed
-        return logits
+        return self.feed(tokens[torch.tensor(feed, device=tokens.device)], sees, len(lineage[0]))
+
+    def feed(self, ids: torch.Tensor, sees: torch.Tensor, depth: int) -> torch.Tensor:
+        """Feed `ids` `[Q]`, nodes at `depth`, in one forward; `sees` `[Q, F]` bool over the tree nodes fed so far
+        (these last): each node's ancestors and itself. Built where the draft is when `sees` is (nothing is read).
+        Returns their logits `[Q, V]`."""
+        n, device = self._n, self.model.device
+        Q = ids.numel()
+        allow = torch.cat([torch.ones(Q, n, dtype=torch.bool, device=sees.device), sees], 1)  # [Q, C + Q]
+        blocked = torch.finfo(self.model.dtype).min
+        mask = torch.zeros(allow.shape, dtype=self.model.dtype, device=sees.device).masked_fill(~allow, blocked)
+        pos = torch.full((1, Q), n - 1 + depth, device=device)
+        logits = self.model.forward(ids.to(device)[None], pos, self.cache, mask[None, None].to(device), num_logits=Q)
+        self.forwards += 1
+        return logits[0]  # [Q, V]
 
 
 def _ancestors(parents: list[int], node: int) -> set[int]:

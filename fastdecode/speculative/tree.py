@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..models.base import on_host
 from .verify import Reading, Verdict, as_read, wanted
 
 
@@ -46,23 +47,32 @@ def children(parents: list[int]) -> dict[int, list[int]]:
     return out
 
 
-def tree_greedy_reading(tokens: list[int], parents: list[int], logits: torch.Tensor,
+def tree_greedy_reading(tokens: torch.Tensor | list[int], parents: list[int], logits: torch.Tensor,
                         also: torch.Tensor | None = None) -> Reading:
-    """`verify_tree_greedy`, its read left to the caller (`Reading`)."""
+    """`verify_tree_greedy`, its read left to the caller (`Reading`). `tokens` left unread where the logits are (a
+    drafter that grew its tree there: spec.rsd greedy) are read with the argmaxes, in the same copy."""
+    T = len(parents)
+    left = tokens if isinstance(tokens, torch.Tensor) and tokens.device == logits.device else None
+    if left is not None and on_host(logits.device):
+        left = None
+    drafted = None if left is not None else (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)
 
     def finish(values: list[int]) -> Verdict:
-        best = values[: len(tokens) + 1]  # [T + 1]
-        ok = [False] * len(tokens)
+        here, values = (values[:T], values[T:]) if drafted is None else (drafted, values)
+        best = values[: T + 1]  # [T + 1]
+        ok = [False] * T
         depth = depths(parents)
         end, end_depth = -1, 0
-        for i, (t, p) in enumerate(zip(tokens, parents, strict=True)):
+        for i, (t, p) in enumerate(zip(here, parents, strict=True)):
             ok[i] = t == best[p + 1] and (p < 0 or ok[p])
             if ok[i] and depth[i] > end_depth:
                 end, end_depth = i, depth[i]
         path = _path(parents, end)
-        return Verdict(len(path), [tokens[i] for i in path] + [best[end + 1]], as_read(values[len(tokens) + 1 :], also))
+        return Verdict(len(path), [here[i] for i in path] + [best[end + 1]], as_read(values[T + 1 :], also),
+                       tuple(path))
 
-    return Reading(wanted([logits.argmax(-1)], also), finish)
+    best = logits.argmax(-1)
+    return Reading(wanted([left, best] if left is not None else [best], also), finish)
 
 
 def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tensor,
@@ -95,14 +105,14 @@ def reorder(parents: list[int], order: list[int]) -> list[int]:
     return [-1 if parents[node] < 0 else place[parents[node]] for node in order]
 
 
-def first_branch_prefix(tokens: list[int], parents: list[int], path: list[int]) -> int:
-    """How many leading nodes of an accepted path are the tree's first branch (nodes 0..m-1, node i the child of node
-    i - 1): the nodes whose logits rows a verification forward computes where a chain would, at consecutive columns
-    right after the context, where a chain (and `ar.greedy`) puts the same tokens. Later nodes of a path off that
-    branch have siblings between them (exact mode on a GPU cuts such a path where it leaves the branch or confirms it
-    as a chain: docs/gpu.md, "Trees on a GPU")."""
+def first_branch_prefix(parents: list[int], path: tuple[int, ...]) -> int:
+    """How many leading nodes of an accepted path (its nodes, root to leaf: `Verdict.nodes`) are the tree's first
+    branch (nodes 0..m-1, node i the child of node i - 1): the nodes whose logits rows a verification forward
+    computes where a chain would, at consecutive columns right after the context, where a chain (and `ar.greedy`)
+    puts the same tokens. Later nodes of a path off that branch have siblings between them (exact mode on a GPU cuts
+    such a path where it leaves the branch or confirms it as a chain: docs/gpu.md, "Trees on a GPU")."""
     m = 0
-    while m < len(path) and m < len(parents) and parents[m] == m - 1 and tokens[m] == path[m]:
+    while m < len(path) and path[m] == m and parents[m] == m - 1:
         m += 1
     return m
 

@@ -171,16 +171,18 @@ def test_preorder_lists_each_branch_before_the_next():
 
 
 def test_first_branch_is_nodes_zero_to_a_minus_one_in_a_row():
-    tokens, parents = [5, 6, 7, 8], [-1, 0, -1, 2]
+    parents = [-1, 0, -1, 2]
 
-    def on_first_branch(tokens: list[int], parents: list[int], path: list[int]) -> bool:  # the whole path on it
-        return first_branch_prefix(tokens, parents, path) == len(path)
+    def on_first_branch(parents: list[int], path: tuple[int, ...]) -> bool:  # the whole path on it
+        return first_branch_prefix(parents, path) == len(path)
 
-    assert on_first_branch(tokens, parents, []) and on_first_branch(tokens, parents, [5, 6])
-    assert not on_first_branch(tokens, parents, [7, 8]) and not on_first_branch(tokens, parents, [7])
-    assert not on_first_branch([5, 6, 7], [-1, -1, 1], [5, 6])  # node 1 is the root's child, not node 0's
-    assert first_branch_prefix(tokens, parents, [5, 6]) == 2 and first_branch_prefix(tokens, parents, [7, 8]) == 0
-    assert first_branch_prefix([5, 6, 7, 9], [-1, 0, 1, 1], [5, 6, 9]) == 2  # leaves it at node 3, node 1's 2nd child
+    assert on_first_branch(parents, ()) and on_first_branch(parents, (0, 1))
+    assert not on_first_branch(parents, (2, 3)) and not on_first_branch(parents, (2,))
+    assert not on_first_branch([-1, -1, 1], (1, 2))  # node 1 is the root's child, not node 0's
+    assert first_branch_prefix(parents, (0, 1)) == 2 and first_branch_prefix(parents, (2, 3)) == 0
+    assert first_branch_prefix([-1, 0, 1, 1], (0, 1, 3)) == 2  # leaves it at node 3, node 1's 2nd child
+    # a sibling holding the first branch's token is still off it: its row was computed with node 0 between
+    assert first_branch_prefix([-1, -1, 0], (1,)) == 0
 
 
 @pytest.fixture

@@ -70,6 +70,8 @@ def test_greedy_takes_the_longest_accepted_path():
     best = [10, 12, 0, 15, 0, 0, 7]  # rows: root, a, b, c, d, e, f
     v = verify_tree_greedy(TOKENS, PARENTS, argmax_rows(best))
     assert v.accepted == 3 and v.tokens == [10, 12, 15, 7]
+    assert [TOKENS[i] for i in v.nodes] == [10, 12, 15] and v.nodes[0] == 0  # the path's nodes, root to leaf
+    assert verify_tree_greedy(torch.tensor(TOKENS), PARENTS, argmax_rows(best)) == v  # tokens as a tensor too
 
 
 def test_greedy_prefers_the_first_of_equally_deep_paths_and_corrects_at_a_mismatch():

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from ...config import check
+from ...models.base import on_host
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..best_first import Candidates
+from ..best_first import BestFirst
 from ..drafter import BaseDrafter, Draft, SpecConfig, register_spec
 from ..driver import check_rollback, speculative
 from ..model_tree import DraftModelTree
@@ -56,15 +57,16 @@ class DynTreeDrafter(BaseDrafter):
         return self.tree.forwards
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
-        depth, width, total = min(self.cfg.depth, k), self.cfg.width, self.cfg.total_tokens
-        nodes = Candidates([], [], [])
-        level = nodes.add_children([-1], self.tree.start(context)[None], width)
-        for _ in range(depth - 1):
-            beam = nodes.ranked(level)[:width]
-            if nodes.full(beam, total):  # children score at most the beam's best: none could be kept
+        depth = min(self.cfg.depth, k)
+        root = self.tree.start(context)
+        nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, root.device)
+        nodes.add_children(root[None])
+        for d in range(1, depth):
+            beam = nodes.beam()
+            if on_host(root.device) and nodes.saturated(beam):  # no child of the beam could be kept
                 break
-            level = nodes.add_children(beam, self.tree.grow(nodes.tokens, nodes.parents, beam), width)
-        tokens, parents = nodes.best(total)
+            nodes.add_children(self.tree.feed(beam.tokens, beam.sees, d), beam)
+        tokens, parents = nodes.best()  # (the tree's one read)
         return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
 
 

@@ -18,14 +18,14 @@ import torch
 from ...config import check
 from ...heads.eagle3 import DraftCache, Eagle3Head, target_embeddings
 from ...heads.eagle3_io import eagle3_for
+from ...models.base import on_host
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..best_first import Candidates
+from ..best_first import BestFirst
 from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import check_rollback, speculative
 from ..model_chain import reads_each_token
-from ..tree import ancestor_mask
 
 MAX_NODES = 64
 
@@ -123,43 +123,26 @@ class Eagle3Drafter(BaseDrafter):
         return Draft(torch.stack(tokens))
 
     def _tree(self, depth: int) -> Draft:
+        """EAGLE-2's best-first tree, a level per head forward, grown where the head runs (`BestFirst`: read once,
+        when complete); each node's feature is its parent's output (the root's: the newest committed entry's)."""
         assert self._last is not None
-        width, total = self.cfg.width, self.cfg.total_tokens
-        outs: dict[int, torch.Tensor] = {-1: self._last}  # each fed node's output (its children's feature)
-        fed: list[int] = []  # tree nodes in cache order after the committed entries
-        nodes = Candidates([], [], [])
-        level = nodes.add_children([-1], self._full_logits(self._last[None]), width)
-        p = self._entered - 1
+        nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, self._last.device)
+        nodes.add_children(self._full_logits(self._last[None]), carry=self._last[None])
+        p, C0 = self._entered - 1, self._committed
         for d in range(1, depth):
-            beam = nodes.ranked(level)[:width]
-            if not beam or nodes.full(beam, total):
+            beam = nodes.beam()
+            if on_host(self._last.device) and nodes.saturated(beam):  # no child of the beam could be kept
                 break
-            out = self._grow(nodes, beam, fed, outs, p + d)  # [Q, H]
-            for node, o in zip(beam, out, strict=True):
-                outs[node] = o
-            level = nodes.add_children(beam, self._full_logits(out), width)
-        tokens, parents = nodes.best(total)
+            assert beam.carry is not None
+            allow = torch.cat([torch.ones(beam.sees.shape[0], C0, dtype=torch.bool, device=beam.sees.device),
+                               beam.sees], 1)  # [Q, C0 + fed]: the committed entries, its ancestors and itself
+            pos = torch.full((1, beam.nodes.numel()), p + d, device=self._last.device)
+            out = self.head.step(self.embed(beam.tokens[None]), beam.carry[None], pos, self.cache, allow)[0]  # [Q, H]
+            self.forwards += 1
+            nodes.add_children(self._full_logits(out), beam, carry=out)
+        tokens, parents = nodes.best()  # (the tree's one read)
         self._tokens, self._parents = tokens, parents
         return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
-
-    def _grow(self, nodes: Candidates, beam: list[int], fed: list[int], outs: dict[int, torch.Tensor],
-              position: int) -> torch.Tensor:
-        """Feed the beam (one level: all at `position`) under a tree mask; returns their outputs `[Q, H]`."""
-        C0, Q = self._committed, len(beam)
-        every = fed + beam
-        line = ancestor_mask(nodes.parents)  # [N, N] node i sees node j
-        allow = torch.zeros(Q, C0 + len(every), dtype=torch.bool)
-        allow[:, :C0] = True
-        for row, node in enumerate(beam):
-            allow[row, C0:] = line[node, every]
-        device = self._last.device if self._last is not None else None
-        ids = torch.tensor([nodes.tokens[i] for i in beam], device=device)[None]  # [1, Q]
-        h = torch.stack([outs[nodes.parents[i]] for i in beam])[None]  # [1, Q, H] each node's parent's output
-        pos = torch.full((1, Q), position, device=device)
-        out = self.head.step(self.embed(ids), h, pos, self.cache, allow)
-        self.forwards += 1
-        fed.extend(beam)
-        return out[0]
 
     def _full_logits(self, h: torch.Tensor) -> torch.Tensor:
         """`[Q, V]` target-vocabulary logits of outputs `[Q, H]`: -inf outside the draft vocabulary."""

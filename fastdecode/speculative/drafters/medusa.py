@@ -6,8 +6,9 @@ After each verification the drafter keeps h, the target's hidden state at the la
 next token (the bonus token) ends the context. Head k guesses the (k + 1)-th token after it. The tree is grown level
 by level, as EAGLE-2 grows its own: the `width` best nodes of the newest level each get the `width` likeliest tokens
 of the next head, a node scoring the sum of its path's log-probabilities; then the `total_tokens` best nodes are kept
-(a child never outscores its parent, so the kept set is a tree). Medusa's heads do not see the path, so one forward
-of all heads gives every level; Hydra's run once per level on the beam's paths. The target verifies the tree in one
+(a child never outscores its parent, so the kept set is a tree; `best_first.py`: grown where the heads run, read
+once when complete). Medusa's heads do not see the path, so one forward of all heads gives every level; Hydra's run
+once per level on the beam's paths. The target verifies the tree in one
 forward (`tree.verify_tree_greedy`, or rejection sampling with q one-hot), so the output is the target's exactly.
 The first step of a request drafts nothing: the heads need the prompt's hidden state.
 """
@@ -27,9 +28,9 @@ from ...heads.medusa_layout import is_medusa_layout, load_medusa_layout
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
+from ..best_first import BestFirst
 from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import speculative
-from ..verify import float_bits, from_bits
 
 MAX_NODES = 64  # a larger tree costs more to verify than it can gain on a CPU (v(32) = 2.33 target steps)
 
@@ -49,53 +50,6 @@ class MedusaSpecConfig(SpecConfig):
         check(1 <= self.total_tokens <= MAX_NODES, "total_tokens", self.total_tokens, f"must be in [1, {MAX_NODES}]")
         check(self.width >= 1, "width", self.width, "must be at least 1")
         check(self.depth >= 0, "depth", self.depth, "must be 0 (one level per head) or more")
-
-
-def read_top(logits: torch.Tensor, width: int) -> tuple[list[list[int]], list[list[float]]]:
-    """Each row's `width` likeliest tokens of `logits` `[R, V]` and their log-probabilities (at most 0), in one read
-    (one synchronisation on a GPU): the float32 values travel as their bits in the indices' integer copy."""
-    logq = logits.float().log_softmax(-1)  # [R, V]
-    top = logq.topk(min(width, logq.shape[-1]), dim=-1)
-    both = torch.cat([top.indices, float_bits(top.values.clamp(max=0.0))], dim=-1).tolist()  # [R, 2w]
-    w = top.indices.shape[-1]
-    return [row[:w] for row in both], [from_bits(row[w:]) for row in both]
-
-
-@dataclass
-class _Tree:
-    """Nodes in creation order (parents first), each with its token, parent (-1 = root) and log path score."""
-
-    tokens: list[int]
-    parents: list[int]
-    scores: list[float]
-
-    def grow(self, beam: list[int], logits: torch.Tensor, width: int) -> list[int]:
-        """Give each beam node (-1 = the root) the `width` likeliest tokens of its row of `logits` `[len(beam), V]`."""
-        return self.grow_from(beam, *read_top(logits, width))
-
-    def grow_from(self, beam: list[int], ids: list[list[int]], logq: list[list[float]]) -> list[int]:
-        """Give each beam node its row's candidates: `ids` and their log-probabilities `logq` (`read_top`)."""
-        new = []
-        for parent, row, lq in zip(beam, ids, logq, strict=True):
-            base = self.scores[parent] if parent >= 0 else 0.0
-            for token, s in zip(row, lq, strict=True):
-                new.append(len(self.tokens))
-                self.tokens.append(token)
-                self.parents.append(parent)
-                self.scores.append(base + s)
-        return new
-
-    def best(self, nodes: list[int], n: int) -> list[int]:
-        """The `n` best nodes, best first; ties to the node made first (a parent before its children)."""
-        return sorted(nodes, key=lambda i: (-self.scores[i], i))[:n]
-
-    def path(self, node: int) -> list[int]:
-        """Tokens from the root's child down to `node`."""
-        out = []
-        while node >= 0:
-            out.append(self.tokens[node])
-            node = self.parents[node]
-        return out[::-1]
 
 
 class MedusaDrafter(BaseDrafter):
@@ -124,38 +78,38 @@ class MedusaDrafter(BaseDrafter):
         if self.hidden is None or levels < 1:
             self.tree = None
             return Draft.empty()
-        tree = _Tree([], [], [])
+        nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, self.hidden.device)
         if isinstance(self.head, HydraHead):
-            self._grow_hydra(tree, int(context[-1]), levels)
+            self._grow_hydra(nodes, context[-1:], levels)
         else:
-            self._grow_medusa(tree, levels)
-        keep = sorted(tree.best(list(range(len(tree.tokens))), self.cfg.total_tokens))  # parents first
-        index = {node: i for i, node in enumerate(keep)}
-        parents = [index[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in keep]
-        self.tree = Draft(torch.tensor([tree.tokens[i] for i in keep], dtype=torch.long), parents=parents)
+            self._grow_medusa(nodes, levels)
+        tokens, parents = nodes.best()  # (the tree's one read)
+        self.tree = Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
         return self.tree
 
-    def _grow_medusa(self, tree: _Tree, levels: int) -> None:
+    def _grow_medusa(self, nodes: BestFirst, levels: int) -> None:
+        """One forward of all heads gives every level: each beam node gets the same candidates of its level's head."""
         assert self.hidden is not None and isinstance(self.head, MedusaHead)
         logits = self.head.logits(self.hidden[None], self.lm_head)[:levels, 0]  # [levels, V]: one forward, all heads
         self.calls += 1
-        # every node of a level gets its head's candidates: all levels' in one read
-        ids, logq = read_top(logits, self.cfg.width)
-        level = tree.grow_from([-1], ids[:1], logq[:1])
+        nodes.add_children(logits[:1])
         for d in range(1, levels):
-            beam = tree.best(level, self.cfg.width)
-            level = tree.grow_from(beam, [ids[d]] * len(beam), [logq[d]] * len(beam))
+            beam = nodes.beam()
+            nodes.add_children(logits[d][None].expand(beam.nodes.numel(), -1), beam)
 
-    def _grow_hydra(self, tree: _Tree, last: int, levels: int) -> None:
+    def _grow_hydra(self, nodes: BestFirst, last: torch.Tensor, levels: int) -> None:
+        """Head d reads the path it extends: the bonus token `last` `[1]`, then each beam node's drafts."""
         assert self.hidden is not None and self.embed is not None and isinstance(self.head, HydraHead)
-        beam: list[int] = [-1]
+        beam = None
+        paths = last.to(self.hidden.device)[None]  # [1, 1]
         for d in range(levels):
-            paths = torch.tensor([[last] + tree.path(b) for b in beam])  # [B, d + 1]: the bonus token, then drafts
             feats = self.embed[paths].to(self.hidden.dtype)  # [B, d + 1, H]
-            logits = self.head.head_logits(d, self.hidden.expand(len(beam), -1), feats, self.lm_head)  # [B, V]
+            logits = self.head.head_logits(d, self.hidden.expand(paths.shape[0], -1), feats, self.lm_head)  # [B, V]
             self.calls += 1
-            level = tree.grow(beam, logits, self.cfg.width)
-            beam = tree.best(level, self.cfg.width)
+            nodes.add_children(logits, beam)
+            if d + 1 < levels:
+                beam = nodes.beam()
+                paths = torch.cat([paths[:1, :1].expand(beam.nodes.numel(), 1), nodes.paths(beam, d + 1)], 1)
 
     def observe(self, verification: Verification) -> None:
         """Keep the hidden state of the last accepted node (the root when none was): its next token ends the

@@ -93,33 +93,43 @@ class RSDDrafter(BaseDrafter):
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         widths = self.widths[:k]
         logits = self.tree.start(context)[None]  # [1, V] q at the root
+        if self.cfg.greedy:
+            return self._greedy(logits, widths)
         tokens: list[int] = []
         parents: list[int] = []
         probs: list[torch.Tensor] = []
         level = [-1]  # nodes whose children are drawn next; -1 is the root
         for depth, b in enumerate(widths):
-            q, picks = self._children(logits, b)
+            q = target_distribution(logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)  # [L, V]
             new = []
-            for row, (parent, kids) in enumerate(zip(level, picks, strict=True)):
+            for row, (parent, kids) in enumerate(zip(level, gumbel_top_k(q, b, self.generator), strict=True)):
                 for x in kids:
                     new.append(len(tokens))
                     tokens.append(x)
                     parents.append(parent)
-                    if q is not None:
-                        probs.append(q[row])
+                    probs.append(q[row])
             level = new
             if depth + 1 < len(widths):
-                logits = self.tree.grow(tokens, parents, level)  # [len(level), V]
+                logits = self.tree.grow(torch.tensor(tokens), parents, level)  # [len(level), V]
         q_rows = torch.stack(probs) if probs else None  # [T, V]
         return Draft(torch.tensor(tokens, dtype=torch.long), q_rows, parents=parents)
 
-    def _children(self, logits: torch.Tensor, b: int) -> tuple[torch.Tensor | None, list[list[int]]]:
-        """Greedy: the draft's top-b tokens (q not needed). Sampling: b draws without replacement from q, the draft's
-        distribution under the target's processors."""
-        if self.cfg.greedy:
-            return None, logits.topk(min(b, logits.shape[-1]), dim=-1).indices.tolist()
-        q = target_distribution(logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)  # [L, V]
-        return q, gumbel_top_k(q, b, self.generator)
+    def _greedy(self, logits: torch.Tensor, widths: list[int]) -> Draft:
+        """The draft's top-b_l children under every node, level by level (q not needed). The tree's shape follows
+        from the widths alone, so its tokens stay where the draft model computed them: the verification reads them
+        with its verdict (one read a step on a GPU, issue #30)."""
+        tokens: list[torch.Tensor] = []  # each level's tokens, [size]
+        parents: list[int] = []
+        level = [-1]
+        for depth, b in enumerate(widths):
+            top = logits.topk(min(b, logits.shape[-1]), dim=-1).indices  # [len(level), b']
+            first = sum(t.numel() for t in tokens)
+            tokens.append(top.reshape(-1))
+            parents += [parent for parent in level for _ in range(top.shape[1])]
+            level = list(range(first, first + top.numel()))
+            if depth + 1 < len(widths):
+                logits = self.tree.grow(torch.cat(tokens), parents, level)
+        return Draft(torch.cat(tokens), parents=parents)
 
 
 @register_spec("spec.rsd", config=RSDConfig, needs_draft=True)
