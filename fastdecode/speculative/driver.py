@@ -687,12 +687,9 @@ class _Row:
     def _verify(self, draft: Draft, logits: torch.Tensor, also: torch.Tensor | None = None) -> Reading | Verdict:
         """The verdict on `draft` from the target's `[k + 1, V]` logits, each position through the request's pipeline
         with its own history: the committed context, plus the drafted tokens on its path (a tree node's ancestors);
-        greedy, its `Reading`. `also` (integers) comes back as `Verdict.read`: in the greedy verdict's one read, else
-        read after it."""
-        if also is not None and not self.cfg.greedy:
-            verdict = self._verify(draft, logits)
-            assert isinstance(verdict, Verdict)  # (sampled: read as it draws)
-            return dataclasses.replace(verdict, read=also.cpu())
+        greedy, its `Reading`. `also` (integers) comes back as `Verdict.read`: in the verdict's one read (greedy,
+        speculative sampling of a chain or a deterministic tree), else read after it (a relaxed rule, RSD's tree: they
+        read as they decide)."""
         tree = draft.parents
         at = None
         if self.history is not None:
@@ -705,7 +702,15 @@ class _Row:
             return tree_greedy_reading(draft.tokens, tree, logits, also)
         p = self.pipeline.distributions(logits, at)  # [k + 1, V]
         if tree is None:
-            return self.accept(draft.tokens, draft.probs, p, self.generator)
+            if self.accept is verify_sampling:
+                return verify_sampling(draft.tokens, draft.probs, p, self.generator, also)
+            return _read_after(self.accept(draft.tokens, draft.probs, p, self.generator), also)
         if draft.probs is not None:  # siblings sampled without replacement
-            return verify_tree_rsd(draft.tokens.tolist(), tree, p, draft.probs.to(p.device), self.generator)
-        return verify_tree_sampling(draft.tokens.tolist(), tree, p, self.generator)
+            return _read_after(verify_tree_rsd(draft.tokens.tolist(), tree, p, draft.probs.to(p.device),
+                                               self.generator), also)
+        return verify_tree_sampling(draft.tokens.tolist(), tree, p, self.generator, also)
+
+
+def _read_after(verdict: Verdict, also: torch.Tensor | None) -> Verdict:
+    """A verdict that read as it decided, with `also` read after it (`Verdict.read`)."""
+    return verdict if also is None else dataclasses.replace(verdict, read=also.cpu())

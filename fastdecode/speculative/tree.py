@@ -118,30 +118,35 @@ def first_branch_prefix(parents: list[int], path: tuple[int, ...]) -> int:
 
 
 def verify_tree_sampling(
-    tokens: list[int], parents: list[int], p: torch.Tensor, generator: torch.Generator | None
+    tokens: list[int], parents: list[int], p: torch.Tensor, generator: torch.Generator | None,
+    also: torch.Tensor | None = None,
 ) -> Verdict:
-    """Recursive rejection sampling over deterministic children (SpecInfer multi-step speculative sampling with
-    q one-hot): at each accepted node try its children in order, accepting child c with probability r(c) under
-    the running residual r (initially p at that node) and else removing c from r; when all are rejected, or at
-    a leaf, draw from r. Sibling tokens must be distinct. The emitted tokens are distributed as under p.
+    """Multi-step speculative sampling over deterministic children (SpecInfer with q one-hot): from the root, draw
+    y ~ p at the node; a child holding y is accepted and the walk goes on from it, else y is emitted. The emitted
+    tokens are distributed as under p: each is drawn from p at its node, whatever the tree.
 
-    p: `[T + 1, V]` target distributions (processors already applied).
+    The recursive rejection of SpecInfer tries the children in turn, accepting child c with probability r(c) / |r|
+    under the running residual r and else removing c from r; that accepts child c with probability p(c) and, when
+    all are rejected, draws from p without the children: the same law as one draw y ~ p. So every node's draw is made
+    at once (`multinomial` over the `[T + 1]` rows) and read once (one synchronisation on a GPU, issue #30), and the
+    walk runs on the host; a node the walk does not reach leaves its draw unused, which changes nothing of the law.
+    Sibling tokens must be distinct (the first listed wins otherwise).
+
+    p: `[T + 1, V]` target distributions (processors already applied); `also`: integers where p is, read with the
+    draws (`Verdict.read`).
     """
+    T = len(tokens)
+    values = wanted([torch.multinomial(p, 1, generator=generator)], also).tolist()
+    drawn = values[: T + 1]  # y at the root, then at each node
     kids = children(parents)
-    node, path = -1, []
+    node, path = -1, list[int]()
     while True:
-        r = p[node + 1].clone()  # [V]
-        for c in kids[node]:
-            mass = float(r.sum())
-            u = float(torch.rand((), generator=generator, device=p.device))
-            if mass > 0 and u * mass < float(r[tokens[c]]):
-                path.append(c)
-                node = c
-                break
-            r[tokens[c]] = 0.0
-        else:
-            y = int(torch.multinomial(r if float(r.sum()) > 0 else p[node + 1], 1, generator=generator))
-            return Verdict(len(path), [tokens[i] for i in path] + [y])
+        y = drawn[node + 1]
+        child = next((c for c in kids[node] if tokens[c] == y), None)
+        if child is None:
+            return Verdict(len(path), [tokens[i] for i in path] + [y], as_read(values[T + 1 :], also), tuple(path))
+        path.append(child)
+        node = child
 
 
 def verify_tree_rsd(

@@ -136,6 +136,7 @@ def verify_sampling(
     q: torch.Tensor | None,  # [k, V] the drafter's distributions; None for a deterministic drafter (q one-hot)
     p: torch.Tensor,  # [k + 1, V] the target's distributions, processors already applied
     generator: torch.Generator | None,
+    also: torch.Tensor | None = None,  # integers where p is, read with the verdict (`Verdict.read`)
 ) -> Verdict:
     """Speculative sampling: accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit
     y ~ norm(max(p_i - q_i, 0)); if all k are accepted emit the bonus y ~ p_{k+1}. The emitted tokens are
@@ -148,7 +149,8 @@ def verify_sampling(
     q_x = q[rows, x] if q is not None else torch.ones_like(p_x)  # a deterministic drafter proposes x with q = 1
     u = torch.rand(k, generator=generator, device=p.device)  # [k]
     if k == 0:
-        return Verdict(0, torch.multinomial(p[0], 1, generator=generator).tolist())
+        values = wanted([torch.multinomial(p[0], 1, generator=generator)], also).tolist()
+        return Verdict(0, values[:1], as_read(values[1:], also))
     accept = u * q_x < p_x  # u < p/q without dividing; P(accept) = min(1, p/q)
     # what follows stays on the device and is read once at the end (one synchronisation a step on a GPU): the number
     # accepted n, the row drawn from (the bonus token's p_{k+1} when n == k, else the residual at n) and the draw
@@ -157,9 +159,9 @@ def verify_sampling(
     p_n = p.index_select(0, n)[0]  # [V]
     residual = _residual(p_n, q.index_select(0, at)[0] if q is not None else None, x.index_select(0, at))
     y = torch.multinomial(torch.where(n == k, p_n, residual), 1, generator=generator)  # [1]
-    values = torch.cat([n, y, x]).tolist()
+    values = wanted([n, y, x], also).tolist()
     accepted = values[0]
-    return Verdict(accepted, values[2 : 2 + accepted] + [values[1]])
+    return Verdict(accepted, values[2 : 2 + accepted] + [values[1]], as_read(values[2 + k :], also))
 
 
 def _residual(p: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
