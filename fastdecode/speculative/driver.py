@@ -687,9 +687,8 @@ class _Row:
     def _verify(self, draft: Draft, logits: torch.Tensor, also: torch.Tensor | None = None) -> Reading | Verdict:
         """The verdict on `draft` from the target's `[k + 1, V]` logits, each position through the request's pipeline
         with its own history: the committed context, plus the drafted tokens on its path (a tree node's ancestors);
-        greedy, its `Reading`. `also` (integers) comes back as `Verdict.read`: in the verdict's one read (greedy,
-        speculative sampling of a chain or a deterministic tree), else read after it (a relaxed rule, RSD's tree: they
-        read as they decide)."""
+        greedy, its `Reading`. `also` (integers) comes back as `Verdict.read`: in the verdict's one read, else read
+        after it (a relaxed rule, which reads as it decides)."""
         tree = draft.parents
         at = None
         if self.history is not None:
@@ -706,8 +705,7 @@ class _Row:
                 return verify_sampling(draft.tokens, draft.probs, p, self.generator, also)
             return _read_after(self.accept(draft.tokens, draft.probs, p, self.generator), also)
         if draft.probs is not None:  # siblings sampled without replacement
-            return _read_after(verify_tree_rsd(draft.tokens.tolist(), tree, p, draft.probs.to(p.device),
-                                               self.generator), also)
+            return verify_tree_rsd(draft.tokens, tree, p, draft.probs.to(p.device), self.generator, also)
         return verify_tree_sampling(draft.tokens.tolist(), tree, p, self.generator, also)
 
 

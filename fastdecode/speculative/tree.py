@@ -150,7 +150,8 @@ def verify_tree_sampling(
 
 
 def verify_tree_rsd(
-    tokens: list[int], parents: list[int], p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None
+    tokens: torch.Tensor | list[int], parents: list[int], p: torch.Tensor, q: torch.Tensor,
+    generator: torch.Generator | None, also: torch.Tensor | None = None,
 ) -> Verdict:
     """Recursive rejection sampling for siblings drawn WITHOUT replacement (Recursive Speculative Decoding,
     Jeon et al. 2024, arXiv 2402.14160).
@@ -159,35 +160,65 @@ def verify_tree_rsd(
     node's q with x_1..x_{j-1} removed and renormalised. With r_1 = p at the node, x_j is accepted with
     probability min(1, r_j(x_j) / q_j(x_j)); on rejection r_{j+1} = norm(max(r_j - q_j, 0)). When all are
     rejected, or at a leaf, the token is drawn from r. Each stage emits a token distributed as r_j whatever q_j
-    is, so the emitted tokens are distributed as under p.
+    is, so the emitted tokens are distributed as under p. A child its q_j cannot draw (q_j(x) = 0: a row of q with
+    fewer tokens of positive probability than the branching factor, `rsd.gumbel_top_k`) was not drawn: it is passed
+    over, as are the siblings after it.
+
+    The walk runs where p is and reads once (one synchronisation a step on a GPU, issue #30): a depth at a time,
+    each child of the node reached tried in turn under `torch.where` (the tree's shape is known on the host, the
+    walk's node is not), a uniform drawn for every node at once and the final token drawn once from the residual
+    where the walk stopped; a node the walk does not try leaves its uniform unused, which changes nothing of the law.
 
     p: `[T + 1, V]` target distributions (processors applied; row 0 the root, row i + 1 node i).
     q: `[T, V]` row i is the draft distribution node i and its siblings were drawn from (the parent's q).
+    `also`: integers where p is, read with the verdict (`Verdict.read`).
     """
+    T, device = len(parents), p.device
+    x_all = torch.as_tensor(tokens, dtype=torch.long).to(device)  # [T]
     kids = children(parents)
-    node, path = -1, []
-    while True:
-        r = p[node + 1].double()  # [V] running target residual r_j
-        tried: list[int] = []
-        for c in kids[node]:
-            x = tokens[c]
-            q_j = q[c].double().clone()  # [V]
-            q_j[tried] = 0.0  # without replacement: earlier siblings cannot be drawn again
-            q_j /= q_j.sum()
-            assert float(q_j[x]) > 0, f"node {c} holds token {x}, which its q (without earlier siblings) cannot draw"
-            u = float(torch.rand((), generator=generator, device=p.device))
-            if u * float(q_j[x]) < float(r[x]):  # u < r_j(x) / q_j(x)
-                path.append(c)
-                node = c
-                break
+    width = max((len(c) for c in kids.values()), default=0)
+    rows = [kids.get(i - 1, []) for i in range(T + 1)]  # row node + 1: its children, then -1
+    table = torch.tensor([cs + [-1] * (max(width, 1) - len(cs)) for cs in rows], dtype=torch.long).to(device)
+    u = torch.rand(T, generator=generator, device=device)  # [T]: a uniform for each node, used if it is tried
+    # the walk's values are [1]-shaped tensors, indexed with index_select: indexing with a 0-dim tensor reads it
+    node = torch.full((1,), -1, dtype=torch.long, device=device)
+    stopped = torch.zeros(1, dtype=torch.bool, device=device)
+    r = p[0].double()  # [V] the running residual at the node reached
+    ids = torch.arange(p.shape[-1], device=device)
+    tiny = torch.finfo(torch.float64).tiny
+    walk: list[torch.Tensor] = []  # per depth, the node accepted there (-1: none, the walk stopped)
+    for _ in range(max(depths(parents), default=0)):
+        row = table.index_select(0, node + 1)[0]  # [width] the children of the node reached
+        moved = torch.zeros(1, dtype=torch.bool, device=device)
+        trying = ~stopped  # until a child is accepted, or one its q cannot draw comes
+        tried = torch.zeros(p.shape[-1], dtype=torch.bool, device=device)  # earlier siblings' tokens
+        for j in range(width):
+            c = row[j : j + 1].clamp(min=0)  # [1]
+            x = x_all.index_select(0, c)
+            q_j = q.index_select(0, c)[0].double().masked_fill(tried, 0.0)
+            q_j = q_j / q_j.sum().clamp(min=tiny)
+            q_x = q_j.index_select(0, x)
+            trying = trying & (row[j : j + 1] >= 0) & (q_x > 0)
+            accept = trying & (u.index_select(0, c) * q_x < r.index_select(0, x))
+            node = torch.where(accept, c, node)
+            moved = moved | accept
+            rejected = trying & ~accept
             residual = (r - q_j).clamp(min=0.0)
-            mass = float(residual.sum())
+            mass = residual.sum()
             # r == q_j leaves nothing: rejection then had probability 0 up to rounding, and r is still the law
-            r = residual / mass if mass > 0 else r
-            tried.append(x)
-        else:
-            y = int(torch.multinomial(r, 1, generator=generator))
-            return Verdict(len(path), [tokens[i] for i in path] + [y])
+            r = torch.where(rejected & (mass > 0), residual / mass.clamp(min=tiny), r)
+            tried = tried | (rejected & (ids == x))
+            trying = trying & ~accept
+        walk.append(torch.where(moved, node, -1))
+        r = torch.where(moved, p.index_select(0, node + 1)[0].double(), r)  # at the accepted child: p there
+        stopped = stopped | ~moved
+    y = torch.multinomial(r, 1, generator=generator)  # [1] from the residual where the walk stopped
+    path = torch.cat(walk) if walk else torch.zeros(0, dtype=torch.long, device=device)
+    values = wanted([y, path, x_all.index_select(0, path.clamp(min=0))], also).tolist()
+    D = path.numel()
+    n = next((i for i, v in enumerate(values[1 : 1 + D]) if v < 0), D)
+    return Verdict(n, values[1 + D : 1 + D + n] + [values[0]], as_read(values[1 + 2 * D :], also),
+                   tuple(values[1 : 1 + n]))
 
 
 def _path(parents: list[int], end: int) -> list[int]:

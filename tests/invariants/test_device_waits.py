@@ -31,14 +31,14 @@ MORE = {
     "spec.layerskip": "its default confidence_stop reads each drafted token's confidence, which decides whether to "
                       "draft on (with confidence_stop=0 it reads once: below)",
 }
-# at a temperature: the methods whose drafts need no draw of their own (the verdict's acceptance draws and reads once:
-# `verify_sampling` for a chain, `verify_tree_sampling` for a tree, with what the drafter asked of the logits); a
-# best-first tree is read once more when grown; a drafter that samples reads as it draws, and RSD's tree (siblings
-# drawn without replacement) verifies node by node
+# at a temperature: the verdict's acceptance draws and reads once (`verify_sampling` for a chain,
+# `verify_tree_sampling` for a tree, `verify_tree_rsd` for RSD's, with what the drafter asked of the logits), and
+# RSD's tree is drawn on the device; a best-first tree is read once more when grown; a chain drafter that samples
+# reads as it draws (`model_chain.reads_each_token`)
 SAMPLED = [("spec.pld", {}, 1), ("spec.ngram", {}, 1), ("spec.suffix", {}, 1), ("spec.suffix", {"tree": True}, 1),
            ("spec.recycling", {}, 1), ("spec.lookahead", {}, 1), ("spec.jacobi", {}, 1), ("spec.eagle3", {}, 1),
-           ("spec.dflash", {}, 1), ("spec.eagle3", {"tree": True}, 2), ("spec.medusa", {}, 2),
-           ("spec.medusa", {"hydra": True}, 2)]
+           ("spec.dflash", {}, 1), ("spec.rsd", {}, 1), ("spec.rsd", {"top_k": 1}, 1),
+           ("spec.eagle3", {"tree": True}, 2), ("spec.medusa", {}, 2), ("spec.medusa", {"hydra": True}, 2)]
 
 def waits_per_forward(model, method: str, rows: int = 1, **kw) -> tuple[float, list[int]]:
     """Reads per target forward (a forward serves every row of a batch), and the first row's tokens."""
@@ -96,9 +96,11 @@ def test_layerskip_without_its_confidence_stop_reads_once(on_device):
 
 @pytest.mark.parametrize("name,params,reads", SAMPLED)
 def test_a_sampled_step_reads_once_or_twice(on_device, name, params, reads):
-    target, _, _ = on_device
+    target, drafts, _ = on_device
+    method = fastdecode.get_method(name)
+    draft = {"draft": drafts[method.draft_kind]} if method.needs_draft else {}
     with simulated():
-        waits, _ = waits_per_forward(target, name, temperature=1.0, seed=0, **params)
+        waits, _ = waits_per_forward(target, name, temperature=1.0, seed=0, **params, **draft)
     assert reads - 1 < waits <= reads
 
 

@@ -187,6 +187,15 @@ def test_rsd_greedy_tree_equals_top_children_from_plain_forwards(small_draft):
         assert paths(drafter.propose(torch.tensor(context), 10)) == expected
 
 
+def test_rsd_with_top_k_one_samples_the_greedy_output(causal, baseline):
+    """top_k=1 leaves one token of positive probability in every row of q: the second child under each node is not
+    drawn (`gumbel_top_k`) and must never be accepted; p is one-hot too, so sampling gives ar.greedy's tokens."""
+    out = fastdecode.generate(causal, PROMPTS, "spec.rsd", draft=causal, max_new_tokens=40, temperature=1.0, top_k=1,
+                              seed=0)
+    assert [r.token_ids for r in out] == baseline
+    assert all(r.stats.accepted > 0 for r in out)
+
+
 def test_rsd_sampled_draft_carries_q(small_draft):
     g = torch.Generator(device=small_draft.device).manual_seed(0)
     drafter = RSDDrafter(small_draft, RSDConfig(branches="3,2", temperature=1.0, top_k=5), g)

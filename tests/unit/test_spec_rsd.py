@@ -21,13 +21,19 @@ def normalised(x: torch.Tensor) -> torch.Tensor:
     return x / x.sum(-1, keepdim=True)
 
 
+def drawn(q: torch.Tensor, k: int, g: torch.Generator) -> list[list[int]]:
+    """Each row's drawn tokens, in drawing order."""
+    ids, ok = gumbel_top_k(q, k, g)
+    return [[x for x, y in zip(i, o, strict=True) if y] for i, o in zip(ids.tolist(), ok.tolist(), strict=True)]
+
+
 def test_gumbel_top_k_draws_without_replacement_in_sampling_order():
     q = torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0, 0.0]])
     g = torch.Generator().manual_seed(0)
     n = 20000
     counts: dict[tuple[int, int], int] = {}
     for _ in range(n):
-        first, second = gumbel_top_k(q, 2, g)[0]
+        first, second = drawn(q, 2, g)[0]
         counts[first, second] = counts.get((first, second), 0) + 1
     for a, b in itertools.permutations(range(4), 2):
         exact = float(q[0, a] * q[0, b] / (1 - q[0, a]))  # q(a) then q(b) renormalised without a
@@ -37,8 +43,11 @@ def test_gumbel_top_k_draws_without_replacement_in_sampling_order():
 
 def test_gumbel_top_k_stops_at_the_support():
     q = torch.tensor([[0.0, 0.7, 0.0, 0.3, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
-    picks = gumbel_top_k(q, 4, torch.Generator().manual_seed(1))
+    picks = drawn(q, 4, torch.Generator().manual_seed(1))
     assert sorted(picks[0]) == [1, 3] and picks[1] == [0]
+    ids, ok = gumbel_top_k(q, 4, torch.Generator().manual_seed(1))
+    assert ids.shape == ok.shape == (2, 4) and ok.tolist() == [[True, True, False, False], [True, False, False, False]]
+    assert (q.gather(1, ids) > 0).equal(ok)  # the undrawn places hold tokens of probability 0
 
 
 # A depth-2 problem: the target p and draft q at the root, and after each first token x the tables P2[x], Q2[x].
@@ -54,10 +63,10 @@ def sampled_tree(g: torch.Generator, b1: int = 3, b2: int = 2):
     """Draw a tree as spec.rsd does: b1 root children from Q1 without replacement, b2 under each from Q2[x].
 
     Returns tokens, parents, p `[T + 1, V]` (root row first) and q `[T, V]` (the law each node was drawn from)."""
-    nodes = [(x, -1, Q1, P2[x]) for x in gumbel_top_k(Q1[None], b1, g)[0]]  # (token, parent, q row, p row)
+    nodes = [(x, -1, Q1, P2[x]) for x in drawn(Q1[None], b1, g)[0]]  # (token, parent, q row, p row)
     for i in range(len(nodes)):
         x = nodes[i][0]
-        nodes += [(y, i, Q2[x], P3) for y in gumbel_top_k(Q2[x][None], b2, g)[0]]
+        nodes += [(y, i, Q2[x], P3) for y in drawn(Q2[x][None], b2, g)[0]]
     tokens, parents, q_rows, p_rows = zip(*nodes, strict=True)
     return list(tokens), list(parents), torch.stack([P1, *p_rows]), torch.stack(q_rows)
 
@@ -139,12 +148,18 @@ def test_rsd_accepts_certain_paths_and_draws_the_residual_when_all_fail():
         assert v.accepted == 2 and v.tokens == [0, 3, 5]  # 0 -> 3 -> the bonus from the leaf's row
 
 
-def test_rsd_refuses_a_candidate_its_q_cannot_draw():
+def test_rsd_passes_over_a_candidate_its_q_cannot_draw():
+    """A row of q with fewer tokens of positive probability than the branching factor leaves its last children void
+    (`gumbel_top_k`): the walk never accepts one, and the law stays p's."""
     p = torch.full((3, V), 1.0 / V)
-    q = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 0.0]).expand(2, V)
-    with pytest.raises(AssertionError, match="cannot draw"):
-        for seed in range(50):  # the second sibling is only reached after a rejection of the first
-            verify_tree_rsd([0, 1], [-1, -1], p, q, torch.Generator().manual_seed(seed))
+    q = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 0.0]).expand(2, V)  # after token 0, q without it has nothing left
+    g = torch.Generator().manual_seed(0)
+    firsts = []
+    for _ in range(3000):
+        v = verify_tree_rsd([0, 1], [-1, -1], p, q, g)
+        assert v.nodes in ((), (0,))  # node 1 (token 1, which q cannot draw) is never accepted
+        firsts.append(v.tokens[0])
+    assert p_value(firsts, p[0]) > 1e-3
 
 
 def test_bad_parameters_are_refused():

@@ -60,20 +60,19 @@ def _level_sizes(widths: list[int]) -> list[int]:
     return sizes
 
 
-def gumbel_top_k(q: torch.Tensor, k: int, generator: torch.Generator | None) -> list[list[int]]:
-    """`[L, V]` distributions -> per row up to k distinct tokens, in the order of sampling without replacement.
+def gumbel_top_k(q: torch.Tensor, k: int, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[L, V]` distributions -> per row k distinct tokens `[L, k]` in the order of sampling without replacement, and
+    which of them were drawn `[L, k]` (bool), where q is: nothing is read.
 
     Gumbel-top-k (Kool et al. 2019) in its exponential-race form: sorting q_v / E_v with E_v ~ Exp(1) orders tokens
-    as log q_v + Gumbel_v does, and the top k are k sequential draws without replacement. Rows with fewer than k
-    tokens of positive probability give all of them.
+    as log q_v + Gumbel_v does, and the top k are k sequential draws without replacement. A row with fewer than k
+    tokens of positive probability draws all of them first; its last places hold tokens of probability 0, not drawn
+    (the verification passes over them: `tree.verify_tree_rsd`).
     """
     e = torch.empty(q.shape, device=q.device, dtype=torch.float64).exponential_(generator=generator)  # [L, V]
     keys = q.double() / e.clamp(min=torch.finfo(torch.float64).tiny)  # q / E; tokens with q = 0 stay at 0
     top = keys.topk(min(k, q.shape[-1]), dim=-1)
-    return [
-        [x for x, key in zip(idx, val, strict=True) if key > 0]
-        for idx, val in zip(top.indices.tolist(), top.values.tolist(), strict=True)
-    ]
+    return top.indices, top.values > 0
 
 
 class RSDDrafter(BaseDrafter):
@@ -91,45 +90,31 @@ class RSDDrafter(BaseDrafter):
         return self.tree.forwards
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
+        """The tree level by level, its shape fixed by the branching factors: its tokens (and q) stay where the draft
+        model computed them, and the verification reads them with its verdict (one read a step on a GPU, issue #30).
+        Greedy: the draft's top-b_l children under every node. Sampling: b_l draws without replacement from q, the
+        draft's distribution under the target's processors (a row of q with fewer tokens of positive probability
+        leaves its last children undrawn, `gumbel_top_k`); each node carries the q it was drawn from."""
         widths = self.widths[:k]
         logits = self.tree.start(context)[None]  # [1, V] q at the root
-        if self.cfg.greedy:
-            return self._greedy(logits, widths)
-        tokens: list[int] = []
+        tokens: list[torch.Tensor] = []  # each level's tokens, [size]
+        probs: list[torch.Tensor] = []  # each level's q rows, [size, V] (sampling)
         parents: list[int] = []
-        probs: list[torch.Tensor] = []
         level = [-1]  # nodes whose children are drawn next; -1 is the root
         for depth, b in enumerate(widths):
-            q = target_distribution(logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)  # [L, V]
-            new = []
-            for row, (parent, kids) in enumerate(zip(level, gumbel_top_k(q, b, self.generator), strict=True)):
-                for x in kids:
-                    new.append(len(tokens))
-                    tokens.append(x)
-                    parents.append(parent)
-                    probs.append(q[row])
-            level = new
-            if depth + 1 < len(widths):
-                logits = self.tree.grow(torch.tensor(tokens), parents, level)  # [len(level), V]
-        q_rows = torch.stack(probs) if probs else None  # [T, V]
-        return Draft(torch.tensor(tokens, dtype=torch.long), q_rows, parents=parents)
-
-    def _greedy(self, logits: torch.Tensor, widths: list[int]) -> Draft:
-        """The draft's top-b_l children under every node, level by level (q not needed). The tree's shape follows
-        from the widths alone, so its tokens stay where the draft model computed them: the verification reads them
-        with its verdict (one read a step on a GPU, issue #30)."""
-        tokens: list[torch.Tensor] = []  # each level's tokens, [size]
-        parents: list[int] = []
-        level = [-1]
-        for depth, b in enumerate(widths):
-            top = logits.topk(min(b, logits.shape[-1]), dim=-1).indices  # [len(level), b']
+            if self.cfg.greedy:
+                picks = logits.topk(min(b, logits.shape[-1]), dim=-1).indices  # [len(level), b']
+            else:
+                q = target_distribution(logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)  # [L, V]
+                picks, _ = gumbel_top_k(q, b, self.generator)
+                probs.append(q[:, None].expand(-1, picks.shape[1], -1).reshape(picks.numel(), -1))
             first = sum(t.numel() for t in tokens)
-            tokens.append(top.reshape(-1))
-            parents += [parent for parent in level for _ in range(top.shape[1])]
-            level = list(range(first, first + top.numel()))
+            tokens.append(picks.reshape(-1))
+            parents += [parent for parent in level for _ in range(picks.shape[1])]
+            level = list(range(first, first + picks.numel()))
             if depth + 1 < len(widths):
-                logits = self.tree.grow(torch.cat(tokens), parents, level)
-        return Draft(torch.cat(tokens), parents=parents)
+                logits = self.tree.grow(torch.cat(tokens), parents, level)  # [len(level), V]
+        return Draft(torch.cat(tokens), torch.cat(probs) if probs else None, parents=parents)
 
 
 @register_spec("spec.rsd", config=RSDConfig, needs_draft=True)
