@@ -29,7 +29,7 @@ class Verdict:
     accepted: int
     tokens: list[int]
     read: torch.Tensor | None = None  # on the host: what was read with the verdict beside it (`Reading`)
-    nodes: tuple[int, ...] | None = None  # a greedy tree verdict: the accepted path's nodes, root to leaf
+    nodes: tuple[int, ...] | None = None  # a tree verdict: the accepted path's nodes, root to leaf
 
 
 # a chain's acceptance rule at temperature > 0: (draft [k], q [k, V] or None, p [k + 1, V], generator) -> Verdict;

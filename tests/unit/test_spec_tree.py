@@ -106,7 +106,10 @@ def test_tree_sampling_accepts_certain_paths():
     p[0, 11] = p[2, 14] = p[5, 4] = 1.0  # root -> b -> e -> 4
     p[[1, 3, 4, 6], 0] = 1.0
     v = verify_tree_sampling(TOKENS, PARENTS, p, torch.Generator().manual_seed(1))
-    assert v.accepted == 2 and v.tokens == [11, 14, 4]
+    assert v.accepted == 2 and v.tokens == [11, 14, 4] and v.nodes == (1, 4)
+    asked = torch.tensor([3, 1, 2])  # what a drafter asked of the logits comes in the same read, no draw changed
+    w = verify_tree_sampling(TOKENS, PARENTS, p, torch.Generator().manual_seed(1), asked)
+    assert (w.accepted, w.tokens, w.nodes) == (v.accepted, v.tokens, v.nodes) and torch.equal(w.read, asked)
 
 
 def test_recycling_template_and_tree_from_the_adjacency_matrix():

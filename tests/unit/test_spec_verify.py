@@ -127,6 +127,17 @@ def test_seeded_verification_repeats():
     assert a[0] == a[1] == a[2]
 
 
+def test_what_the_drafter_asked_comes_with_the_verdict_and_changes_no_draw():
+    p = probs([1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1], [1, 1, 1, 1, 1, 1])
+    q = probs([6, 5, 4, 3, 2, 1], [1, 2, 3, 4, 5, 6])
+    asked = torch.tensor([[7, 8], [9, 10]])
+    for x in (torch.tensor([0, 5]), torch.tensor([], dtype=torch.long)):
+        bare = verify_sampling(x, q[: x.numel()], p, torch.Generator().manual_seed(3))
+        both = verify_sampling(x, q[: x.numel()], p, torch.Generator().manual_seed(3), asked)
+        assert (both.accepted, both.tokens) == (bare.accepted, bare.tokens) and bare.read is None
+        assert torch.equal(both.read, asked)
+
+
 def test_target_distribution_applies_processors():
     logits = torch.tensor([[4.0, 2.0, 1.0, 0.0]])
     assert torch.allclose(target_distribution(logits, 1.0), logits.softmax(-1))
