@@ -26,15 +26,16 @@ def pick_token(
     return torch.multinomial(q, 1, generator=generator)[0], q
 
 
-def reads_each_token(read_each_token: bool | None, device: torch.device, draws: bool, stops: bool = False) -> bool:
+def reads_each_token(read_each_token: bool | None, device: torch.device, stops: bool = False) -> bool:
     """Whether a drafting loop reads each token as it comes (and stops at an end of text) rather than leaving its
     drafts unread on the device for the verification to read with its verdict: where a stop decides the next forward
-    (`stops`: an unsure token's), where drafting on would draw from the shared generator (`draws`: a sampled draft
-    past its end would change the run's later draws), and on the CPU, where a read costs nothing and a forward past
-    an end of text does. `read_each_token` (a drafter class's attribute; None: by the device) lets tests run the
-    GPU's path on the CPU."""
+    (`stops`: an unsure token's), and on the CPU, where a read costs nothing and a forward past an end of text does.
+    A sampled chain left unread draws past an end of text (its draws then differ from the CPU's path, which stops
+    there; each path repeats with its seed, and the output keeps the target's law: settling the step ends it at the
+    end of text). `read_each_token` (a drafter class's attribute; None: by the device) lets tests run the GPU's path
+    on the CPU."""
     on_cpu = on_host(device) if read_each_token is None else read_each_token
-    return stops or draws or on_cpu
+    return stops or on_cpu
 
 
 class ModelChainDrafter(BaseDrafter):
@@ -42,7 +43,7 @@ class ModelChainDrafter(BaseDrafter):
     context: `propose` feeds the context the cache has not seen, then each drafted token; `observe` drops the
     rejected drafts from the cache. Subclasses choose the draft length and wrap the loop (`draft_chain`)."""
 
-    # whether a greedy chain reads each token as it comes (`reads_each_token`): None = on the CPU only; tests set
+    # whether the chain reads each token as it comes (`reads_each_token`): None = on the CPU only; tests set
     # False to run the GPU's path on the CPU
     read_each_token: bool | None = None
 
@@ -68,13 +69,13 @@ class ModelChainDrafter(BaseDrafter):
         returns them unread on the device, where the target's verification reads them with its own verdict, the
         step's one read (on a GPU each read is a synchronisation, issue #30); an end of text among them ends the
         output where the driver settles the step (the forwards past it are the price, paid only in that step). An
-        unsure token's stop decides the next forward, so with `confidence_stop` (or when sampling, see `each`)
-        every token is read as it comes."""
+        unsure token's stop decides the next forward, so with `confidence_stop` every token is read as it comes
+        (`reads_each_token`). Sampling, the same holds: the draws and their q stay on the device."""
         n = context.numel()
         device = self.model.device
         feed = context[self.cache.length :].to(device)  # context the cache has not seen (>= 1 token)
         pos = torch.arange(self.cache.length, n, device=device)
-        each = reads_each_token(self.read_each_token, device, not self.cfg.greedy, stops=bool(self.confidence_stop))
+        each = reads_each_token(self.read_each_token, device, stops=bool(self.confidence_stop))
         tokens, probs = [], []
         read: list[int] = []  # the tokens read as they came (`each`)
         self.confidences = []
@@ -97,16 +98,14 @@ class ModelChainDrafter(BaseDrafter):
         if not tokens:
             self._base, self._drafted = n, 0
             return Draft.empty()
-        if not each:  # unread, on the device: the verification reads them with its verdict, and its settling ends
-            # the output at the first end of text among the accepted tokens
-            self._base, self._drafted = n, len(tokens)
-            return Draft(torch.stack(tokens))
-        drafted = torch.tensor(read, dtype=torch.long)  # [m], on the host: each token was read as it came
-        # nothing after an end of text can be emitted: the chain ends with it
-        m = next((i + 1 for i, t in enumerate(read) if t in self.eos), len(tokens))
+        # nothing after an end of text can be emitted: a chain read as it came ends with it; one left unread on the
+        # device goes to the verification whole, which reads it with its verdict, and settling the step ends the
+        # output at the first end of text among the accepted tokens
+        m = next((i + 1 for i, t in enumerate(read) if t in self.eos), len(tokens)) if each else len(tokens)
         self._base, self._drafted = n, m
         # [m, V]; pick_token gives q for every token (sampling) or for none (greedy)
         q = torch.stack(cast(list[torch.Tensor], probs[:m])) if probs[0] is not None else None
+        drafted = torch.tensor(read, dtype=torch.long) if each else torch.stack(tokens)  # (each read: on the host)
         return Draft(drafted[:m], q)
 
     def observe(self, verification: Verification) -> None:

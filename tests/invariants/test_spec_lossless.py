@@ -397,8 +397,8 @@ def test_a_speculative_generation_on_cuda_synchronises_no_more_than_greedy(causa
 
 def test_model_drafters_stop_drafting_at_end_of_text(causal):
     """A drafted EOS ends the output: tokens after it could never be emitted. On the CPU drafting stops there
-    (drafting on wastes forwards); on a device the greedy loop reads no token (each read is a synchronisation), runs
-    the k forwards asked and leaves the chain to the verification, whose one read ends the output at the EOS. Both
+    (drafting on wastes forwards); on a device the loop, greedy or sampled, reads no token (each read is a
+    synchronisation), runs the k forwards asked and leaves the chain to the verification, whose one read ends the output at the EOS. Both
     paths are run here whatever the test device."""
     eos = min(causal.eos_token_ids)
 
@@ -432,6 +432,15 @@ def test_model_drafters_stop_drafting_at_end_of_text(causal):
     assert unread.cache.length == 4 + 5  # the context and the 5 fed drafts; `observe` drops the rejected ones
     unread.observe(Verification(accepted=1, tokens=(), logits=torch.zeros(0), num_draft=6))
     assert unread.cache.length == 4 + 1  # the context and x_1
+    # sampling, the same: the draws and the q each came from stay where the model is
+    g = torch.Generator(device=causal.device).manual_seed(0)
+    sampled = ModelDrafter(EosFirst(), DraftModelConfig(num_draft_tokens=6, temperature=1.0), g)
+    sampled.read_each_token = False
+    with HostOps() as count:
+        draft = sampled.propose(torch.tensor([0, 5, 6, 7]), 6)
+    assert count.reads == 0
+    assert draft.tokens.numel() == 6 and draft.tokens[1] == eos and draft.probs.shape == (6, causal.vocab_size)
+    assert torch.allclose(draft.probs.sum(-1), torch.ones(6, device=draft.probs.device))
 
 
 def test_draft_model_without_per_token_reads_equals_greedy(causal, other_draft, monkeypatch):

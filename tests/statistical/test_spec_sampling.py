@@ -13,9 +13,13 @@ from fastdecode.registry import RunContext
 from fastdecode.speculative.drafter import BaseDrafter, Draft, SpecConfig
 from fastdecode.speculative.drafters.draft_model import DraftModelConfig, ModelDrafter
 from fastdecode.speculative.driver import speculative
+from fastdecode.speculative.model_chain import ModelChainDrafter
 
 
-def test_model_drafter_sampling_matches_the_target(causal, near_draft, prompt, marginals):
+@pytest.mark.parametrize("each", [True, False], ids=["read-each-token", "unread-as-on-a-gpu"])
+def test_model_drafter_sampling_matches_the_target(causal, near_draft, prompt, marginals, each, monkeypatch):
+    """Both drafting loops: the CPU's, which reads each draw, and a GPU's, which leaves the draws and q unread."""
+    monkeypatch.setattr(ModelChainDrafter, "read_each_token", each)
     results = fastdecode.generate(causal, [prompt] * N, "spec.draft_model", draft=near_draft, seed=11,
                                   max_new_tokens=2, num_draft_tokens=2, **PROCESSORS)
     assert sum(r.stats.proposed for r in results) >= N

@@ -4,12 +4,16 @@ sampling_stats)."""
 
 from __future__ import annotations
 
+import pytest
 from sampling_stats import PROCESSORS, N, chi_square_p_value, first_two
 
 import fastdecode
+from fastdecode.speculative.drafters.sparse_self import SparseSelfDrafter
 
 
-def test_sparse_self_sampling_matches_the_target(causal, prompt, marginals):
+@pytest.mark.parametrize("each", [True, False], ids=["read-each-token", "unread-as-on-a-gpu"])
+def test_sparse_self_sampling_matches_the_target(causal, prompt, marginals, each, monkeypatch):
+    monkeypatch.setattr(SparseSelfDrafter, "read_each_token", each)
     # the first token comes from the prefill's verification; the second is drafted sparsely, then verified
     results = fastdecode.generate(causal, [prompt] * N, "spec.sparse_self", seed=23, max_new_tokens=3,
                                   rule="streaming:dense_layers=0", budget=3, sinks=1, recent=1, **PROCESSORS)

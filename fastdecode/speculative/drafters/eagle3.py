@@ -109,7 +109,7 @@ class Eagle3Drafter(BaseDrafter):
         it comes and the chain stops at an end of text (`read_each_token`, as a draft model's chain)."""
         assert self._last is not None
         h, p = self._last, self._entered - 1  # the newest entry sits at position p; chain step i at p + i
-        each = reads_each_token(self.read_each_token, h.device, draws=False)  # (the head's argmax: no draw)
+        each = reads_each_token(self.read_each_token, h.device)
         tokens = [self._pick(self.head.logits(h))]
         for i in range(1, k):
             if each and int(tokens[-1]) in self.eos:

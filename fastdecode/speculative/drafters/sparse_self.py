@@ -68,7 +68,7 @@ class Watch:
 
 class SparseSelfDrafter(BaseDrafter):
     shares_target_cache = True
-    # whether a greedy draft reads each token as it comes (`reads_each_token`): None = on the CPU only; tests set
+    # whether the draft reads each token as it comes (`reads_each_token`): None = on the CPU only; tests set
     # False to run the GPU's path on the CPU
     read_each_token: bool | None = None
 
@@ -94,8 +94,8 @@ class SparseSelfDrafter(BaseDrafter):
         device = self.model.device
         feed = context[base:].to(device)
         pos = torch.arange(base, n, device=device)
-        # greedy on a GPU the drafts stay unread on the device, as a draft model's chain's (`reads_each_token`)
-        each = reads_each_token(self.read_each_token, device, not self.cfg.greedy)
+        # on a GPU the drafts stay unread on the device, as a draft model's chain's (`reads_each_token`)
+        each = reads_each_token(self.read_each_token, device)
         tokens, probs = [], []
         try:
             for _ in range(min(k, self.cfg.draft_tokens)):
