@@ -88,8 +88,8 @@ class BestFirst:
 
     def saturated(self, beam: Beam) -> bool:
         """Whether no child of the beam could be kept: `total` nodes already score at least the beam's best (or no
-        beam node can be proposed). Reads the scores: a saving for a drafter on the host only (a read on a GPU costs
-        more than the forwards it saves)."""
+        beam node can be proposed). Reads the scores, so the drafters ask it on the host only: on a device every level
+        runs, the same tree for more draft forwards and no read (docs/gpu.md, "Trees read once")."""
         best = self.scores[beam.nodes[0]]
         return bool(best == float("-inf")) or int((self.scores >= best).sum()) >= self.total
 
