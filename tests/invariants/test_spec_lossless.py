@@ -398,8 +398,8 @@ def test_a_speculative_generation_on_cuda_synchronises_no_more_than_greedy(causa
 def test_model_drafters_stop_drafting_at_end_of_text(causal):
     """A drafted EOS ends the output: tokens after it could never be emitted. On the CPU drafting stops there
     (drafting on wastes forwards); on a device the loop, greedy or sampled, reads no token (each read is a
-    synchronisation), runs the k forwards asked and leaves the chain to the verification, whose one read ends the output at the EOS. Both
-    paths are run here whatever the test device."""
+    synchronisation), runs the k forwards asked and leaves the chain to the verification, whose one read ends the
+    output at the EOS. Both paths are run here whatever the test device."""
     eos = min(causal.eos_token_ids)
 
     class EosFirst:  # the tiny model, except that its second draft token is EOS
