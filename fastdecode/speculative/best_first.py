@@ -14,6 +14,16 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models.base import on_host
+
+
+def stops_early(early_stop: bool | None, device: torch.device) -> bool:
+    """Whether a drafter asks `BestFirst.saturated` before each level: a drafter's `early_stop` setting, by default
+    (None) on the host only, where the read costs nothing. On a device the check is a read a level (the host waits
+    for the GPU), and leaving it out runs every level: the same tree, more draft forwards (docs/gpu.md, "Trees read
+    once"); which costs more is the device's to measure, hence the setting."""
+    return on_host(device) if early_stop is None else early_stop
+
 
 @dataclass(frozen=True)
 class Beam:
@@ -47,7 +57,13 @@ class BestFirst:
         `[Q, ...]` what each hands down to its children."""
         logq = logits.float().log_softmax(-1)  # [Q, V]
         top = logq.topk(min(self.width, logq.shape[-1]), dim=-1)
-        Q, w = top.indices.shape
+        self.add_top(top.values, top.indices, beam, carry)
+
+    def add_top(self, logq: torch.Tensor, ids: torch.Tensor, beam: Beam | None = None,
+                carry: torch.Tensor | None = None) -> None:
+        """`add_children` from each row's candidates already chosen: `ids` `[Q, w]` and their log-probabilities
+        `logq`, best first (the row's top-w)."""
+        Q, w = ids.shape
         if beam is None:
             base = torch.zeros(1, dtype=torch.float64, device=self.device)
             parents = torch.full((1,), -1, dtype=torch.long, device=self.device)
@@ -55,9 +71,9 @@ class BestFirst:
         else:
             base, parents, sees = self.scores[beam.nodes], beam.nodes, beam.sees
         # <= the parent's score: clamp keeps rounding from breaking this, so the kept set is closed under ancestors
-        scores = base[:, None] + top.values.clamp(max=0.0).double()  # [Q, w]
+        scores = base[:, None] + logq.clamp(max=0.0).double()  # [Q, w]
         self._level = self.tokens.numel()
-        self.tokens = torch.cat([self.tokens, top.indices.reshape(-1)])
+        self.tokens = torch.cat([self.tokens, ids.reshape(-1)])
         self.parents = torch.cat([self.parents, parents[:, None].expand(Q, w).reshape(-1)])
         self.scores = torch.cat([self.scores, scores.reshape(-1)])
         self.sees = torch.cat([self.sees, sees[:, None].expand(Q, w, self.fed).reshape(Q * w, self.fed)])
@@ -88,8 +104,7 @@ class BestFirst:
 
     def saturated(self, beam: Beam) -> bool:
         """Whether no child of the beam could be kept: `total` nodes already score at least the beam's best (or no
-        beam node can be proposed). Reads the scores, so the drafters ask it on the host only: on a device every level
-        runs, the same tree for more draft forwards and no read (docs/gpu.md, "Trees read once")."""
+        beam node can be proposed). Reads the scores (`stops_early`)."""
         best = self.scores[beam.nodes[0]]
         return bool(best == float("-inf")) or int((self.scores >= best).sum()) >= self.total
 

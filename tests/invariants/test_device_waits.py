@@ -25,7 +25,8 @@ CAUSAL = [m.name for m in list_methods() if m.kind == "causal" and m.lossless
 # mask needs it), then the verdict (strict: one that reads once, or more than twice, fails here)
 TWICE = {
     "spec.dyntree": "its best-first tree's shape follows from the draft's scores: read once when grown, on the device",
-    "spec.medusa": "its best-first tree's shape follows from the heads' scores: read once when grown, on the device",
+    "spec.medusa": "its heads' candidates are read at once when they are known, after the verdict (the heads start "
+                   "from the accepted node's state), and its tree grows on the host",
 }
 MORE = {
     "spec.layerskip": "its default confidence_stop reads each drafted token's confidence, which decides whether to "
@@ -79,6 +80,14 @@ def test_a_grown_tree_is_read_once_when_complete(on_device, params):
     with simulated():
         waits, tokens = waits_per_forward(target, "spec.eagle3", **params)
     assert tokens == base and 1.0 < waits <= 2.0
+
+
+def test_an_early_stop_asked_for_on_a_device_reads_a_level(on_device):
+    """`early_stop=True` checks after each level whether the tree is complete: a read a level, the same tokens."""
+    target, drafts, base = on_device
+    with simulated():
+        waits, tokens = waits_per_forward(target, "spec.dyntree", draft=drafts["causal"], early_stop=True)
+    assert tokens == base and waits > 2.0
 
 
 def test_hydra_reads_its_tree_once(on_device):

@@ -14,7 +14,6 @@ import fastdecode
 from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
 from fastdecode.speculative.drafter import BaseDrafter, Draft, Verification
-from fastdecode.speculative.drafters import dyntree
 from fastdecode.speculative.drafters.dyntree import DynTreeConfig, DynTreeDrafter
 from fastdecode.speculative.drafters.rsd import RSDConfig, RSDDrafter
 from fastdecode.speculative.driver import speculative
@@ -161,15 +160,14 @@ def test_dyntree_equals_eagle2_built_from_plain_forwards(small_draft, cfg):
         assert paths(drafter.propose(torch.tensor(context), 10)) == reference_dyntree(small_draft, context, cfg)
 
 
-def test_dyntree_grown_as_on_a_device_equals_eagle2_too(small_draft, monkeypatch):
-    """Where reading the scores would make the host wait (a GPU), the tree grows every level without the early stop:
-    more draft forwards, the same tree."""
+def test_dyntree_without_its_early_stop_equals_eagle2_too(small_draft):
+    """Where reading the scores would make the host wait (a GPU), the tree grows every level without the early stop
+    (`early_stop=None` there, or False): more draft forwards, the same tree."""
     cfg = DynTreeConfig(total_tokens=12, depth=4, width=3)
     context = small_draft.encode("the quick brown fox")
     here = DynTreeDrafter(small_draft, cfg)
     assert paths(here.propose(torch.tensor(context), 10)) == reference_dyntree(small_draft, context, cfg)
-    monkeypatch.setattr(dyntree, "on_host", lambda device: False)
-    there = DynTreeDrafter(small_draft, cfg)
+    there = DynTreeDrafter(small_draft, dataclasses.replace(cfg, early_stop=False))
     assert paths(there.propose(torch.tensor(context), 10)) == reference_dyntree(small_draft, context, cfg)
     assert there.forwards == cfg.depth and here.forwards <= there.forwards
 

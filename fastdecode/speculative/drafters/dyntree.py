@@ -18,11 +18,10 @@ from dataclasses import dataclass
 import torch
 
 from ...config import check
-from ...models.base import on_host
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..best_first import BestFirst
+from ..best_first import BestFirst, stops_early
 from ..drafter import BaseDrafter, Draft, SpecConfig, register_spec
 from ..driver import check_rollback, speculative
 from ..model_tree import DraftModelTree
@@ -35,6 +34,9 @@ class DynTreeConfig(SpecConfig):
     total_tokens: int = 60  # draft nodes kept after reranking (EAGLE-2's total_token)
     depth: int = 8  # most draft tokens on one path (EAGLE-2's depth=7 counts the expansions after level 1)
     width: int = 10  # EAGLE-2's top_k: nodes expanded per depth, and children drawn per expanded node
+    # stop growing once no child could be kept (the same tree, fewer draft forwards; a read a level): None = on the
+    # CPU only (best_first.stops_early)
+    early_stop: bool | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -63,7 +65,7 @@ class DynTreeDrafter(BaseDrafter):
         nodes.add_children(root[None])
         for d in range(1, depth):
             beam = nodes.beam()
-            if on_host(root.device) and nodes.saturated(beam):  # no child of the beam could be kept
+            if stops_early(self.cfg.early_stop, root.device) and nodes.saturated(beam):  # no child could be kept
                 break
             nodes.add_children(self.tree.feed(beam.tokens, beam.sees, d), beam)
         tokens, parents = nodes.best()  # (the tree's one read)

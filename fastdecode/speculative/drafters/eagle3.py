@@ -18,11 +18,10 @@ import torch
 from ...config import check
 from ...heads.eagle3 import DraftCache, Eagle3Head, target_embeddings
 from ...heads.eagle3_io import eagle3_for
-from ...models.base import on_host
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..best_first import BestFirst
+from ..best_first import BestFirst, stops_early
 from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import check_rollback, speculative
 from ..model_chain import reads_each_token
@@ -38,6 +37,9 @@ class Eagle3SpecConfig(SpecConfig):
     tree: bool = False  # a dynamic best-first tree instead of a chain
     total_tokens: int = 16  # tree: nodes kept (verification cost grows with them on a CPU)
     width: int = 4  # tree: nodes expanded per level, and children drawn per expanded node
+    # tree: stop growing once no child could be kept (the same tree, fewer head forwards; a read a level): None = on
+    # the CPU only (best_first.stops_early)
+    early_stop: bool | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -131,7 +133,7 @@ class Eagle3Drafter(BaseDrafter):
         p, C0 = self._entered - 1, self._committed
         for d in range(1, depth):
             beam = nodes.beam()
-            if on_host(self._last.device) and nodes.saturated(beam):  # no child of the beam could be kept
+            if stops_early(self.cfg.early_stop, self._last.device) and nodes.saturated(beam):  # no child could be kept
                 break
             assert beam.carry is not None
             allow = torch.cat([torch.ones(beam.sees.shape[0], C0, dtype=torch.bool, device=beam.sees.device),

@@ -31,6 +31,7 @@ from ...types import PromptBatch, StepEvent
 from ..best_first import BestFirst
 from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import speculative
+from ..verify import float_bits
 
 MAX_NODES = 64  # a larger tree costs more to verify than it can gain on a CPU (v(32) = 2.33 target steps)
 
@@ -78,24 +79,33 @@ class MedusaDrafter(BaseDrafter):
         if self.hidden is None or levels < 1:
             self.tree = None
             return Draft.empty()
-        nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, self.hidden.device)
         if isinstance(self.head, HydraHead):
+            nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, self.hidden.device)
             self._grow_hydra(nodes, context[-1:], levels)
         else:
-            self._grow_medusa(nodes, levels)
-        tokens, parents = nodes.best()  # (the tree's one read)
+            nodes = self._grow_medusa(levels)
+        tokens, parents = nodes.best()  # (the tree's one read, where it grew on the device)
         self.tree = Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
         return self.tree
 
-    def _grow_medusa(self, nodes: BestFirst, levels: int) -> None:
-        """One forward of all heads gives every level: each beam node gets the same candidates of its level's head."""
+    def _grow_medusa(self, levels: int) -> BestFirst:
+        """One forward of all heads gives every level's candidates: each beam node gets the same candidates of its
+        level's head. They are read at once (one read: the indices and the log-probabilities as their float32 bits,
+        in one integer copy) and the tree grows on the host, where its bookkeeping launches nothing on a GPU."""
         assert self.hidden is not None and isinstance(self.head, MedusaHead)
         logits = self.head.logits(self.hidden[None], self.lm_head)[:levels, 0]  # [levels, V]: one forward, all heads
         self.calls += 1
-        nodes.add_children(logits[:1])
+        top = logits.float().log_softmax(-1).topk(min(self.cfg.width, logits.shape[-1]), dim=-1)
+        w = top.indices.shape[-1]
+        both = torch.cat([top.indices, float_bits(top.values)], dim=-1).cpu()  # [levels, 2w]
+        ids, logq = both[:, :w], both[:, w:].to(torch.int32).view(torch.float32)
+        nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, torch.device("cpu"))
+        nodes.add_top(logq[:1], ids[:1])
         for d in range(1, levels):
             beam = nodes.beam()
-            nodes.add_children(logits[d][None].expand(beam.nodes.numel(), -1), beam)
+            Q = beam.nodes.numel()
+            nodes.add_top(logq[d : d + 1].expand(Q, -1), ids[d : d + 1].expand(Q, -1), beam)
+        return nodes
 
     def _grow_hydra(self, nodes: BestFirst, last: torch.Tensor, levels: int) -> None:
         """Head d reads the path it extends: the bonus token `last` `[1]`, then each beam node's drafts."""
