@@ -105,8 +105,8 @@ class BestFirst:
     def saturated(self, beam: Beam) -> bool:
         """Whether no child of the beam could be kept: `total` nodes already score at least the beam's best (or no
         beam node can be proposed). Reads the scores (`stops_early`)."""
-        best = self.scores[beam.nodes[0]]
-        return bool(best == float("-inf")) or int((self.scores >= best).sum()) >= self.total
+        best = self.scores.index_select(0, beam.nodes[:1])  # [1]
+        return bool((best == float("-inf")) | ((self.scores >= best).sum() >= self.total))  # (one read)
 
     def best(self) -> tuple[list[int], list[int]]:
         """`(tokens, parents)` of the `total` best nodes in creation order (closed under ancestors: a child never
