@@ -46,8 +46,9 @@ _COPIES = {_aten.copy_.default, _aten._to_copy.default, _aten.lift_fresh.default
 
 # what waits for the device on CUDA (a synchronisation): a value read into Python (`.item()`, `int()`, `bool()`: aten's
 # `_local_scalar_dense`), and the operations whose output's size depends on the values, which read it back to size
-# the result (`nonzero`, a boolean mask's indexing, `masked_select`, `unique`, `repeat_interleave` without
-# `output_size`); copies to host memory are counted where they are made (`_Mode`, `_dispatch`)
+# the result (`nonzero`, a boolean mask's indexing or an assignment through one, `masked_select`, `unique`,
+# `repeat_interleave` without `output_size`); copies to host memory are counted where they are made (`_Mode`,
+# `_dispatch`)
 _SIZED_BY_VALUES = {_aten.nonzero.default, _aten.masked_select.default, _aten._unique2.default,
                     _aten.unique_consecutive.default, _aten.unique_dim.default}
 _counters: list[Counter[str]] = []
@@ -220,9 +221,9 @@ def _count_waits(func: Any, args: Any, kwargs: dict[str, Any]) -> None:
         _waited("item")
     elif func in _SIZED_BY_VALUES or (func is _aten.repeat_interleave.Tensor and kwargs.get("output_size") is None):
         _waited("sized")
-    elif func is _aten.index.Tensor and any(isinstance(t, SimTensor) and t.dtype == torch.bool
-                                            for t in args[1] if t is not None):
-        _waited("sized")
+    elif func in _INDEXING and any(isinstance(t, SimTensor) and t.dtype == torch.bool
+                                   for t in args[1] if t is not None):
+        _waited("sized")  # a boolean mask's indexing, or an assignment through one (`x[mask] = v`): nonzero first
     elif func is _aten.copy_.default and not isinstance(args[0], SimTensor) and isinstance(args[1], SimTensor):
         _waited(ASYNC if (args[2] if len(args) > 2 else kwargs.get("non_blocking", False)) else "copy")
 

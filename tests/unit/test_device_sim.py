@@ -117,10 +117,12 @@ def test_it_counts_what_would_wait_for_a_gpu(sim):
         x.sum().item(), int(x[0]), float(x.float().mean()), bool(x[1] > 0)
         x.tolist(), x.cpu(), x.to("cpu"), torch.empty(6, dtype=torch.long).copy_(x)
         x.nonzero(), x[x > 2], x.repeat_interleave(x)
+        y = x.clone()
+        y[x > 2] = 0  # an assignment through a mask finds its places first (nonzero on CUDA)
         x.to("cpu", non_blocking=True)
         host.tolist(), host.sum().item(), host.nonzero()  # the host's own: no wait
-        x + 1, x[host[:2]], x.argmax()  # work queued on the device, indices sent there: no wait
-    assert dict(reads) == {"item": 4, "tolist": 1, "copy": 3, "sized": 3, "async copy": 1}
+        x + 1, x[host[:2]], x.argmax(), y.masked_fill(x > 2, 1), y[host[:2]]  # queued on the device: no wait
+    assert dict(reads) == {"item": 4, "tolist": 1, "copy": 3, "sized": 4, "async copy": 1}
 
 
 def test_the_simulation_ends_with_its_block():

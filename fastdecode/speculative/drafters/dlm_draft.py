@@ -62,12 +62,13 @@ def context_window(draft: MaskedDiffusionLM, cfg: DlmDraftConfig) -> int | None:
     return min(sizes) if sizes else None
 
 
-def in_order_prefix(step_of: torch.Tensor) -> int:
-    """`[k]` the draft step that committed each position -> length of the longest prefix committed in order
-    (step_of non-decreasing). Only there is x_i drawn from q_i given x_<i, as verify_sampling needs."""
+def in_order_prefix(step_of: torch.Tensor) -> torch.Tensor:
+    """`[k]` the draft step that committed each position -> `[1]` length of the longest prefix committed in order
+    (step_of non-decreasing), where step_of is (nothing read). Only there is x_i drawn from q_i given x_<i, as
+    verify_sampling needs."""
     if step_of.numel() == 0:
-        return 0
-    return 1 + int((step_of[1:] >= step_of[:-1]).long().cumprod(0).sum())
+        return torch.zeros(1, dtype=torch.long, device=step_of.device)
+    return 1 + (step_of[1:] >= step_of[:-1]).long().cumprod(0).sum().view(1)
 
 
 class DiffusionDrafter(BaseDrafter):
@@ -96,20 +97,23 @@ class DiffusionDrafter(BaseDrafter):
             # never depends on the tokens drawn there
             score = q.max(-1).values.masked_fill(~masked, float("-inf"))  # [k]
             commit = select_topk(score[None], torch.tensor([count], device=device))[0]  # [k] bool
-            if self.cfg.greedy:  # (a boolean mask's indexing reads the mask to the host: a synchronisation on a GPU)
+            # (a boolean mask's indexing, or an assignment through one, finds its places on the host first: a
+            # synchronisation on a GPU; `torch.where` and the committed positions as indices do not)
+            if self.cfg.greedy:
                 canvas[n:] = torch.where(commit, q.argmax(-1), canvas[n:])
-            else:  # one draw per committed position, no more (the run's generator)
-                canvas[n:][commit] = self._pick(q[commit])
-            masked &= ~commit
-            step_of[commit] = t
-            if not self.cfg.greedy:
+            else:  # one draw per committed position (exactly `count`: as many stay masked), in position order
+                at = torch.sort(commit.long(), descending=True, stable=True).indices[:count].sort().values
+                canvas[n + at] = self._pick(q.index_select(0, at))
+                step_of[at] = t
                 probs = q if probs is None else torch.where(commit[:, None], q, probs)
+            masked &= ~commit
         if self.cfg.greedy:  # greedy verification is exact for any draft; left unread where it was drafted, for the
             return Draft(canvas[n:])  # verification to read with its verdict (one synchronisation a step)
-        tokens = canvas[n:].cpu()
-        m = in_order_prefix(step_of)
+        # the in-order prefix's length and the drafts in one read
+        values = torch.cat([torch.as_tensor(in_order_prefix(step_of), device=device).view(1), canvas[n:]]).tolist()
+        m = values[0]
         assert probs is not None  # sampling: set by the first commit
-        return Draft(tokens[:m], probs[:m])
+        return Draft(torch.tensor(values[1 : 1 + m], dtype=torch.long), probs[:m])
 
     def _distribution(self, logits: torch.Tensor) -> torch.Tensor:
         """`[k, V]` -> q: the softmax when greedy; with the target's temperature / top-k / top-p when sampling."""
