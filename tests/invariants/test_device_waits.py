@@ -43,6 +43,7 @@ SAMPLED = [("spec.pld", {}, 1), ("spec.ngram", {}, 1), ("spec.suffix", {}, 1), (
            ("spec.rsd", {"top_k": 1}, 1), ("spec.eagle3", {"tree": True}, 2), ("spec.medusa", {}, 2),
            ("spec.medusa", {"hydra": True}, 2), ("spec.dlm_draft", {}, 2)]
 
+
 def waits_per_forward(model, method: str, rows: int = 1, **kw) -> tuple[float, list[int]]:
     """Reads per target forward (a forward serves every row of a batch), and the first row's tokens."""
     per, forwards, out = reads_per_forward(lambda new: fastdecode.generate(
@@ -76,7 +77,7 @@ def test_a_greedy_step_reads_once(on_device, name):
 
 @pytest.mark.parametrize("params", [{"tree": True}, {"tree": True, "width": 2, "total_tokens": 6}])
 def test_a_grown_tree_is_read_once_when_complete(on_device, params):
-    """EAGLE-3's best-first tree (as spec.dyntree's and Medusa's): the beam is chosen where the head runs."""
+    """EAGLE-3's best-first tree (as spec.dyntree's): the beam is chosen where the head runs."""
     target, _, base = on_device
     with simulated():
         waits, tokens = waits_per_forward(target, "spec.eagle3", **params)
