@@ -357,23 +357,17 @@ class _Group:
 
         # 3. each row's verdict on its slice (in row order: sampled verdicts draw from the run's generator)
         slices: dict[int, torch.Tensor] = {}
-        verdicts: dict[int, Verdict] = {}
+        got: dict[int, Reading | Verdict] = {}
         spent: list[list[tuple[Any, Any]]] = [[forward] for _ in self.rows]  # each row's verification marks
-        pending: dict[int, Reading] = {}  # greedy verdicts, read together below
         for b, (row, draft, blk) in enumerate(zip(self.rows, drafts, blocks, strict=True)):
             if draft is None or blk is None:
                 continue
             t2 = watch.mark()
             lo = blk.pending - 1 - first
             slices[b] = logits[b, lo : lo + 1 + blk.tokens.numel() - blk.pending]  # [1 + k + S, V]
-            got = row.reading(draft, slices[b], reads=True)
-            if isinstance(got, Reading):
-                pending[b] = got
-            else:
-                verdicts[b] = got
+            got[b] = row.reading(draft, slices[b], reads=True)
             spent[b].append((t2, watch.mark()))
-        self._read(pending, verdicts, spent)
-        verdicts = dict(sorted(verdicts.items()))  # rows settle in row order (a drafter's memory learns in it)
+        verdicts = self._read(got, spent)
         confirm = []  # rows whose tree path must be confirmed as a chain first (exact mode)
         for b, verdict in list(verdicts.items()):
             kept = self.rows[b].exact_verdict(drafts[b], verdict)
@@ -465,19 +459,21 @@ class _Group:
                             num_logits=T - first, visible=_onto(vis, device), hidden=hidden, sparse=self.sparse)
         return fwd, first
 
-    def _read(self, pending: dict[int, Reading], verdicts: dict[int, Verdict],
-              spent: list[list[tuple[Any, Any]]] | None = None) -> None:
-        """The rows' greedy verdicts in one copy to the host (one synchronisation a step on a GPU, whatever the number
-        of rows), into `verdicts`; its time goes to each row's verification marks."""
-        if not pending:
-            return
-        t = self.watch.mark() if spent is not None else None
-        for b, verdict in zip(pending, read_all(list(pending.values())), strict=True):
-            verdicts[b] = verdict
-        if spent is not None:
+    def _read(self, got: dict[int, Reading | Verdict],
+              spent: list[list[tuple[Any, Any]]] | None = None) -> dict[int, Verdict]:
+        """Each row's verdict, in row order (a drafter's memory learns in it): the greedy ones' `Reading`s in one copy
+        to the host (one synchronisation a step on a GPU, whatever the number of rows), its time in each such row's
+        verification marks (`spent`); the others were decided as they drew."""
+        pending = {b: r for b, r in got.items() if isinstance(r, Reading)}
+        verdicts = {b: v for b, v in got.items() if isinstance(v, Verdict)}
+        if pending:
+            t = self.watch.mark()
+            verdicts.update(zip(pending, read_all(list(pending.values())), strict=True))
             pair = (t, self.watch.mark())
             for b in pending:
-                spent[b].append(pair)
+                if spent is not None:
+                    spent[b].append(pair)
+        return dict(sorted(verdicts.items()))
 
     def _confirm(self, rows: dict[int, tuple[_Row, Verdict]], base: list[int]) -> dict[int, Verdict]:
         """Exact mode's check of greedy tree paths off the first branch (docs/gpu.md, "Trees on a GPU"): one more
@@ -492,19 +488,13 @@ class _Group:
             blocks[b] = row.block(paths[b], base[b])
         logits, first = self._forward(blocks)  # [B, T - first, V]
         assert isinstance(logits, torch.Tensor)
-        out: dict[int, Verdict] = {}
-        pending: dict[int, Reading] = {}
+        got: dict[int, Reading | Verdict] = {}
         for b, (row, _) in rows.items():
             blk = blocks[b]
             assert blk is not None
             lo = blk.pending - 1 - first
-            got = row.reading(paths[b], logits[b, lo : lo + 1 + paths[b].tokens.numel()])  # [1 + a, V]
-            if isinstance(got, Reading):
-                pending[b] = got
-            else:
-                out[b] = got
-        self._read(pending, out)
-        return out
+            got[b] = row.reading(paths[b], logits[b, lo : lo + 1 + paths[b].tokens.numel()])  # [1 + a, V]
+        return self._read(got)
 
 
 class _Row:
