@@ -677,8 +677,7 @@ class _Row:
     def _verify(self, draft: Draft, logits: torch.Tensor, also: torch.Tensor | None = None) -> Reading | Verdict:
         """The verdict on `draft` from the target's `[k + 1, V]` logits, each position through the request's pipeline
         with its own history: the committed context, plus the drafted tokens on its path (a tree node's ancestors);
-        greedy, its `Reading`. `also` (integers) comes back as `Verdict.read`: in the verdict's one read, else read
-        after it (a relaxed rule, which reads as it decides)."""
+        greedy, its `Reading`. `also` (integers) comes back as `Verdict.read`, in the verdict's (last) read."""
         tree = draft.parents
         at = None
         if self.history is not None:
@@ -691,14 +690,7 @@ class _Row:
             return tree_greedy_reading(draft.tokens, tree, logits, also)
         p = self.pipeline.distributions(logits, at)  # [k + 1, V]
         if tree is None:
-            if self.accept is verify_sampling:
-                return verify_sampling(draft.tokens, draft.probs, p, self.generator, also)
-            return _read_after(self.accept(draft.tokens, draft.probs, p, self.generator), also)
+            return self.accept(draft.tokens, draft.probs, p, self.generator, also)
         if draft.probs is not None:  # siblings sampled without replacement
             return verify_tree_rsd(draft.tokens, tree, p, draft.probs.to(p.device), self.generator, also)
         return verify_tree_sampling(draft.tokens.tolist(), tree, p, self.generator, also)
-
-
-def _read_after(verdict: Verdict, also: torch.Tensor | None) -> Verdict:
-    """A verdict that read as it decided, with `also` read after it (`Verdict.read`)."""
-    return verdict if also is None else dataclasses.replace(verdict, read=also.cpu())

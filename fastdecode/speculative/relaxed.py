@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .verify import Verdict
+from .verify import Verdict, as_read, wanted
 
 
 def neighbour_order(codebook: torch.Tensor) -> torch.Tensor:
@@ -67,15 +67,16 @@ def gsd_group(p: torch.Tensor, x: int, ranks: int, prob_gap: float, max_dist: fl
 
 
 def verify_lantern(draft: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor, generator: torch.Generator | None,
-                   *, neighbours: torch.Tensor, delta: float) -> Verdict:
-    """LANTERN's relaxed speculative sampling of a chain: `[k]` draft, `[k, V]` q (None: one-hot), `[k + 1, V]` p."""
+                   also: torch.Tensor | None = None, *, neighbours: torch.Tensor, delta: float) -> Verdict:
+    """LANTERN's relaxed speculative sampling of a chain: `[k]` draft, `[k, V]` q (None: one-hot), `[k + 1, V]` p;
+    `also` as `verify.verify_sampling`'s."""
     k = draft.numel()
     x = draft.to(p.device)
     targets = lantern_targets(p[:k], x, neighbours, delta)  # [k, V]
     rows = torch.arange(k, device=p.device)
     num = targets[rows, x]  # [k]
     q_x = q.to(p.device)[rows, x] if q is not None else torch.ones_like(num)
-    return _settle(x, num, q_x, p, q, list(targets), generator)
+    return _settle(x, num, q_x, p, q, list(targets), generator, also)
 
 
 def lantern_targets(p: torch.Tensor, x: torch.Tensor, neighbours: torch.Tensor, delta: float) -> torch.Tensor:
@@ -98,14 +99,16 @@ def lantern_targets(p: torch.Tensor, x: torch.Tensor, neighbours: torch.Tensor, 
 
 
 def verify_gsd(draft: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor, generator: torch.Generator | None,
-               *, ranks: int, prob_gap: float, max_dist: float, distances: torch.Tensor) -> Verdict:
-    """GSD's grouped speculative sampling of a chain: accept x_i w.p. min(1, p_i(G_i) / q_i(G_i))."""
+               also: torch.Tensor | None = None, *, ranks: int, prob_gap: float, max_dist: float,
+               distances: torch.Tensor) -> Verdict:
+    """GSD's grouped speculative sampling of a chain: accept x_i w.p. min(1, p_i(G_i) / q_i(G_i)); `also` as
+    `verify.verify_sampling`'s."""
     k = draft.numel()
     x = draft.to(p.device)
     member = group_mask(p[:k], x, ranks, prob_gap, max_dist, distances)  # [k, V]
     num = (p[:k] * member).sum(-1)  # [k]
     den = (q.to(p.device) * member).sum(-1) if q is not None else torch.ones_like(num)  # one-hot q: x is in G
-    return _settle(x, num, den, p, q, [p[i] for i in range(k)], generator)
+    return _settle(x, num, den, p, q, [p[i] for i in range(k)], generator, also)
 
 
 def group_mask(p: torch.Tensor, x: torch.Tensor, ranks: int, prob_gap: float, max_dist: float,
@@ -134,9 +137,10 @@ def group_mask(p: torch.Tensor, x: torch.Tensor, ranks: int, prob_gap: float, ma
 
 
 def _settle(x: torch.Tensor, num: torch.Tensor, den: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None,
-            targets: list[torch.Tensor], generator: torch.Generator | None) -> Verdict:
+            targets: list[torch.Tensor], generator: torch.Generator | None, also: torch.Tensor | None) -> Verdict:
     """Accept x_i while u_i * den_i < num_i (w.p. min(1, num/den)), then one draw: the residual max(t - q, 0) of
-    the first rejected position's target t, or the bonus from p's last row. The same draws as verify_sampling."""
+    the first rejected position's target t, or the bonus from p's last row. The same draws as verify_sampling.
+    (It reads as it decides; `also` comes in its last read, with the accepted drafts.)"""
     k = x.numel()
     u = torch.rand(k, generator=generator, device=p.device)  # [k]
     accept = u * den < num
@@ -152,4 +156,5 @@ def _settle(x: torch.Tensor, num: torch.Tensor, den: torch.Tensor, p: torch.Tens
             r = (t - q[n].to(p.device)).clamp(min=0.0)
         residual = r if float(r.sum()) > 0 else t
     y = int(torch.multinomial(residual, 1, generator=generator))
-    return Verdict(n, x[:n].tolist() + [y])
+    values = wanted([x[:n]], also).tolist()
+    return Verdict(n, values[:n] + [y], as_read(values[n:], also))

@@ -32,9 +32,11 @@ class Verdict:
     nodes: tuple[int, ...] | None = None  # a tree verdict: the accepted path's nodes, root to leaf
 
 
-# a chain's acceptance rule at temperature > 0: (draft [k], q [k, V] or None, p [k + 1, V], generator) -> Verdict;
-# `verify_sampling` unless a method passes its own (a relaxed, lossy rule: speculative/relaxed.py)
-Acceptance = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, "torch.Generator | None"], Verdict]
+# a chain's acceptance rule at temperature > 0: (draft [k], q [k, V] or None, p [k + 1, V], generator, also: integers
+# where p is to read with the verdict, or None) -> Verdict; `verify_sampling` unless a method passes its own (a
+# relaxed, lossy rule: speculative/relaxed.py)
+Acceptance = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, "torch.Generator | None",
+                       "torch.Tensor | None"], Verdict]
 
 
 def target_distribution(
