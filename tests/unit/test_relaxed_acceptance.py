@@ -43,6 +43,12 @@ def test_no_relaxation_gives_speculative_sampling_verdicts(one_hot):
         gsd = verify_gsd(draft, q, p, torch.Generator().manual_seed(seed), ranks=0, prob_gap=1.0, max_dist=9.0,
                          distances=dist)
         assert lantern == want and gsd == want
+    # what a drafter asks of the logits comes back with the verdict, as with verify_sampling, no draw changed
+    draft, q, p = _case(0, one_hot=one_hot)
+    asked = torch.tensor([4, 2])
+    want = verify_sampling(draft, q, p, torch.Generator().manual_seed(0), asked)
+    got = verify_lantern(draft, q, p, torch.Generator().manual_seed(0), asked, neighbours=near[:, :3], delta=0.0)
+    assert (got.accepted, got.tokens) == (want.accepted, want.tokens) and torch.equal(got.read, asked)
 
 
 def test_neighbours_are_nearest_first_without_the_code_itself():
