@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models.base import on_host
-from .verify import Reading, Verdict, as_read, wanted
+from .verify import Reading, Verdict, as_read, wanted, with_drafts
 
 
 def depths(parents: list[int]) -> list[int]:
@@ -52,13 +51,10 @@ def tree_greedy_reading(tokens: torch.Tensor | list[int], parents: list[int], lo
     """`verify_tree_greedy`, its read left to the caller (`Reading`). `tokens` left unread where the logits are (a
     drafter that grew its tree there: spec.rsd greedy) are read with the argmaxes, in the same copy."""
     T = len(parents)
-    left = tokens if isinstance(tokens, torch.Tensor) and tokens.device == logits.device else None
-    if left is not None and on_host(logits.device):
-        left = None
-    drafted = None if left is not None else (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)
+    parts, split = with_drafts(tokens, logits.argmax(-1))
 
     def finish(values: list[int]) -> Verdict:
-        here, values = (values[:T], values[T:]) if drafted is None else (drafted, values)
+        here, values = split(values)
         best = values[: T + 1]  # [T + 1]
         ok = [False] * T
         depth = depths(parents)
@@ -71,8 +67,7 @@ def tree_greedy_reading(tokens: torch.Tensor | list[int], parents: list[int], lo
         return Verdict(len(path), [here[i] for i in path] + [best[end + 1]], as_read(values[T + 1 :], also),
                        tuple(path))
 
-    best = logits.argmax(-1)
-    return Reading(wanted([left, best] if left is not None else [best], also), finish)
+    return Reading(wanted(parts, also), finish)
 
 
 def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tensor,

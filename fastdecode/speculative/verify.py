@@ -104,22 +104,32 @@ def as_read(values: list[int], also: torch.Tensor | None) -> torch.Tensor | None
     return None if also is None else torch.tensor(values, dtype=also.dtype).view(also.shape)
 
 
+def with_drafts(draft: torch.Tensor | list[int], best: torch.Tensor
+                ) -> tuple[list[torch.Tensor], Callable[[list[int]], tuple[list[int], list[int]]]]:
+    """What a greedy verdict reads beside the argmaxes `best`: the drafts too where a drafter left them unread beside
+    them on a device (a model's greedy chain, a tree grown there), in the same copy; drafts on the host are compared
+    there, not copied to the device. Returns the tensors to read, in order, and how the values read split into the
+    drafts' and the rest."""
+    if isinstance(draft, torch.Tensor) and draft.device == best.device and not on_host(best.device):
+        k = draft.numel()
+        return [draft, best], lambda values: (values[:k], values[k:])
+    drafted = draft.tolist() if isinstance(draft, torch.Tensor) else list(draft)
+    return [best], lambda values: (drafted, values)
+
+
 def greedy_reading(draft: torch.Tensor, logits: torch.Tensor, also: torch.Tensor | None = None) -> Reading:
     """`verify_greedy`, its read left to the caller (`Reading`)."""
     k = draft.numel()
     best = sampling.greedy(logits)  # [k + 1], ties to the lowest id as in ar.greedy
-    # every argmax is read, with the drafts where they were left on the device (a draft model's greedy chain); drafts
-    # on the host are compared there, not copied to the device
-    unread = draft.device == best.device and not on_host(best.device)
-    drafted = None if unread else draft.tolist()
+    parts, split = with_drafts(draft, best)
 
     def finish(values: list[int]) -> Verdict:
-        here, values = (values[:k], values[k:]) if drafted is None else (drafted, values)
+        here, values = split(values)
         best_ids = values[: k + 1]
         n = next((i for i in range(k) if here[i] != best_ids[i]), k)
         return Verdict(n, best_ids[: n + 1], as_read(values[k + 1 :], also))  # best[:n] equals the accepted draft
 
-    return Reading(wanted([draft, best] if unread else [best], also), finish)
+    return Reading(wanted(parts, also), finish)
 
 
 def verify_greedy(draft: torch.Tensor, logits: torch.Tensor, also: torch.Tensor | None = None) -> Verdict:
