@@ -89,7 +89,7 @@ class ModelChainDrafter(BaseDrafter):
                 if self.confidence_stop:
                     token, bits = torch.stack([x.long(), float_bits(logits.softmax(-1).max())]).tolist()
                     read.append(token)
-                    self.confidences.extend(from_bits([bits]))
+                    self.confidences.append(float(from_bits([bits])[0]))
                 else:
                     read.append(int(x))
                 if read[-1] in self.eos or (self.confidence_stop and self.confidences[-1] < self.confidence_stop):

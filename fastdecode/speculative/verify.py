@@ -94,9 +94,9 @@ def float_bits(x: torch.Tensor) -> torch.Tensor:
     return x.float().contiguous().view(torch.int32).long()
 
 
-def from_bits(bits: list[int]) -> list[float]:
-    """The values `float_bits` read, as Python floats."""
-    return torch.tensor(bits, dtype=torch.int32).view(torch.float32).tolist()
+def from_bits(bits: torch.Tensor | list[int]) -> torch.Tensor:
+    """The values `float_bits` read (host integers, any shape), as a float32 host tensor of that shape."""
+    return torch.as_tensor(bits).to(torch.int32).view(torch.float32)
 
 
 def as_read(values: list[int], also: torch.Tensor | None) -> torch.Tensor | None:

@@ -31,7 +31,7 @@ from ...types import PromptBatch, StepEvent
 from ..best_first import BestFirst
 from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import speculative
-from ..verify import float_bits
+from ..verify import float_bits, from_bits
 
 MAX_NODES = 64  # a larger tree costs more to verify than it can gain on a CPU (v(32) = 2.33 target steps)
 
@@ -98,7 +98,7 @@ class MedusaDrafter(BaseDrafter):
         top = logits.float().log_softmax(-1).topk(min(self.cfg.width, logits.shape[-1]), dim=-1)
         w = top.indices.shape[-1]
         both = torch.cat([top.indices, float_bits(top.values)], dim=-1).cpu()  # [levels, 2w]
-        ids, logq = both[:, :w], both[:, w:].to(torch.int32).view(torch.float32)
+        ids, logq = both[:, :w], from_bits(both[:, w:])
         nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, torch.device("cpu"))
         nodes.add_top(logq[:1], ids[:1])
         for d in range(1, levels):
