@@ -109,7 +109,8 @@ def test_sampling_matches_the_target(causal, coupled, prompt, marginals, halves,
 def test_keeping_tokens_committed_out_of_order_would_bias_the_output(causal, coupled, prompt, marginals, halves,
                                                                      cells_law, monkeypatch):
     """The same run keeping the whole block fails the test: the in-order prefix is what keeps sampling exact."""
-    monkeypatch.setattr(dlm_draft, "in_order_prefix", lambda step_of: step_of.numel())
+    monkeypatch.setattr(dlm_draft, "in_order_prefix", lambda step_of: torch.full((1,), step_of.numel(),
+                                                                                 device=step_of.device))
     first, _, cells = sample(causal, coupled, prompt, halves, 2, seed=23)
     assert chi_square_p_value(first, marginals[0]) > 1e-3  # the first token stays exact
     assert chi_square_p_value(cells, cells_law) < 1e-3

@@ -110,7 +110,7 @@ class DiffusionDrafter(BaseDrafter):
         if self.cfg.greedy:  # greedy verification is exact for any draft; left unread where it was drafted, for the
             return Draft(canvas[n:])  # verification to read with its verdict (one synchronisation a step)
         # the in-order prefix's length and the drafts in one read
-        values = torch.cat([torch.as_tensor(in_order_prefix(step_of), device=device).view(1), canvas[n:]]).tolist()
+        values = torch.cat([in_order_prefix(step_of), canvas[n:]]).tolist()
         m = values[0]
         assert probs is not None  # sampling: set by the first commit
         return Draft(torch.tensor(values[1 : 1 + m], dtype=torch.long), probs[:m])
