@@ -10,6 +10,7 @@ float32 log-probabilities, so the trees equal those of the host-side code this r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -93,6 +94,20 @@ class BestFirst:
         self.sees[nodes] = rows  # (its children copy the row)
         self.fed = F + Q
         return Beam(nodes, self.tokens[nodes], rows, self.carry[nodes] if self.carry is not None else None)
+
+    def grow(self, levels: int, expand: Callable[[Beam, int], tuple[torch.Tensor, torch.Tensor | None]],
+             early_stop: bool | None = None) -> None:
+        """The levels after the root's children (given first, `add_children`), up to `levels` deep: each time the
+        beam is chosen and `expand(beam, depth)` gives its rows' logits `[Q, V]` (the beam's nodes sit at `depth`)
+        and what they hand down to their children (or None); stopped early once no child could be kept where
+        `stops_early` says so."""
+        stop = stops_early(early_stop, self.device)
+        for depth in range(1, levels):
+            beam = self.beam()
+            if stop and self.saturated(beam):
+                break
+            logits, carry = expand(beam, depth)
+            self.add_children(logits, beam, carry)
 
     def paths(self, beam: Beam, depth: int) -> torch.Tensor:
         """`[Q, depth]` the tokens from the root's child down to each beam node (all at `depth`)."""

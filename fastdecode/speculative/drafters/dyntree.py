@@ -21,7 +21,7 @@ from ...config import check
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..best_first import BestFirst, stops_early
+from ..best_first import BestFirst
 from ..drafter import BaseDrafter, Draft, SpecConfig, register_spec
 from ..driver import check_rollback, speculative
 from ..model_tree import DraftModelTree
@@ -63,11 +63,7 @@ class DynTreeDrafter(BaseDrafter):
         root = self.tree.start(context)
         nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, root.device)
         nodes.add_children(root[None])
-        for d in range(1, depth):
-            beam = nodes.beam()
-            if stops_early(self.cfg.early_stop, root.device) and nodes.saturated(beam):  # no child could be kept
-                break
-            nodes.add_children(self.tree.feed(beam.tokens, beam.sees, d), beam)
+        nodes.grow(depth, lambda beam, d: (self.tree.feed(beam.tokens, beam.sees, d), None), self.cfg.early_stop)
         tokens, parents = nodes.best()  # (the tree's one read)
         return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
 

@@ -21,7 +21,7 @@ from ...heads.eagle3_io import eagle3_for
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..best_first import BestFirst, stops_early
+from ..best_first import Beam, BestFirst
 from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import check_rollback, speculative
 from ..model_chain import reads_each_token
@@ -130,21 +130,20 @@ class Eagle3Drafter(BaseDrafter):
         assert self._last is not None
         nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, self._last.device)
         nodes.add_children(self._full_logits(self._last[None]), carry=self._last[None])
-        p, C0 = self._entered - 1, self._committed
-        for d in range(1, depth):
-            beam = nodes.beam()
-            if stops_early(self.cfg.early_stop, self._last.device) and nodes.saturated(beam):  # no child could be kept
-                break
-            assert beam.carry is not None
-            allow = torch.cat([torch.ones(beam.sees.shape[0], C0, dtype=torch.bool, device=beam.sees.device),
-                               beam.sees], 1)  # [Q, C0 + fed]: the committed entries, its ancestors and itself
-            pos = torch.full((1, beam.nodes.numel()), p + d, device=self._last.device)
-            out = self.head.step(self.embed(beam.tokens[None]), beam.carry[None], pos, self.cache, allow)[0]  # [Q, H]
-            self.forwards += 1
-            nodes.add_children(self._full_logits(out), beam, carry=out)
+        nodes.grow(depth, self._expand, self.cfg.early_stop)
         tokens, parents = nodes.best()  # (the tree's one read)
         self._tokens, self._parents = tokens, parents
         return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
+
+    def _expand(self, beam: Beam, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head forward of a beam (its nodes at `depth`, each fed its parent's output): their logits and outputs."""
+        assert self._last is not None and beam.carry is not None
+        allow = torch.cat([torch.ones(beam.sees.shape[0], self._committed, dtype=torch.bool, device=beam.sees.device),
+                           beam.sees], 1)  # [Q, C0 + fed]: the committed entries, its ancestors and itself
+        pos = torch.full((1, beam.nodes.numel()), self._entered - 1 + depth, device=self._last.device)
+        out = self.head.step(self.embed(beam.tokens[None]), beam.carry[None], pos, self.cache, allow)[0]  # [Q, H]
+        self.forwards += 1
+        return self._full_logits(out), out
 
     def _full_logits(self, h: torch.Tensor) -> torch.Tensor:
         """`[Q, V]` target-vocabulary logits of outputs `[Q, H]`: -inf outside the draft vocabulary."""

@@ -28,7 +28,7 @@ from ...heads.medusa_layout import is_medusa_layout, load_medusa_layout
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..best_first import BestFirst
+from ..best_first import Beam, BestFirst
 from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import speculative
 from ..verify import float_bits, from_bits
@@ -110,16 +110,19 @@ class MedusaDrafter(BaseDrafter):
     def _grow_hydra(self, nodes: BestFirst, last: torch.Tensor, levels: int) -> None:
         """Head d reads the path it extends: the bonus token `last` `[1]`, then each beam node's drafts."""
         assert self.hidden is not None and self.embed is not None and isinstance(self.head, HydraHead)
-        beam = None
-        paths = last.to(self.hidden.device)[None]  # [1, 1]
-        for d in range(levels):
-            feats = self.embed[paths].to(self.hidden.dtype)  # [B, d + 1, H]
-            logits = self.head.head_logits(d, self.hidden.expand(paths.shape[0], -1), feats, self.lm_head)  # [B, V]
+        head, hidden, embed, first = self.head, self.hidden, self.embed, last.to(self.hidden.device)
+
+        def logits(paths: torch.Tensor, d: int) -> torch.Tensor:  # [B, d + 1] paths -> head d's [B, V]
             self.calls += 1
-            nodes.add_children(logits, beam)
-            if d + 1 < levels:
-                beam = nodes.beam()
-                paths = torch.cat([paths[:1, :1].expand(beam.nodes.numel(), 1), nodes.paths(beam, d + 1)], 1)
+            feats = embed[paths].to(hidden.dtype)  # [B, d + 1, H]
+            return head.head_logits(d, hidden.expand(paths.shape[0], -1), feats, self.lm_head)
+
+        def expand(beam: Beam, d: int) -> tuple[torch.Tensor, None]:
+            paths = torch.cat([first.expand(beam.nodes.numel(), 1), nodes.paths(beam, d)], 1)  # [Q, d + 1]
+            return logits(paths, d), None
+
+        nodes.add_children(logits(first[None], 0))
+        nodes.grow(levels, expand, early_stop=False)
 
     def observe(self, verification: Verification) -> None:
         """Keep the hidden state of the last accepted node (the root when none was): its next token ends the
