@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ParameterError
+from .base import on_host
 
 DEFAULT_WIDTH = 32  # query tokens per forward: the largest verification block of the default methods fits
 DEFAULT_BLOCK = 256  # key columns are a multiple of this: runs of nearby lengths share one key length (a graph)
@@ -113,7 +114,9 @@ def chunk_past(
     stored at each row's `lengths[b] + [0, start)`: what `past` said of the older columns, and `visible` of the
     earlier chunks. None when that is every stored column (a causal block with no `past`)."""
     B = visible.shape[0]
-    causal = start == 0 or bool(visible[:, start:end, :start].all())  # (no earlier chunk: no device round trip)
+    # (no earlier chunk: no device round trip; a block built on a device, a tree left there, is not looked at: that
+    # would read it, and the columns built below say the same of a causal block)
+    causal = start == 0 or (on_host(visible.device) and bool(visible[:, start:end, :start].all()))
     if past is None and causal:
         return None
     C = max(max(lengths) + start, past.shape[-1] if past is not None else 0)

@@ -2,11 +2,12 @@
 that grow one (spec.dyntree with a draft model, spec.eagle3 with its head): nodes scored by their log path
 probability under the draft, the `width` best of the newest level expanded, and the `total` best of all kept.
 
-The tree grows where the draft's logits are and nothing of it is read until it is complete (`BestFirst.best`): the
-beam is chosen on the device, and what each beam node attends to is built there (`Beam.sees`). A tree grown a level
-at a time with a read a level made the host wait for the GPU once a level (issue #30); the authors' code reads once at
-the end too. Ties go to the node created first, as a stable sort gives on any device; scores are float64 sums of the
-float32 log-probabilities, so the trees equal those of the host-side code this replaced."""
+The tree grows where the draft's logits are and nothing of it is read (`BestFirst.draft`): the beam is chosen on the
+device, what each beam node attends to is built there (`Beam.sees`), and the kept tree goes to the verification as a
+`tree.DeviceTree`, whose shape the verdict reads with the argmaxes. A tree grown a level at a time with a read a level
+made the host wait for the GPU once a level (issue #30); the authors' code reads once, when the tree is complete,
+and once more for the verdict. Ties go to the node created first, as a stable sort gives on any device; scores are
+float64 sums of the float32 log-probabilities, so the trees equal those of the host-side code this replaced."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from ..models.base import on_host
+from .drafter import Draft
+from .tree import DeviceTree
 
 
 def stops_early(early_stop: bool | None, device: torch.device) -> bool:
@@ -51,6 +54,7 @@ class BestFirst:
         self.sees = torch.zeros(0, 0, dtype=torch.bool, device=device)  # [N, F] each node's ancestors among the fed
         self.carry: torch.Tensor | None = None
         self.fed = 0  # nodes fed to the draft so far (the columns of `sees`)
+        self.levels = 0  # levels made: the depth of the newest
         self._level = 0  # where the newest level starts
 
     def add_children(self, logits: torch.Tensor, beam: Beam | None = None, carry: torch.Tensor | None = None) -> None:
@@ -74,6 +78,7 @@ class BestFirst:
         # <= the parent's score: clamp keeps rounding from breaking this, so the kept set is closed under ancestors
         scores = base[:, None] + logq.clamp(max=0.0).double()  # [Q, w]
         self._level = self.tokens.numel()
+        self.levels += 1
         self.tokens = torch.cat([self.tokens, ids.reshape(-1)])
         self.parents = torch.cat([self.parents, parents[:, None].expand(Q, w).reshape(-1)])
         self.scores = torch.cat([self.scores, scores.reshape(-1)])
@@ -123,6 +128,15 @@ class BestFirst:
         best = self.scores.index_select(0, beam.nodes[:1])  # [1]
         return bool((best == float("-inf")) | ((self.scores >= best).sum() >= self.total))  # (one read)
 
+    def draft(self) -> Draft:
+        """The kept tree as a draft: on the host read once (`best`); on a device left there (`kept`), for its verdict
+        to read (`tree.DeviceTree`)."""
+        if on_host(self.device):
+            tokens, parents = self.best()
+            return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
+        ids, tree = self.kept()
+        return Draft(ids, parents=tree)
+
     def best(self) -> tuple[list[int], list[int]]:
         """`(tokens, parents)` of the `total` best nodes in creation order (closed under ancestors: a child never
         scores above its parent), parents renumbered; one read."""
@@ -140,3 +154,17 @@ class BestFirst:
                 tokens.append(token)
                 parents.append(index[parent])
         return tokens, parents
+
+    def kept(self) -> tuple[torch.Tensor, DeviceTree]:
+        """`best`'s tree where it grew, nothing read: tokens `[N]` and a `DeviceTree`. The number of nodes must be
+        known on the host, so nodes scored -inf (tokens the draft cannot propose, `best` drops them) are kept where
+        fewer than `total` others were made: N = min(total, nodes made). They are verified as any other node is (a
+        token equal to the target's choice is accepted, which is lossless whatever proposed it)."""
+        made = self.tokens.numel()
+        N = min(self.total, made)
+        keep = torch.sort(self.scores, descending=True, stable=True).indices[:N].sort().values
+        place = torch.full((made,), -1, dtype=torch.long, device=self.device)
+        place.index_copy_(0, keep, torch.arange(N, device=self.device))  # a kept node's place among the kept
+        up = self.parents.index_select(0, keep)
+        parents = torch.where(up < 0, up, place.index_select(0, up.clamp(min=0)))
+        return self.tokens.index_select(0, keep), DeviceTree(parents, self.levels)

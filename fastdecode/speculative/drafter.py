@@ -28,7 +28,7 @@ from ..cache import DynamicKVCache, KVCache
 from ..registry import C, DriverOf, register
 from ..sampling.config import SamplingConfig
 from ..types import ModelKind
-from .tree import depths
+from .tree import DeviceTree, Parents, depths
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,9 @@ class Draft:
 
     tokens: torch.Tensor  # [k] long
     probs: torch.Tensor | None = None  # [k, V] q_i, the distribution each token was drawn from
-    parents: list[int] | None = None  # [k] tree parent of each node, -1 = root; None = chain
+    # [k] tree parent of each node, -1 = root; None = chain. A `DeviceTree` where the drafter left the tree's shape
+    # unread on the device (a best-first tree on a GPU): the verdict reads it
+    parents: Parents | None = None
     side: Side | None = None
 
     @staticmethod
@@ -78,14 +80,30 @@ class Draft:
 
     def as_chain(self) -> Draft:
         """A deterministic tree without branches is the chain it spells: verified the same way, and its accepted
-        prefix keeps its cache entries instead of being fed again."""
-        if self.parents is None or self.probs is not None or self.side is not None:
+        prefix keeps its cache entries instead of being fed again. (A `DeviceTree` is not looked at: that would
+        read it.)"""
+        if self.parents is None or isinstance(self.parents, DeviceTree):
+            return self
+        if self.probs is not None or self.side is not None:
             return self
         return Draft(self.tokens) if self.parents == list(range(-1, len(self.parents) - 1)) else self
 
+    def on_host(self) -> Draft:
+        """This draft with a `DeviceTree` read to the host, with its tokens, in one copy (where something must see
+        the tree before its verdict: a grammar, or a processor that reads each node's history)."""
+        if not isinstance(self.parents, DeviceTree):
+            return self
+        tree = self.parents
+        assert tree.order is None, "read a tree before reordering it"
+        values = torch.cat([self.tokens.to(tree.parents.device), tree.parents]).tolist()
+        k = self.tokens.numel()
+        return Draft(torch.tensor(values[:k], dtype=torch.long), self.probs, values[k:], self.side)
+
     @property
     def depth(self) -> int:
-        """The most draft tokens that can be accepted."""
+        """The most draft tokens that can be accepted (a bound, for a `DeviceTree`)."""
+        if isinstance(self.parents, DeviceTree):
+            return self.parents.depth
         return max(depths(self.parents), default=0) if self.parents is not None else self.tokens.numel()
 
 
@@ -113,6 +131,8 @@ class Verification:
     # what the drafter's `reads` asked of these logits, copied to the host with the verdict (one synchronisation a
     # step on a GPU); None where nothing was asked, or where the caller did not read it (`BaseDrafter.asked`)
     read: torch.Tensor | None = None
+    # a tree's accepted nodes, root to leaf, in the drafter's order (None for a chain: its first `accepted`)
+    nodes: tuple[int, ...] | None = None
 
     @property
     def root_logits(self) -> torch.Tensor:

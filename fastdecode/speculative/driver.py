@@ -28,10 +28,11 @@ from ..sampling.samplers import make_generator
 from ..types import PromptBatch, StepEvent
 from .drafter import Draft, Drafter, DrafterFactory, Side, SpecConfig, Verification
 from .tree import (
+    DeviceTree,
     ancestor_mask,
-    depths,
+    branch_first,
     first_branch_prefix,
-    preorder,
+    node_depths,
     reorder,
     tree_greedy_reading,
     verify_tree_rsd,
@@ -368,6 +369,10 @@ class _Group:
             got[b] = row.reading(draft, slices[b], reads=True)
             spent[b].append((t2, watch.mark()))
         verdicts = self._read(got, spent)
+        for b, verdict in verdicts.items():  # a tree left on the device has its shape on the host now
+            drafted = drafts[b]
+            assert drafted is not None  # (a row with a verdict drafted)
+            drafts[b] = self.rows[b].resolved(drafted, verdict)
         confirm = []  # rows whose tree path must be confirmed as a chain first (exact mode)
         for b, verdict in list(verdicts.items()):
             kept = self.rows[b].exact_verdict(drafts[b], verdict)
@@ -408,7 +413,9 @@ class _Group:
             again = (t4, watch.mark())  # shared by the confirmed rows, as the first forward is by all
             for b, verdict in chained.items():
                 # (what the drafter asked of the tree's forward comes with it)
-                verdicts[b] = dataclasses.replace(verdict, read=verdicts[b].read)
+                tree = verdicts[b]
+                verdicts[b] = dataclasses.replace(verdict, read=tree.read, nodes=tree.nodes[: verdict.accepted]
+                                                  if tree.nodes is not None else None)
                 spent[b].append(again)
                 settle(b, True)
         self.cache.crop_rows(keep)
@@ -434,27 +441,29 @@ class _Group:
             else:
                 where = _where(fed)
                 inp = torch.stack([_onto(blk.tokens, where) for blk in fed])
-                pos = torch.stack([blk.positions for blk in fed])
+                pos = torch.stack([_onto(blk.positions, where) for blk in fed])
                 if not all(blk.chain for blk in fed):
-                    vis = torch.stack([_causal(T) if blk.visible is None else blk.visible for blk in fed])
+                    vis = torch.stack([_onto(_causal(T) if blk.visible is None else blk.visible, where)
+                                       for blk in fed])
             fwd = model.forward(_onto(inp, device), _onto(pos, device), self.cache, None, num_logits=T - first,
                                 visible=None if vis is None else _onto(vis, device), hidden=hidden,
                                 sparse=self.sparse)
             return fwd, first
         B = len(self.rows)
-        where = _where([b for b in blocks if b is not None])
+        where = _where([b for b in blocks if b is not None])  # (the host, unless a drafter left its draft there)
         inp = torch.full((B, T), model.pad_token_id, dtype=torch.long, device=where)
-        pos = torch.zeros(B, T, dtype=torch.long)
-        vis = torch.zeros(B, T, T, dtype=torch.bool)
+        pos = torch.zeros(B, T, dtype=torch.long, device=where)
+        vis = torch.zeros(B, T, T, dtype=torch.bool, device=where)
         real = torch.zeros(B, T, dtype=torch.long)
         for b, blk in enumerate(blocks):
             if blk is None:
                 continue
             n = blk.tokens.numel()
             inp[b, :n] = _onto(blk.tokens, where)
-            pos[b, :n], real[b, :n] = blk.positions, 1
-            vis[b, :n, :n] = _causal(n) if blk.visible is None else blk.visible
-            pos[b, n:] = blk.positions[-1]
+            pos[b, :n] = _onto(blk.positions, where)
+            real[b, :n] = 1
+            vis[b, :n, :n] = _onto(_causal(n) if blk.visible is None else blk.visible, where)
+            pos[b, n:] = pos[b, n - 1]
         fwd = model.forward(_onto(inp, device), _onto(pos, device), self.cache, _onto(real, device),
                             num_logits=T - first, visible=_onto(vis, device), hidden=hidden, sparse=self.sparse)
         return fwd, first
@@ -520,12 +529,16 @@ class _Row:
             self.pipeline.history(torch.tensor([prompt]).to(model.device), model.vocab_size) if keep else None
         )
         self.in_history = len(prompt)  # context tokens the History holds (it catches up in `_verify`)
-        self.order: list[int] | None = None  # how `propose` reordered the last tree (None: as drafted)
+        # how `propose` reordered the last tree (None: as drafted); a tensor where the tree is on the device, until
+        # its verdict reads it (`resolved`)
+        self.order: list[int] | torch.Tensor | None = None
 
     def propose(self) -> Draft:
         made = self.n - self.prompt_len
         room = self.cfg.max_new_tokens - made - 1  # drafts beyond this could never be emitted
         draft = self.drafter.propose(self.ids[: self.n], room).as_chain() if room > 0 else Draft.empty()
+        if self.history is not None:  # a grammar, or a processor that reads each node's history, sees the tree
+            draft = draft.on_host()
         if self.grammar is not None and draft.parents is None and draft.tokens.numel():
             draft = self._cut(draft)
         assert draft.depth <= max(room, 0), (
@@ -533,21 +546,40 @@ class _Row:
         )
         self.order = None
         if draft.parents is not None and self.model.exact is not None and self.cfg.greedy:
-            # depth first, so the drafter's first-listed path sits where a chain would and needs no confirmation
-            # (`exact_verdict`); the drafter is told the outcome in its own order (`_as_drafted`)
-            order = preorder(draft.parents)
-            if order != list(range(len(order))):
+            # its first branch first, so the drafter's first-listed path sits where a chain would and needs no
+            # confirmation (`exact_verdict`); the drafter is told the outcome in its own order (`_as_drafted`)
+            order = branch_first(draft.parents)
+            if isinstance(order, torch.Tensor):  # (a DeviceTree: reordered where it is, nothing read)
+                assert isinstance(draft.parents, DeviceTree) and draft.probs is None
+                self.order = order
+                draft = Draft(draft.tokens[order], None, draft.parents.reordered(order), draft.side)
+            elif order != list(range(len(order))):
                 self.order = order
                 at = torch.tensor(order, device=draft.tokens.device)
+                assert isinstance(draft.parents, list)
                 draft = Draft(draft.tokens[at], draft.probs[at.to(draft.probs.device)] if draft.probs is not None
                               else None, reorder(draft.parents, order), draft.side)
         return draft
+
+    def resolved(self, draft: Draft, verdict: Verdict) -> Draft:
+        """The draft with its tree's shape on the host once its verdict has read it (a `DeviceTree`'s parents, and
+        the order `propose` gave it), for what follows the verdict (`exact_verdict`, `settle`)."""
+        if not isinstance(draft.parents, DeviceTree):
+            return draft
+        assert verdict.parents is not None, "a tree left on the device is read with its verdict"
+        if self.order is not None:
+            self.order = verdict.order
+        return dataclasses.replace(draft, parents=verdict.parents)
 
     def _as_drafted(self, rows: torch.Tensor, before: int) -> torch.Tensor:
         """`rows` (`[before + k + S, ...]`, the draft nodes after `before` rows) with the nodes back in the drafter's
         order, where `propose` reordered its tree."""
         if self.order is None:
             return rows
+        if isinstance(self.order, torch.Tensor):  # (before the verdict's read: put back where the rows are)
+            order = self.order.to(rows.device)
+            at = torch.arange(before, before + order.numel(), device=rows.device)
+            return rows[torch.arange(rows.shape[0], device=rows.device).index_copy(0, before + order, at)]
         back = list(range(rows.shape[0]))
         for j, node in enumerate(self.order):
             back[before + node] = before + j
@@ -587,12 +619,13 @@ class _Row:
                            + ([_onto(side.tokens, where)] if side else []))
         if draft.parents is None and side is None:  # a chain: plain causal attention
             return _Block(tokens, torch.arange(n - P, n + k), None, P)
-        offsets = (
-            torch.tensor(depths(draft.parents), dtype=torch.long) if draft.parents is not None
-            else torch.arange(1, k + 1)
-        )
-        pos = torch.cat([torch.arange(n - P, n), n - 1 + offsets] + ([self._side_positions(side)] if side else []))
-        return _Block(tokens, pos, self._visible(P, draft), P)
+        # a tree's mask and depths where its shape is (a DeviceTree: on the device, nothing read)
+        tree = ancestor_mask(draft.parents) if draft.parents is not None else _causal(k)
+        offsets = node_depths(draft.parents, tree) if draft.parents is not None else torch.arange(1, k + 1)
+        on = offsets.device
+        pos = torch.cat([_onto(torch.arange(n - P, n), on), n - 1 + offsets]
+                        + ([_onto(self._side_positions(side), on)] if side else []))
+        return _Block(tokens, pos, self._visible(P, draft, tree), P)
 
     def reading(self, draft: Draft, logits: torch.Tensor, reads: bool = False) -> Reading | Verdict:
         """The verdict on `draft` from the `[1 + k + S, V]` logits of its forward (side tokens' rows unread): greedy,
@@ -615,6 +648,7 @@ class _Row:
             return verdict
         path = verdict.tokens[: verdict.accepted]
         assert verdict.nodes is not None  # (a greedy tree verdict)
+        assert isinstance(draft.parents, list)  # (`resolved`)
         m = first_branch_prefix(draft.parents, verdict.nodes)
         if m == len(path):
             return verdict
@@ -648,10 +682,18 @@ class _Row:
             mine = tuple(self._as_drafted(layers[i], P) for i in self.drafter.hidden_layers) if layers else ()
             logits = self._as_drafted(logits, 1)
             hidden = self._as_drafted(hidden, P) if hidden is not None else None
-            self.drafter.observe(Verification(verdict.accepted, tuple(tokens), logits, k, hidden, mine, verdict.read))
+            self.drafter.observe(Verification(verdict.accepted, tuple(tokens), logits, k, hidden, mine, verdict.read,
+                                              self._drafted_nodes(verdict)))
         out = _Out(tokens=tuple((made + i, t) for i, t in enumerate(tokens)), proposed=k,
                    accepted=min(verdict.accepted, len(tokens)))
         return out, min(kept, start + len(tokens))
+
+    def _drafted_nodes(self, verdict: Verdict) -> tuple[int, ...] | None:
+        """A tree verdict's accepted nodes in the drafter's order (`Verification.nodes`)."""
+        if verdict.nodes is None or self.order is None:
+            return verdict.nodes
+        assert isinstance(self.order, list)  # (`resolved`)
+        return tuple(self.order[i] for i in verdict.nodes)
 
     def _side_positions(self, side: Side) -> torch.Tensor:
         """Side tokens are guesses far ahead; near the model's last position they share it (only guesses suffer)."""
@@ -659,19 +701,20 @@ class _Row:
         limit = self.model.max_positions
         return pos.clamp(max=limit - 1) if limit is not None else pos
 
-    def _visible(self, P: int, draft: Draft) -> torch.Tensor:
-        """`[Q, Q]` bool over the new tokens: pending tokens causal, tree nodes see their ancestors, side tokens
-        theirs (and the whole context); the draft never sees side tokens."""
+    def _visible(self, P: int, draft: Draft, tree: torch.Tensor) -> torch.Tensor:
+        """`[Q, Q]` bool over the new tokens, where `tree` (the draft's `[k, k]` mask) is: pending tokens causal,
+        tree nodes see their ancestors, side tokens theirs (and the whole context); the draft never sees side
+        tokens."""
         k = draft.tokens.numel()
         S = draft.side.tokens.numel() if draft.side else 0
         Q = P + k + S
-        allow = torch.zeros(Q, Q, dtype=torch.bool)
+        on = tree.device
+        allow = torch.zeros(Q, Q, dtype=torch.bool, device=on)
         allow[P:, :P] = True  # draft and side tokens see all the unseen context
-        allow[:P, :P] = _causal(P)
-        tree = ancestor_mask(draft.parents) if draft.parents is not None else _causal(k)
+        allow[:P, :P] = _onto(_causal(P), on)
         allow[P : P + k, P : P + k] = tree
         if draft.side is not None and S:
-            allow[P + k :, P + k :] = draft.side.mask
+            allow[P + k :, P + k :] = _onto(draft.side.mask, on)
         return allow
 
     def _verify(self, draft: Draft, logits: torch.Tensor, also: torch.Tensor | None = None) -> Reading | Verdict:
@@ -682,6 +725,7 @@ class _Row:
         at = None
         if self.history is not None:
             self._catch_up()  # tokens accepted since the last step
+            assert not isinstance(tree, DeviceTree)  # (`propose` read it)
             at = self.history.draft(0, draft.tokens, tree)
         if self.cfg.greedy:
             logits = self.pipeline.process(logits, at)  # the processors that can move the argmax
@@ -692,5 +736,6 @@ class _Row:
         if tree is None:
             return self.accept(draft.tokens, draft.probs, p, self.generator, also)
         if draft.probs is not None:  # siblings sampled without replacement
+            assert isinstance(tree, list), "spec.rsd's trees have their shape on the host"
             return verify_tree_rsd(draft.tokens, tree, p, draft.probs.to(p.device), self.generator, also)
-        return verify_tree_sampling(draft.tokens.tolist(), tree, p, self.generator, also)
+        return verify_tree_sampling(draft.tokens, tree, p, self.generator, also)

@@ -8,9 +8,37 @@ as in SpecInfer (Miao et al. 2024) and Medusa. Logit row 0 belongs to the root, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from .verify import Reading, Verdict, as_read, wanted, with_drafts
+
+
+@dataclass(frozen=True)
+class DeviceTree:
+    """A tree's shape left where a drafter grew it (a best-first tree on a GPU: `BestFirst.kept`), so that nothing of
+    it is read before the verdict, which reads it with the argmaxes (issue #30: one synchronisation a step). The
+    verification forward's mask and positions are built there (`ancestor_mask`, `node_depths`); the verdict gives the
+    parents back on the host (`Verdict.parents`), and the driver goes on with them as with a host tree."""
+
+    parents: torch.Tensor  # [T] long, -1 for a child of the root, parents listed before their children
+    depth: int  # a bound on the deepest node, known on the host (the levels grown)
+    order: torch.Tensor | None = None  # [T] where `reordered`: node j is the drafter's node order[j]
+
+    def __len__(self) -> int:
+        return self.parents.numel()
+
+    def reordered(self, order: torch.Tensor) -> DeviceTree:
+        """The tree whose node j is node `order[j]` of this one (`reorder`, where the tree is)."""
+        T = len(self)
+        place = torch.empty_like(order).scatter_(0, order, torch.arange(T, device=order.device))  # inverse
+        up = self.parents.index_select(0, order)
+        return DeviceTree(torch.where(up < 0, up, place.index_select(0, up.clamp(min=0))), self.depth, order)
+
+
+Parents = list[int] | DeviceTree  # a tree's shape: on the host, or where its drafter grew it
 
 
 def depths(parents: list[int]) -> list[int]:
@@ -21,20 +49,34 @@ def depths(parents: list[int]) -> list[int]:
     return out
 
 
-def ancestor_mask(parents: list[int]) -> torch.Tensor:
-    """`[T, T]` bool: node i may attend to node j iff j is i or an ancestor of i.
+def ancestor_mask(parents: Parents) -> torch.Tensor:
+    """`[T, T]` bool: node i may attend to node j iff j is i or an ancestor of i; where the tree is.
 
     Built a depth at a time (every node's next ancestor up in one gather), a few tensor operations a level: row by
     row it was four a node (~400 for spec.recycling's 80-node tree), each a dispatch on the host every step."""
     T = len(parents)
-    up = torch.tensor([T if p < 0 else p for p in parents] + [T], dtype=torch.long)  # [T + 1], T: above the root
-    mask = torch.zeros(T, T + 1, dtype=torch.bool)
-    rows = torch.arange(T)
+    if isinstance(parents, DeviceTree):
+        device, levels = parents.parents.device, parents.depth
+        up = torch.cat([torch.where(parents.parents < 0, T, parents.parents),
+                        torch.full((1,), T, dtype=torch.long, device=device)])  # [T + 1], T: above the root
+    else:
+        device, levels = torch.device("cpu"), max(depths(parents), default=0)
+        up = torch.tensor([T if p < 0 else p for p in parents] + [T], dtype=torch.long)
+    mask = torch.zeros(T, T + 1, dtype=torch.bool, device=device)
+    rows = torch.arange(T, device=device)
     node = rows
-    for _ in range(max(depths(parents), default=0)):  # a node of depth d has d - 1 ancestors, then the root
+    for _ in range(levels):  # a node of depth d has d - 1 ancestors, then the root
         mask[rows, node] = True
         node = up[node]
     return mask[:, :T]
+
+
+def node_depths(parents: Parents, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """`[T]` long, every node's depth (1 for children of the root), where the tree is; from its `ancestor_mask` when
+    given."""
+    if isinstance(parents, DeviceTree):
+        return (ancestor_mask(parents) if mask is None else mask).sum(-1)
+    return torch.tensor(depths(parents), dtype=torch.long)
 
 
 def children(parents: list[int]) -> dict[int, list[int]]:
@@ -46,28 +88,55 @@ def children(parents: list[int]) -> dict[int, list[int]]:
     return out
 
 
-def tree_greedy_reading(tokens: torch.Tensor | list[int], parents: list[int], logits: torch.Tensor,
+def tree_greedy_reading(tokens: torch.Tensor | list[int], parents: Parents, logits: torch.Tensor,
                         also: torch.Tensor | None = None) -> Reading:
     """`verify_tree_greedy`, its read left to the caller (`Reading`). `tokens` left unread where the logits are (a
-    drafter that grew its tree there: spec.rsd greedy) are read with the argmaxes, in the same copy."""
+    drafter that grew its tree there: spec.rsd greedy, a best-first tree on a GPU) are read with the argmaxes, in the
+    same copy, and so is a `DeviceTree`'s shape (`Verdict.parents`, `Verdict.order`)."""
     T = len(parents)
-    parts, split = with_drafts(tokens, logits.argmax(-1))
+    parts, split = _with_tree(tokens, parents, logits.argmax(-1))
 
     def finish(values: list[int]) -> Verdict:
-        here, values = split(values)
+        here, tree, order, values = split(values)
         best = values[: T + 1]  # [T + 1]
         ok = [False] * T
-        depth = depths(parents)
+        depth = depths(tree)
         end, end_depth = -1, 0
-        for i, (t, p) in enumerate(zip(here, parents, strict=True)):
+        for i, (t, p) in enumerate(zip(here, tree, strict=True)):
             ok[i] = t == best[p + 1] and (p < 0 or ok[p])
             if ok[i] and depth[i] > end_depth:
                 end, end_depth = i, depth[i]
-        path = _path(parents, end)
+        path = _path(tree, end)
+        shape = (tree, order) if isinstance(parents, DeviceTree) else (None, None)
         return Verdict(len(path), [here[i] for i in path] + [best[end + 1]], as_read(values[T + 1 :], also),
-                       tuple(path))
+                       tuple(path), *shape)
 
     return Reading(wanted(parts, also), finish)
+
+
+def _with_tree(tokens: torch.Tensor | list[int], parents: Parents, mine: torch.Tensor
+               ) -> tuple[list[torch.Tensor], Callable[[list[int]], tuple[list[int], list[int], list[int] | None,
+                                                                             list[int]]]]:
+    """What a tree verdict reads beside its own values `mine` (where the target's logits are): the drafts where a
+    drafter left them there (`with_drafts`), and a `DeviceTree`'s parents and order. Returns the tensors to read and
+    how the values read split into the tokens, the parents, the order (None: as drafted) and the rest."""
+    parts, split = with_drafts(tokens, mine)
+    if not isinstance(parents, DeviceTree):
+        host = parents
+
+        def as_given(values: list[int]) -> tuple[list[int], list[int], list[int] | None, list[int]]:
+            here, rest = split(values)
+            return here, host, None, rest
+
+        return parts, as_given
+    shape = [parents.parents] + ([parents.order] if parents.order is not None else [])
+    T, n = len(parents), len(parents) * len(shape)
+
+    def unread(values: list[int]) -> tuple[list[int], list[int], list[int] | None, list[int]]:
+        here, rest = split(values[n:])
+        return here, values[:T], values[T:n] if n > T else None, rest
+
+    return [t.to(mine.device) for t in shape] + parts, unread
 
 
 def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tensor,
@@ -80,18 +149,32 @@ def verify_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tens
     return tree_greedy_reading(tokens, parents, logits, also).verdict()
 
 
-def preorder(parents: list[int]) -> list[int]:
-    """The nodes depth first, children in listed order: `order[j]` is the node that goes to place j. A tree listed
-    breadth first (spec.recycling's template, spec.rsd's levels) then has its first-listed path, the drafter's best
-    guess, as its first branch."""
-    kids = children(parents)
-    order: list[int] = []
-    stack = kids[-1][::-1]
-    while stack:
-        node = stack.pop()
-        order.append(node)
-        stack.extend(kids[node][::-1])
-    return order
+def branch_first(parents: Parents) -> list[int] | torch.Tensor:
+    """An order of the nodes with the tree's first branch first (the root's first-listed child, its first-listed
+    child, and so on), then the others as listed: `order[j]` is the node that goes to place j (parents stay before
+    their children). A tree listed breadth first (spec.recycling's template, spec.rsd's levels, a best-first tree's
+    levels) then has its first-listed path, the drafter's best guess, as its first branch (`first_branch_prefix`).
+    A `DeviceTree`'s order is computed where it is, as a tensor, and nothing is read."""
+    if not isinstance(parents, DeviceTree):
+        kids = children(parents)
+        branch: list[int] = []
+        at = -1
+        while kids[at]:
+            at = kids[at][0]
+            branch.append(at)
+        rest = set(branch)
+        return branch + [i for i in range(len(parents)) if i not in rest]
+    T, device = len(parents), parents.parents.device
+    # first[i]: node i's first-listed child (T + 1: none); index T stands for the root, T + 1 for "none"
+    up = torch.where(parents.parents < 0, T, parents.parents)
+    first = torch.full((T + 2,), T + 1, dtype=torch.long, device=device)
+    first = first.scatter_reduce(0, up, torch.arange(T, device=device), "amin")
+    key = torch.cat([torch.arange(T, device=device) + T, torch.zeros(2, dtype=torch.long, device=device)])
+    node = first[T:T + 1]
+    for d in range(parents.depth):  # the branch's node at depth d + 1 gets key d, before every other node
+        key.index_fill_(0, node, d)  # (none: the spare slot T + 1)
+        node = first.index_select(0, node)
+    return torch.sort(key[:T], stable=True).indices
 
 
 def reorder(parents: list[int], order: list[int]) -> list[int]:
@@ -113,7 +196,7 @@ def first_branch_prefix(parents: list[int], path: tuple[int, ...]) -> int:
 
 
 def verify_tree_sampling(
-    tokens: list[int], parents: list[int], p: torch.Tensor, generator: torch.Generator | None,
+    tokens: torch.Tensor | list[int], parents: Parents, p: torch.Tensor, generator: torch.Generator | None,
     also: torch.Tensor | None = None,
 ) -> Verdict:
     """Multi-step speculative sampling over deterministic children (SpecInfer with q one-hot): from the root, draw
@@ -128,18 +211,21 @@ def verify_tree_sampling(
     Sibling tokens must be distinct (the first listed wins otherwise).
 
     p: `[T + 1, V]` target distributions (processors already applied); `also`: integers where p is, read with the
-    draws (`Verdict.read`).
+    draws (`Verdict.read`); `tokens` left where p is, and a `DeviceTree`'s parents, are read with them too.
     """
-    T = len(tokens)
-    values = wanted([torch.multinomial(p, 1, generator=generator)], also).tolist()
+    T = len(parents)
+    parts, split = _with_tree(tokens, parents, torch.multinomial(p, 1, generator=generator))
+    here, tree, _, values = split(wanted(parts, also).tolist())
     drawn = values[: T + 1]  # y at the root, then at each node
-    kids = children(parents)
+    kids = children(tree)
+    shape = tree if isinstance(parents, DeviceTree) else None
     node, path = -1, list[int]()
     while True:
         y = drawn[node + 1]
-        child = next((c for c in kids[node] if tokens[c] == y), None)
+        child = next((c for c in kids[node] if here[c] == y), None)
         if child is None:
-            return Verdict(len(path), [tokens[i] for i in path] + [y], as_read(values[T + 1 :], also), tuple(path))
+            return Verdict(len(path), [here[i] for i in path] + [y], as_read(values[T + 1 :], also), tuple(path),
+                           shape)
         path.append(child)
         node = child
 

@@ -30,6 +30,10 @@ class Verdict:
     tokens: list[int]
     read: torch.Tensor | None = None  # on the host: what was read with the verdict beside it (`Reading`)
     nodes: tuple[int, ...] | None = None  # a tree verdict: the accepted path's nodes, root to leaf
+    # a tree left on the device (`tree.DeviceTree`): its parents and the order it was verified in (None: as drafted),
+    # read with the verdict
+    parents: list[int] | None = None
+    order: list[int] | None = None
 
 
 # a chain's acceptance rule at temperature > 0: (draft [k], q [k, V] or None, p [k + 1, V], generator, also: integers

@@ -4,10 +4,9 @@ device, so a step should read once: its verdict, with the drafts a drafter left 
 the logits (`Drafter.reads`). Counted on the simulated device (tests/device_sim.py `counting_reads`), which sees
 every such read, per target forward of a 40-token generation less an 8-token one (the prefill and first steps cancel
 out), every lossless causal method of the registry found there; and the tokens of that device path equal
-`ar.greedy`'s; a batch's rows are read together. A tree whose shape follows from the draft's values is read once when
-complete (the host waits once for the whole tree, where it waited a level at a time), then with the verdict: two
-reads. A method that reads otherwise names its reason below (strict: one that comes down to one read fails here, so
-that the list is kept true)."""
+`ar.greedy`'s; a batch's rows are read together. A tree whose shape follows from the draft's values (a best-first
+tree) is left on the device and read with the verdict (`tree.DeviceTree`). A method that reads otherwise names its
+reason below (strict: one that comes down to one read fails here, so that the list is kept true)."""
 
 from __future__ import annotations
 
@@ -21,10 +20,8 @@ from fastdecode.speculative.memory import DrafterMemory
 PROMPT = "Sort this"  # 40 tokens without an end of text on the tiny model
 CAUSAL = [m.name for m in list_methods() if m.kind == "causal" and m.lossless
           and not m.name.startswith(("hf.", "llamacpp."))]  # (those run another runtime's loop)
-# read twice a step: a draft whose shape depends on its values is read once when complete (the verification forward's
-# mask needs it), then the verdict (strict: one that reads once, or more than twice, fails here)
+# read twice a step (strict: one that reads once, or more than twice, fails here)
 TWICE = {
-    "spec.dyntree": "its best-first tree's shape follows from the draft's scores: read once when grown, on the device",
     "spec.medusa": "its heads' candidates are read at once when they are known, after the verdict (the heads start "
                    "from the accepted node's state), and its tree grows on the host",
 }
@@ -34,14 +31,15 @@ MORE = {
 }
 # at a temperature: the verdict's acceptance draws and reads once (`verify_sampling` for a chain,
 # `verify_tree_sampling` for a tree, `verify_tree_rsd` for RSD's, with what the drafter asked of the logits); a
-# drafter's draws stay on the device (a model's chain, RSD's tree); a best-first tree is read once more when grown, a
-# diffusion draft once when filled (its in-order prefix, the part verify_sampling may take, has a length of its own)
+# drafter's draws stay on the device (a model's chain, RSD's tree, a best-first tree); Medusa reads its candidates, a
+# diffusion draft is read once when filled (its in-order prefix, the part verify_sampling may take, has a length of
+# its own)
 SAMPLED = [("spec.pld", {}, 1), ("spec.ngram", {}, 1), ("spec.suffix", {}, 1), ("spec.suffix", {"tree": True}, 1),
            ("spec.recycling", {}, 1), ("spec.lookahead", {}, 1), ("spec.jacobi", {}, 1), ("spec.eagle3", {}, 1),
            ("spec.dflash", {}, 1), ("spec.draft_model", {}, 1), ("spec.sparse_self", {}, 1),
            ("spec.layerskip", {"confidence_stop": 0.0, "skip_layers": "1"}, 1), ("spec.rsd", {}, 1),
-           ("spec.rsd", {"top_k": 1}, 1), ("spec.eagle3", {"tree": True}, 2), ("spec.medusa", {}, 2),
-           ("spec.medusa", {"hydra": True}, 2), ("spec.dlm_draft", {}, 2)]
+           ("spec.rsd", {"top_k": 1}, 1), ("spec.eagle3", {"tree": True}, 1), ("spec.medusa", {}, 2),
+           ("spec.medusa", {"hydra": True}, 1), ("spec.dyntree", {}, 1), ("spec.dlm_draft", {}, 2)]
 
 
 def waits_per_forward(model, method: str, rows: int = 1, **kw) -> tuple[float, list[int]]:
@@ -76,12 +74,13 @@ def test_a_greedy_step_reads_once(on_device, name):
 
 
 @pytest.mark.parametrize("params", [{"tree": True}, {"tree": True, "width": 2, "total_tokens": 6}])
-def test_a_grown_tree_is_read_once_when_complete(on_device, params):
-    """EAGLE-3's best-first tree (as spec.dyntree's): the beam is chosen where the head runs."""
+def test_a_grown_tree_is_read_with_its_verdict(on_device, params):
+    """EAGLE-3's best-first tree (as spec.dyntree's): the beam is chosen where the head runs, the tree verified
+    where it grew."""
     target, _, base = on_device
     with simulated():
         waits, tokens = waits_per_forward(target, "spec.eagle3", **params)
-    assert tokens == base and 1.0 < waits <= 2.0
+    assert tokens == base and waits <= 1.0
 
 
 def test_an_early_stop_asked_for_on_a_device_reads_a_level(on_device):
@@ -92,11 +91,11 @@ def test_an_early_stop_asked_for_on_a_device_reads_a_level(on_device):
     assert tokens == base and waits > 2.0
 
 
-def test_hydra_reads_its_tree_once(on_device):
+def test_hydra_reads_its_tree_with_its_verdict(on_device):
     target, _, base = on_device
     with simulated():
         waits, tokens = waits_per_forward(target, "spec.medusa", hydra=True)
-    assert tokens == base and 1.0 < waits <= 2.0
+    assert tokens == base and waits <= 1.0
 
 
 def test_layerskip_without_its_confidence_stop_reads_once(on_device):
@@ -117,7 +116,7 @@ def test_a_sampled_step_reads_once_or_twice(on_device, name, params, reads):
 
 
 @pytest.mark.parametrize("name,params", [("spec.pld", {}), ("spec.suffix", {"tree": True}), ("spec.lookahead", {}),
-                                         ("spec.draft_model", {})])
+                                         ("spec.draft_model", {}), ("spec.dyntree", {})])
 def test_a_batch_reads_once_a_step_for_all_its_rows(on_device, name, params):
     """Three rows in one step: their verdicts (and what their drafters asked) come back in one copy."""
     target, drafts, base = on_device

@@ -14,10 +14,17 @@ from fastdecode.engine import encode_batch
 from fastdecode.registry import RunContext
 from fastdecode.speculative.drafter import BaseDrafter, Draft, SpecConfig
 from fastdecode.speculative.driver import _Row, speculative
-from fastdecode.speculative.tree import first_branch_prefix, preorder, reorder
+from fastdecode.speculative.tree import DeviceTree, branch_first, depths, first_branch_prefix, reorder
 
 PROMPTS = ["Sort this", "the quick brown fox"]
 NEW = 24
+
+
+def tree_draft(tokens: list[int], parents: list[int], unread: bool) -> Draft:
+    """A tree draft; `unread`: its shape as a `DeviceTree`, as a best-first tree on a GPU leaves it (here on the CPU:
+    the same tensor code, the driver's device path)."""
+    shape = DeviceTree(torch.tensor(parents), max(depths(parents))) if unread else parents
+    return Draft(torch.tensor(tokens, dtype=torch.long), parents=shape)
 
 
 class Branches(BaseDrafter):
@@ -27,8 +34,8 @@ class Branches(BaseDrafter):
 
     tree_drafts = True
 
-    def __init__(self, truth: list[int], prompt_len: int, vocab: int, second: bool) -> None:
-        self.truth, self.prompt_len, self.vocab, self.second = truth, prompt_len, vocab, second
+    def __init__(self, truth: list[int], prompt_len: int, vocab: int, second: bool, unread: bool = False) -> None:
+        self.truth, self.prompt_len, self.vocab, self.second, self.unread = truth, prompt_len, vocab, second, unread
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         made = context.numel() - self.prompt_len
@@ -40,7 +47,7 @@ class Branches(BaseDrafter):
             tokens, parents = [wrong] + right, [-1, -1] + list(range(1, len(right)))
         else:
             tokens, parents = right + [wrong], list(range(-1, len(right) - 1)) + [-1]
-        return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
+        return tree_draft(tokens, parents, self.unread)
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +55,13 @@ def bf16(causal_dir, load_model):
     return load_model(causal_dir, dtype="bfloat16", exact=8)
 
 
-def run(model, second: list[bool], cfg: SpecConfig | None = None):
+def run(model, second: list[bool], cfg: SpecConfig | None = None, unread: bool = False):
     """The rows' tokens and the step events of a run whose row b drafts with `Branches(second=second[b])`."""
     cfg = cfg or SpecConfig(max_new_tokens=NEW)
     truth = [r.token_ids for r in fastdecode.generate(model, PROMPTS, "ar.greedy", max_new_tokens=NEW)]
     batch = encode_batch(model, PROMPTS, NEW)
-    made = iter(Branches(t, n, model.vocab_size, s) for t, n, s in zip(truth, batch.lengths, second, strict=True))
+    made = iter(Branches(t, n, model.vocab_size, s, unread)
+                for t, n, s in zip(truth, batch.lengths, second, strict=True))
     events = list(speculative(model, batch, cfg, RunContext(), lambda g: next(made)))
     tokens = [[t for e in events for _, t in e.tokens[b]] for b in range(len(PROMPTS))]
     return truth, tokens, events
@@ -70,8 +78,9 @@ def run_one(model, text: str, make):
     return truth, drafter, events
 
 
-def test_a_path_off_the_first_branch_is_confirmed_by_one_more_forward(bf16):
-    truth, tokens, events = run(bf16, [True, True])
+@pytest.mark.parametrize("unread", [False, True])
+def test_a_path_off_the_first_branch_is_confirmed_by_one_more_forward(bf16, unread):
+    truth, tokens, events = run(bf16, [True, True], unread=unread)
     assert tokens == truth
     # every step's path went through node 1, off the first branch from its first node: a path of 2 or 3 nodes is
     # confirmed (cut at its first node it would keep 1 token a forward, confirmed (a + 1) / 2)
@@ -117,8 +126,9 @@ def test_the_first_branch_needs_no_confirmation(bf16):
     assert tokens == truth and all(e.forwards == 1 for e in events)
 
 
-def test_rows_that_need_it_are_confirmed_beside_rows_that_do_not(bf16):
-    truth, tokens, events = run(bf16, [True, False])
+@pytest.mark.parametrize("unread", [False, True])
+def test_rows_that_need_it_are_confirmed_beside_rows_that_do_not(bf16, unread):
+    truth, tokens, events = run(bf16, [True, False], unread=unread)
     assert tokens == truth
     assert any(e.forwards == 2 for e in events)
 
@@ -136,9 +146,10 @@ class BreadthFirst(BaseDrafter):
 
     tree_drafts = True
 
-    def __init__(self, truth: list[int], prompt_len: int, vocab: int) -> None:
-        self.truth, self.prompt_len, self.vocab = truth, prompt_len, vocab
-        self.told: list[tuple[int, torch.Tensor]] = []  # (tokens made at the proposal, node logits told)
+    def __init__(self, truth: list[int], prompt_len: int, vocab: int, unread: bool = False) -> None:
+        self.truth, self.prompt_len, self.vocab, self.unread = truth, prompt_len, vocab, unread
+        # (tokens made at the proposal, node logits told, accepted nodes told)
+        self.told: list[tuple[int, torch.Tensor, tuple[int, ...] | None]] = []
 
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         self.made = context.numel() - self.prompt_len
@@ -146,28 +157,32 @@ class BreadthFirst(BaseDrafter):
         if len(right) < 2:
             return Draft(torch.tensor(right, dtype=torch.long))
         wrong = (right[0] + 1) % self.vocab
-        return Draft(torch.tensor([right[0], wrong, right[1]], dtype=torch.long), parents=[-1, -1, 0])
+        return tree_draft([right[0], wrong, right[1]], [-1, -1, 0], self.unread)
 
     def observe(self, verification) -> None:
         if verification.num_draft == 3:
-            self.told.append((self.made, verification.node_logits))
+            self.told.append((self.made, verification.node_logits, verification.nodes))
 
 
-def test_a_breadth_first_tree_is_verified_depth_first_and_observed_as_drafted(bf16):
-    truth, drafter, events = run_one(bf16, PROMPTS[0], BreadthFirst)
+@pytest.mark.parametrize("unread", [False, True])
+def test_a_breadth_first_tree_is_verified_first_branch_first_and_observed_as_drafted(bf16, unread):
+    truth, drafter, events = run_one(bf16, PROMPTS[0], lambda *a: BreadthFirst(*a, unread=unread))
     assert [t for e in events for _, t in e.tokens[0]] == truth
     assert all(e.forwards == 1 for e in events)  # the path (nodes 0, 2) became the first branch: no confirmation
     assert drafter.told
-    for made, logits in drafter.told:  # rows in the drafter's order: root, node 0 (truth), node 1, node 2 (truth)
+    for made, logits, nodes in drafter.told:  # the drafter's order: root, node 0 (truth), node 1, node 2 (truth)
         assert int(logits[1].argmax()) == truth[made + 1] and int(logits[3].argmax()) == truth[made + 2]
+        assert nodes in ((), (0,), (0, 2))  # the accepted nodes too (verified as 0, 1 after the reorder)
+    assert any(nodes == (0, 2) for _, _, nodes in drafter.told)
 
 
-def test_preorder_lists_each_branch_before_the_next():
-    parents = [-1, -1, 0, 0, 1, 2]  # breadth first
-    order = preorder(parents)
-    assert order == [0, 2, 5, 3, 1, 4]
-    assert reorder(parents, order) == [-1, 0, 1, 0, -1, 4]
-    assert preorder([-1, 0, 1]) == [0, 1, 2]
+def test_branch_first_lists_the_first_branch_then_the_rest_as_listed():
+    parents = [-1, -1, 0, 0, 1, 2]  # breadth first: the first branch is nodes 0, 2, 5
+    order = branch_first(parents)
+    assert order == [0, 2, 5, 1, 3, 4]
+    assert reorder(parents, order) == [-1, 0, 1, -1, 0, 3]
+    assert first_branch_prefix(reorder(parents, order), (0, 1, 2)) == 3
+    assert branch_first([-1, 0, 1]) == [0, 1, 2] and branch_first([]) == []
 
 
 def test_first_branch_is_nodes_zero_to_a_minus_one_in_a_row():

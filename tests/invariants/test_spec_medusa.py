@@ -10,7 +10,7 @@ import torch
 import fastdecode
 from fastdecode.errors import ModelLoadError
 from fastdecode.heads.medusa import MedusaHead
-from fastdecode.speculative.drafters.medusa import MedusaDrafter, MedusaSpecConfig, _accepted_node
+from fastdecode.speculative.drafters.medusa import MedusaDrafter, MedusaSpecConfig
 from fastdecode.speculative.tree import check_tree, depths
 
 PROMPTS = ["the quick brown fox", "def add(a, b):", "Sort this", "0123456789 ABC"]
@@ -47,12 +47,20 @@ def test_the_tree_is_within_budget_and_well_formed(causal, to_device, total, wid
     assert drafter.propose(torch.tensor([5, 6]), 2).depth <= 2  # never deeper than the room asked
 
 
-def test_the_accepted_path_is_found_by_its_tokens():
-    from fastdecode.speculative.drafter import Draft
+def test_the_next_state_is_the_last_accepted_nodes(causal):
+    """`observe` keeps the target's hidden state of the node ending the accepted path (`Verification.nodes`, the
+    driver's, in the drafter's order), the root's when nothing was accepted."""
+    from fastdecode.speculative.drafter import Verification
 
-    tree = Draft(torch.tensor([7, 8, 9, 7, 4]), parents=[-1, -1, 0, 1, 1])
-    assert _accepted_node(tree, ()) == -1
-    assert _accepted_node(tree, (8, 7)) == 3 and _accepted_node(tree, (7, 9)) == 2
+    drafter = MedusaDrafter(causal, MedusaHead.untrained(causal), MedusaSpecConfig())
+    hidden = torch.arange(6.0)[:, None].expand(6, 4)  # P = 1: the root's row, then nodes 0..4
+    logits = torch.zeros(6, 3)
+    drafter.observe(Verification(2, (8, 7, 1), logits, 5, hidden, nodes=(1, 3)))
+    assert drafter.hidden is not None and drafter.hidden[0] == 4.0  # node 3's row
+    drafter.observe(Verification(0, (1,), logits, 5, hidden, nodes=()))
+    assert drafter.hidden[0] == 0.0  # the root's
+    drafter.observe(Verification(2, (8, 7, 1), logits[:3], 2, hidden[:3]))  # a chain: its first 2 nodes
+    assert drafter.hidden[0] == 2.0
 
 
 def test_a_model_without_a_head_is_refused_unless_untrained_heads_are_allowed(causal, monkeypatch):

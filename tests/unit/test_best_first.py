@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from fastdecode.speculative.best_first import BestFirst
-from fastdecode.speculative.tree import ancestor_mask, check_tree
+from fastdecode.speculative.tree import DeviceTree, ancestor_mask, check_tree
 
 V = 8
 
@@ -34,6 +34,26 @@ def test_ties_go_to_the_node_made_first_and_impossible_tokens_are_dropped():
     tokens, parents = nodes.best()
     check_tree(tokens, parents)
     assert list(zip(tokens, parents, strict=True)) == [(2, -1), (5, -1), (7, -1), (0, 0), (1, 1), (3, 1), (6, 2)]
+
+
+def test_the_tree_left_unread_is_the_tree_read_with_its_impossible_nodes_last():
+    """`kept` (a device's tree: nothing read, its size known on the host) equals `best` where every kept node is
+    possible; where fewer than `total` are, it keeps impossible ones too, after the possible ones in rank."""
+    nodes = BestFirst(width=3, total=5, device=torch.device("cpu"))
+    nodes.add_children(logits_of([[0, 0, 0.4, 0, 0, 0.4, 0, 0.2]]))
+    beam = nodes.beam()
+    rows = [[1, 0, 0, 0, 0, 0, 0, 0], [0, 0.5, 0, 0.5, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 1, 0]]
+    nodes.add_children(logits_of(rows), beam)
+    tokens, parents = nodes.best()
+    ids, tree = nodes.kept()
+    assert isinstance(tree, DeviceTree) and tree.depth == 2 and tree.order is None
+    assert ids.tolist() == tokens and tree.parents.tolist() == parents
+    nodes.total = 20  # 12 made, 7 possible: all 12 kept, in creation order, each after its parent
+    ids, tree = nodes.kept()
+    check_tree(ids.tolist()[:3], tree.parents.tolist()[:3])
+    assert len(tree) == 12 and all(-1 <= p < i for i, p in enumerate(tree.parents.tolist()))
+    possible = [i for i, s in enumerate(nodes.scores.tolist()) if s > float("-inf")]
+    assert [ids.tolist()[i] for i in possible] == nodes.best()[0]
 
 
 def test_a_fed_node_sees_its_ancestors_and_itself():

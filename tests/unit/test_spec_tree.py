@@ -14,10 +14,15 @@ from fastdecode.speculative.drafters.recycling import (
     tree_template,
 )
 from fastdecode.speculative.tree import (
+    DeviceTree,
     ancestor_mask,
+    branch_first,
     check_tree,
     children,
     depths,
+    node_depths,
+    reorder,
+    tree_greedy_reading,
     verify_tree_greedy,
     verify_tree_sampling,
 )
@@ -57,6 +62,37 @@ def test_ancestor_masks_of_random_trees_follow_the_parent_links():
                 node = parents[node]
         assert torch.equal(ancestor_mask(parents), expect)
     assert ancestor_mask([]).shape == (0, 0)
+
+
+def test_a_device_tree_gives_the_host_trees_mask_depths_order_and_verdicts():
+    """A `DeviceTree` (here on the CPU: the same tensor code a GPU runs) has the host tree's ancestor mask, depths,
+    first-branch-first order and reordered parents, computed without reading it; its verdicts, greedy and sampled,
+    read its parents (and order) with the argmaxes and equal the host tree's."""
+    g = torch.Generator().manual_seed(1)
+    for T in (1, 2, 7, 40, 96):
+        parents = [int(torch.randint(-1, i, (1,), generator=g)) for i in range(T)]
+        tree = DeviceTree(torch.tensor(parents), max(depths(parents)) + 2)  # (a bound: more levels change nothing)
+        assert torch.equal(ancestor_mask(tree), ancestor_mask(parents))
+        assert node_depths(tree).tolist() == depths(parents) == node_depths(parents).tolist()
+        order = branch_first(parents)
+        on_device = branch_first(tree)
+        assert isinstance(on_device, torch.Tensor) and on_device.tolist() == order
+        moved = tree.reordered(on_device)
+        assert moved.parents.tolist() == reorder(parents, order) and moved.order is on_device
+        tokens = torch.randint(0, V, (T,), generator=g)
+        logits = torch.randn(T + 1, V, generator=g)
+        host = verify_tree_greedy(tokens.tolist(), parents, logits)
+        read = tree_greedy_reading(tokens, tree, logits).verdict()
+        assert (read.accepted, read.tokens, read.nodes) == (host.accepted, host.tokens, host.nodes)
+        assert read.parents == parents and read.order is None and host.parents is None
+        both = tree_greedy_reading(tokens[on_device], moved, logits).verdict()
+        assert both.parents == reorder(parents, order) and both.order == order
+        p = logits.softmax(-1)
+        seed = int(torch.randint(0, 1000, (1,), generator=g))
+        drawn = verify_tree_sampling(tokens.tolist(), parents, p, torch.Generator().manual_seed(seed))
+        unread = verify_tree_sampling(tokens, tree, p, torch.Generator().manual_seed(seed))
+        assert (unread.accepted, unread.tokens, unread.nodes) == (drawn.accepted, drawn.tokens, drawn.nodes)
+        assert unread.parents == parents
 
 
 def argmax_rows(best: list[int]) -> torch.Tensor:

@@ -64,8 +64,7 @@ class DynTreeDrafter(BaseDrafter):
         nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, root.device)
         nodes.add_children(root[None])
         nodes.grow(depth, lambda beam, d: (self.tree.feed(beam.tokens, beam.sees, d), None), self.cfg.early_stop)
-        tokens, parents = nodes.best()  # (the tree's one read)
-        return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
+        return nodes.draft()  # (on a device unread: the verdict reads it)
 
 
 @register_spec("spec.dyntree", config=DynTreeConfig, needs_draft=True)

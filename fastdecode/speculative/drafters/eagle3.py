@@ -69,13 +69,11 @@ class Eagle3Drafter(BaseDrafter):
         self._pending: list[torch.Tensor] = []  # [m, H] fused features of positions _entered.._featured-1
         self._last: torch.Tensor | None = None  # [H] output of the newest committed entry
         self._n = 0  # context length at the last proposal
-        self._tokens: list[int] = []  # the last draft tree
-        self._parents: list[int] = []
 
     # -- proposing ------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def propose(self, context: torch.Tensor, k: int) -> Draft:
-        self._n, self._tokens, self._parents = context.numel(), [], []
+        self._n = context.numel()
         self.cache.crop(self._committed)  # drop the last draft's entries
         if k < 1 or self._featured != context.numel() - 1:
             return Draft.empty()  # no features yet (the first step feeds the prompt)
@@ -131,9 +129,7 @@ class Eagle3Drafter(BaseDrafter):
         nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, self._last.device)
         nodes.add_children(self._full_logits(self._last[None]), carry=self._last[None])
         nodes.grow(depth, self._expand, self.cfg.early_stop)
-        tokens, parents = nodes.best()  # (the tree's one read)
-        self._tokens, self._parents = tokens, parents
-        return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
+        return nodes.draft()  # (on a device unread: the verdict reads it)
 
     def _expand(self, beam: Beam, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One head forward of a beam (its nodes at `depth`, each fed its parent's output): their logits and outputs."""
@@ -174,14 +170,9 @@ class Eagle3Drafter(BaseDrafter):
 
     def _accepted_path(self, v: Verification) -> list[int]:
         """The draft nodes accepted, root to leaf (a chain's first `accepted`)."""
-        if not self.cfg.tree:
+        if v.nodes is None:
             return list(range(v.accepted))
-        tokens, parents = self._tokens[: v.num_draft], self._parents[: v.num_draft]
-        path, node = [], -1
-        for t in v.tokens[: v.accepted]:
-            node = next(i for i, (x, p) in enumerate(zip(tokens, parents, strict=True)) if p == node and x == t)
-            path.append(node)
-        return path
+        return list(v.nodes)
 
 
 @register_spec("spec.eagle3", config=Eagle3SpecConfig)

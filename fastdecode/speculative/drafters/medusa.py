@@ -66,7 +66,6 @@ class MedusaDrafter(BaseDrafter):
         self.embed = target_embeddings(model) if isinstance(head, HydraHead) else None  # [V, H]
         self.levels = min(cfg.depth or head.config.num_heads, head.config.num_heads)
         self.hidden: torch.Tensor | None = None  # [H] the target's state whose next token ends the context
-        self.tree: Draft | None = None
         self.calls = 0
 
     @property
@@ -77,16 +76,13 @@ class MedusaDrafter(BaseDrafter):
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         levels = min(self.levels, k)
         if self.hidden is None or levels < 1:
-            self.tree = None
             return Draft.empty()
         if isinstance(self.head, HydraHead):
             nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, self.hidden.device)
             self._grow_hydra(nodes, context[-1:], levels)
         else:
             nodes = self._grow_medusa(levels)
-        tokens, parents = nodes.best()  # (the tree's one read, where it grew on the device)
-        self.tree = Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
-        return self.tree
+        return nodes.draft()  # (Hydra's on a device unread: the verdict reads it)
 
     def _grow_medusa(self, levels: int) -> BestFirst:
         """One forward of all heads gives every level's candidates: each beam node gets the same candidates of its
@@ -127,23 +123,11 @@ class MedusaDrafter(BaseDrafter):
     def observe(self, verification: Verification) -> None:
         """Keep the hidden state of the last accepted node (the root when none was): its next token ends the
         context now."""
-        node = -1
-        if self.tree is not None and verification.accepted:
-            node = _accepted_node(self.tree, verification.tokens[: verification.accepted])
+        nodes = verification.nodes or range(verification.accepted)  # (a chain: an empty draft, or a linear tree)
+        node = nodes[-1] if verification.accepted else -1
         states = verification.node_hidden
         assert states is not None, "spec.medusa declares needs_hidden: the driver must hand over hidden states"
         self.hidden = states[node + 1]
-
-
-def _accepted_node(draft: Draft, accepted: tuple[int, ...]) -> int:
-    """The node ending the accepted path: from the root, the child holding each accepted token in turn (siblings
-    hold distinct tokens, so the path is unique)."""
-    tokens = draft.tokens.tolist()
-    parents = draft.parents if draft.parents is not None else list(range(-1, len(tokens) - 1))
-    node = -1
-    for token in accepted:
-        node = next(i for i, (t, p) in enumerate(zip(tokens, parents, strict=True)) if p == node and t == token)
-    return node
 
 
 def _head(model: CausalLM, cfg: MedusaSpecConfig) -> MedusaHead | HydraHead:
