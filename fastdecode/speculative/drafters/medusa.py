@@ -6,10 +6,11 @@ After each verification the drafter keeps h, the target's hidden state at the la
 next token (the bonus token) ends the context. Head k guesses the (k + 1)-th token after it. The tree is grown level
 by level, as EAGLE-2 grows its own: the `width` best nodes of the newest level each get the `width` likeliest tokens
 of the next head, a node scoring the sum of its path's log-probabilities; then the `total_tokens` best nodes are kept
-(a child never outscores its parent, so the kept set is a tree; `best_first.py`: grown where the heads run, read
-once when complete). Medusa's heads do not see the path, so one forward of all heads gives every level; Hydra's run
-once per level on the beam's paths. The target verifies the tree in one
-forward (`tree.verify_tree_greedy`, or rejection sampling with q one-hot), so the output is the target's exactly.
+(a child never outscores its parent, so the kept set is a tree; `best_first.py`). Medusa's heads do not see the
+path, so one forward of all heads gives every level, read at once, and its tree grows on the host; Hydra's run once
+per level on the beam's paths, and its tree grows where they run and is read with its verdict (`tree.DeviceTree`).
+The target verifies the tree in one forward (`tree.verify_tree_greedy`, or rejection sampling with q one-hot), so
+the output is the target's exactly.
 The first step of a request drafts nothing: the heads need the prompt's hidden state.
 """
 
