@@ -100,7 +100,8 @@ def test_self_draft_accepts_the_first_path_in_full(causal, baseline, cfg):
     batch = encode_batch(causal, [causal.encode(LONG)], cfg.max_new_tokens)
     events = list(speculative(causal, batch, cfg, RunContext(), lambda g: recorder))
     assert [t for e in events for _, t in e.tokens[0]] == baseline[2]
-    for event, draft in zip(events, recorder.drafts, strict=True):
+    for event, drafted in zip(events, recorder.drafts, strict=True):
+        draft = drafted.on_host()  # (a tree left on a device: read here)
         check_tree(draft.tokens.tolist(), draft.parents)
         assert event.accepted[0] == first_path(draft)
     full_depth = isinstance(cfg, RSDConfig) or cfg.width == 1
@@ -143,6 +144,7 @@ def reference_dyntree(model, context: list[int], cfg: DynTreeConfig) -> list[tup
 
 
 def paths(draft: Draft) -> list[tuple[int, ...]]:
+    draft = draft.on_host()  # (a tree left on a device: read here)
     tokens, out = draft.tokens.tolist(), []
     for i, p in enumerate(draft.parents):
         out.append((out[p] if p >= 0 else ()) + (tokens[i],))
