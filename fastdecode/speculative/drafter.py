@@ -195,11 +195,12 @@ class Drafter(Protocol):
         """Draft a chain of at most k tokens, or a tree at most k deep, to follow `context` (`[N]` long, on the CPU)."""
         ...
 
-    def reads(self, logits: torch.Tensor, num_draft: int) -> torch.Tensor | None:
+    def reads(self, logits: torch.Tensor, num_draft: int, hidden: torch.Tensor | None = None) -> torch.Tensor | None:
         """What `observe` will read of a step's `[1 + k + S, V]` logits (rows in the drafter's order, k =
-        `num_draft`): integers computed where the logits are, e.g. the side tokens' argmax. The driver copies them to
-        the host in the same read as the verdict (on a GPU each read is a synchronisation; issue #30 asks for one a
-        step) and hands them over as `Verification.read`. None: nothing."""
+        `num_draft`), and of the root's and the draft nodes' `[1 + k, H]` hidden states for a drafter that
+        `needs_hidden` (`Verification.node_hidden`; else None): integers computed where they are, e.g. the side
+        tokens' argmax. The driver copies them to the host in the same read as the verdict (on a GPU each read is a
+        synchronisation; issue #30 asks for one a step) and hands them over as `Verification.read`. None: nothing."""
         ...
 
     def observe(self, verification: Verification) -> None:
@@ -228,7 +229,7 @@ class BaseDrafter:
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         raise NotImplementedError(f"{type(self).__name__} must implement propose(context, k)")
 
-    def reads(self, logits: torch.Tensor, num_draft: int) -> torch.Tensor | None:
+    def reads(self, logits: torch.Tensor, num_draft: int, hidden: torch.Tensor | None = None) -> torch.Tensor | None:
         return None
 
     def asked(self, verification: Verification) -> torch.Tensor:
@@ -236,7 +237,7 @@ class BaseDrafter:
         now where it was not (a caller that built the Verification itself)."""
         if verification.read is not None:
             return verification.read
-        found = self.reads(verification.logits, verification.num_draft)
+        found = self.reads(verification.logits, verification.num_draft, verification.node_hidden)
         if found is None:
             raise ValueError(f"{type(self).__name__}.reads asks nothing of these logits")
         return found.cpu()

@@ -366,7 +366,10 @@ class _Group:
             t2 = watch.mark()
             lo = blk.pending - 1 - first
             slices[b] = logits[b, lo : lo + 1 + blk.tokens.numel() - blk.pending]  # [1 + k + S, V]
-            got[b] = row.reading(draft, slices[b], reads=True)
+            # the root's and the nodes' hidden states, for a drafter that reads them ([1 + k, H])
+            nodes = (hidden[b, blk.pending - 1 : blk.pending + draft.tokens.numel()]
+                     if hidden is not None and row.drafter.needs_hidden else None)
+            got[b] = row.reading(draft, slices[b], reads=True, hidden=nodes)
             spent[b].append((t2, watch.mark()))
         verdicts = self._read(got, spent)
         for b, verdict in verdicts.items():  # a tree left on the device has its shape on the host now
@@ -627,12 +630,15 @@ class _Row:
                         + ([_onto(self._side_positions(side), on)] if side else []))
         return _Block(tokens, pos, self._visible(P, draft, tree), P)
 
-    def reading(self, draft: Draft, logits: torch.Tensor, reads: bool = False) -> Reading | Verdict:
+    def reading(self, draft: Draft, logits: torch.Tensor, reads: bool = False, hidden: torch.Tensor | None = None
+                ) -> Reading | Verdict:
         """The verdict on `draft` from the `[1 + k + S, V]` logits of its forward (side tokens' rows unread): greedy,
         its `Reading`, which the group reads with the other rows' (`_Group._read`); else the verdict. `reads`: with
-        what the drafter's `reads` asks of them (`Verdict.read`), in the greedy verdict's read."""
+        what the drafter's `reads` asks of them (and of the root's and nodes' `[1 + k, H]` `hidden` states, for a
+        drafter that needs them) (`Verdict.read`), in the verdict's read."""
         k = draft.tokens.numel()
-        also = self.drafter.reads(self._as_drafted(logits, 1), k) if reads else None
+        rows = self._as_drafted(hidden, 1) if hidden is not None else None
+        also = self.drafter.reads(self._as_drafted(logits, 1), k, rows) if reads else None
         return self._verify(draft, logits[: k + 1], also)
 
     def exact_verdict(self, draft: Draft | None, verdict: Verdict) -> Verdict | None:

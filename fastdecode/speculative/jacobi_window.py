@@ -92,7 +92,8 @@ class JacobiWindow(BaseDrafter):
         self.last = Draft(ids, torch.stack(qs).to(self.device) if self.sampling and qs else None)
         return self.last
 
-    def reads(self, logits: torch.Tensor, num_draft: int) -> torch.Tensor | None:
+    def reads(self, logits: torch.Tensor, num_draft: int, hidden: torch.Tensor | None = None
+              ) -> torch.Tensor | None:
         """Greedy: every node row's argmax (read with the verdict); sampling draws on the host instead."""
         return None if self.sampling else logits[: 1 + num_draft].argmax(-1)
 

@@ -69,3 +69,17 @@ def test_a_model_without_a_head_is_refused_unless_untrained_heads_are_allowed(ca
         fastdecode.generate(causal, "the", "spec.medusa", max_new_tokens=4)
     with pytest.raises(ModelLoadError, match="kind hydra"):
         fastdecode.generate(causal, "the", "spec.medusa", max_new_tokens=4, hydra=True)
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_heads_run_ahead_or_after_the_verdict_alike(causal, monkeypatch, ahead):
+    """`MedusaDrafter.ahead`: the heads' candidates of every verified row, read with the verdict (a device's
+    default), or the accepted node's, read after it (the CPU's): the target's tokens either way, greedy and seeded."""
+    monkeypatch.setattr(MedusaDrafter, "ahead", ahead)
+    base = fastdecode.generate(causal, PROMPTS, "ar.greedy", max_new_tokens=30)
+    got = fastdecode.generate(causal, PROMPTS, "spec.medusa", max_new_tokens=30)
+    assert [r.token_ids for r in got] == [r.token_ids for r in base]
+    assert sum(r.stats.accepted for r in got) > 0
+    a = fastdecode.generate(causal, PROMPTS, "spec.medusa", max_new_tokens=20, temperature=0.8, seed=3)
+    b = fastdecode.generate(causal, PROMPTS, "spec.medusa", max_new_tokens=20, temperature=0.8, seed=3)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]

@@ -41,7 +41,7 @@ class JacobiDrafter(BaseDrafter):
         self.guess = (self.guess + [fill] * m)[:m]
         return Draft(torch.tensor(self.guess, dtype=torch.long))
 
-    def reads(self, logits: torch.Tensor, num_draft: int) -> torch.Tensor:
+    def reads(self, logits: torch.Tensor, num_draft: int, hidden: torch.Tensor | None = None) -> torch.Tensor:
         return logits[: 1 + num_draft].argmax(-1)  # [m + 1]: row i predicts the token after guess i
 
     def observe(self, verification: Verification) -> None:

@@ -103,7 +103,8 @@ class LookaheadDrafter(BaseDrafter):
             return None
         return slice(S - len(self.levels[-1]), S)
 
-    def reads(self, logits: torch.Tensor, num_draft: int) -> torch.Tensor | None:
+    def reads(self, logits: torch.Tensor, num_draft: int, hidden: torch.Tensor | None = None
+              ) -> torch.Tensor | None:
         top = self._top(logits.shape[0] - 1 - num_draft)
         return None if top is None else logits[1 + num_draft :][top].argmax(-1)  # the top level's next tokens
 

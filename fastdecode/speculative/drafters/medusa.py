@@ -26,6 +26,7 @@ from ...heads import head_for
 from ...heads.hydra import HydraHead
 from ...heads.medusa import MedusaHead, target_embeddings, target_lm_head
 from ...heads.medusa_layout import is_medusa_layout, load_medusa_layout
+from ...models.base import on_host
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
@@ -55,7 +56,15 @@ class MedusaSpecConfig(SpecConfig):
 
 
 class MedusaDrafter(BaseDrafter):
-    """One row's drafter: keeps the target's hidden state at the last accepted position and grows a tree from it."""
+    """One row's drafter: keeps the target's hidden state at the last accepted position and grows a tree from it.
+
+    Medusa's heads (not Hydra's) can run on every row the verification scored before its verdict is known, as the
+    authors' code runs them on every tree position in the verification forward: their candidates then come in the
+    verdict's read (`reads`), and `observe` keeps the accepted node's; one read a step, where running them after
+    the verdict on the accepted node's state reads once more. `ahead` chooses: None (the default) on a device only,
+    where a read makes the host wait (on the CPU the heads then run on one row instead of 1 + k)."""
+
+    ahead: bool | None = None
 
     needs_hidden = True
     tree_drafts = True
@@ -67,6 +76,8 @@ class MedusaDrafter(BaseDrafter):
         self.embed = target_embeddings(model) if isinstance(head, HydraHead) else None  # [V, H]
         self.levels = min(cfg.depth or head.config.num_heads, head.config.num_heads)
         self.hidden: torch.Tensor | None = None  # [H] the target's state whose next token ends the context
+        # [levels, 2w] on the host: the heads' candidates at that state, where they came with the verdict (`reads`)
+        self.candidates: torch.Tensor | None = None
         self.calls = 0
 
     @property
@@ -76,26 +87,45 @@ class MedusaDrafter(BaseDrafter):
     @torch.inference_mode()
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         levels = min(self.levels, k)
-        if self.hidden is None or levels < 1:
+        if (self.hidden is None and self.candidates is None) or levels < 1:
             return Draft.empty()
         if isinstance(self.head, HydraHead):
+            assert self.hidden is not None
             nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, self.hidden.device)
             self._grow_hydra(nodes, context[-1:], levels)
         else:
-            nodes = self._grow_medusa(levels)
+            if self.candidates is None:  # (read now: the heads run on the accepted node's state alone)
+                assert self.hidden is not None
+                self.candidates = self._candidates(self.hidden[None])[:, 0].cpu()
+            nodes = self._grow_medusa(self.candidates[:levels])
         return nodes.draft()  # (Hydra's on a device unread: the verdict reads it)
 
-    def _grow_medusa(self, levels: int) -> BestFirst:
-        """One forward of all heads gives every level's candidates: each beam node gets the same candidates of its
-        level's head. They are read at once (one read: the indices and the log-probabilities as their float32 bits,
-        in one integer copy) and the tree grows on the host, where its bookkeeping launches nothing on a GPU."""
-        assert self.hidden is not None and isinstance(self.head, MedusaHead)
-        logits = self.head.logits(self.hidden[None], self.lm_head)[:levels, 0]  # [levels, V]: one forward, all heads
+    def _ahead(self, device: torch.device) -> bool:
+        return not isinstance(self.head, HydraHead) and (not on_host(device) if self.ahead is None else self.ahead)
+
+    def reads(self, logits: torch.Tensor, num_draft: int, hidden: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Where the heads run ahead (`ahead`): their candidates at every row scored, `[levels, 1 + k, 2w]`."""
+        if hidden is None or not self._ahead(hidden.device):
+            return None
+        return self._candidates(hidden)
+
+    @torch.inference_mode()
+    def _candidates(self, hidden: torch.Tensor) -> torch.Tensor:
+        """One forward of all heads on states `[R, H]`: each level's `width` likeliest tokens after each state and
+        their log-probabilities, `[levels, R, 2w]` integers (the indices, then the float32 bits of the values:
+        `verify.float_bits`) where the heads run, to read in one copy."""
+        assert isinstance(self.head, MedusaHead)
+        logits = self.head.logits(hidden, self.lm_head)[: self.levels]  # [levels, R, V]: one forward, all heads
         self.calls += 1
         top = logits.float().log_softmax(-1).topk(min(self.cfg.width, logits.shape[-1]), dim=-1)
-        w = top.indices.shape[-1]
-        both = torch.cat([top.indices, float_bits(top.values)], dim=-1).cpu()  # [levels, 2w]
-        ids, logq = both[:, :w], from_bits(both[:, w:])
+        return torch.cat([top.indices, float_bits(top.values)], dim=-1)
+
+    def _grow_medusa(self, candidates: torch.Tensor) -> BestFirst:
+        """The tree from one state's candidates, `[levels, 2w]` on the host (`_candidates`): one forward of all heads
+        gave every level's, so each beam node gets the same candidates of its level's head, and the tree grows on the
+        host, where its bookkeeping launches nothing on a GPU."""
+        levels, w = candidates.shape[0], candidates.shape[1] // 2
+        ids, logq = candidates[:, :w], from_bits(candidates[:, w:])
         nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, torch.device("cpu"))
         nodes.add_top(logq[:1], ids[:1])
         for d in range(1, levels):
@@ -129,6 +159,9 @@ class MedusaDrafter(BaseDrafter):
         states = verification.node_hidden
         assert states is not None, "spec.medusa declares needs_hidden: the driver must hand over hidden states"
         self.hidden = states[node + 1]
+        self.candidates = None
+        if self._ahead(states.device):  # (they came with the verdict)
+            self.candidates = self.asked(verification).view(self.levels, states.shape[0], -1)[:, node + 1]
 
 
 def _head(model: CausalLM, cfg: MedusaSpecConfig) -> MedusaHead | HydraHead:

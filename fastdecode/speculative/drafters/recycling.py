@@ -153,7 +153,7 @@ class RecyclingDrafter(BaseDrafter):
         self._inputs = [root] + tokens
         return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
 
-    def reads(self, logits: torch.Tensor, num_draft: int) -> torch.Tensor:
+    def reads(self, logits: torch.Tensor, num_draft: int, hidden: torch.Tensor | None = None) -> torch.Tensor:
         return logits[: 1 + num_draft].topk(self.k, dim=-1).indices  # [1 + T, k], one row per input token
 
     def observe(self, verification: Verification) -> None:
