@@ -13,6 +13,7 @@ on `BaseDrafter`, never a probe for an attribute:
 | `tree_drafts` | False | may propose trees or side tokens (verified under a tree attention mask) |
 | `shares_target_cache` | False | runs the target on the target's own KV cache (spec.sparse_self) |
 | `bind(cache)` | None | ... handed to it before the first step; may return a watcher of the target's forwards |
+| `reads(logits, k, hidden)` | None | reads values of the verified rows in `observe` (they come with the verdict) |
 """
 
 from __future__ import annotations
