@@ -7,7 +7,8 @@ next token (the bonus token) ends the context. Head k guesses the (k + 1)-th tok
 by level, as EAGLE-2 grows its own: the `width` best nodes of the newest level each get the `width` likeliest tokens
 of the next head, a node scoring the sum of its path's log-probabilities; then the `total_tokens` best nodes are kept
 (a child never outscores its parent, so the kept set is a tree; `best_first.py`). Medusa's heads do not see the
-path, so one forward of all heads gives every level, read at once, and its tree grows on the host; Hydra's run once
+path, so one forward of all heads gives every level, read at once (on a device with the verdict before: the heads
+run on every verified row, `MedusaDrafter.ahead`), and its tree grows on the host; Hydra's run once
 per level on the beam's paths, and its tree grows where they run and is read with its verdict (`tree.DeviceTree`).
 The target verifies the tree in one forward (`tree.verify_tree_greedy`, or rejection sampling with q one-hot), so
 the output is the target's exactly.
@@ -153,7 +154,7 @@ class MedusaDrafter(BaseDrafter):
 
     def observe(self, verification: Verification) -> None:
         """Keep the hidden state of the last accepted node (the root when none was): its next token ends the
-        context now."""
+        context now; where the heads ran ahead, keep that node's candidates, read with the verdict."""
         nodes = verification.nodes or range(verification.accepted)  # (a chain: an empty draft, or a linear tree)
         node = nodes[-1] if verification.accepted else -1
         states = verification.node_hidden
