@@ -26,15 +26,15 @@ MORE = {
 }
 # at a temperature: the verdict's acceptance draws and reads once (`verify_sampling` for a chain,
 # `verify_tree_sampling` for a tree, `verify_tree_rsd` for RSD's, with what the drafter asked of the logits); a
-# drafter's draws stay on the device (a model's chain, RSD's tree, a best-first tree, Medusa's heads' candidates); a
-# diffusion draft is read once when filled (its in-order prefix, the part verify_sampling may take, has a length of
-# its own)
+# drafter's draws stay on the device (a model's chain, RSD's tree, a best-first tree, Medusa's heads' candidates, a
+# diffusion draft filled in one forward); a diffusion draft filled in several is read once when filled (its in-order
+# prefix, the part verify_sampling may take, has a length of its own)
 SAMPLED = [("spec.pld", {}, 1), ("spec.ngram", {}, 1), ("spec.suffix", {}, 1), ("spec.suffix", {"tree": True}, 1),
            ("spec.recycling", {}, 1), ("spec.lookahead", {}, 1), ("spec.jacobi", {}, 1), ("spec.eagle3", {}, 1),
            ("spec.dflash", {}, 1), ("spec.draft_model", {}, 1), ("spec.sparse_self", {}, 1),
            ("spec.layerskip", {"confidence_stop": 0.0, "skip_layers": "1"}, 1), ("spec.rsd", {}, 1),
            ("spec.rsd", {"top_k": 1}, 1), ("spec.eagle3", {"tree": True}, 1), ("spec.medusa", {}, 1),
-           ("spec.medusa", {"hydra": True}, 1), ("spec.dyntree", {}, 1), ("spec.dlm_draft", {}, 2)]
+           ("spec.medusa", {"hydra": True}, 1), ("spec.dyntree", {}, 1), ("spec.dlm_draft", {}, 1)]
 
 
 def waits_per_forward(model, method: str, rows: int = 1, **kw) -> tuple[float, list[int]]:

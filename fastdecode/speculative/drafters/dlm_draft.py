@@ -109,10 +109,12 @@ class DiffusionDrafter(BaseDrafter):
             masked &= ~commit
         if self.cfg.greedy:  # greedy verification is exact for any draft; left unread where it was drafted, for the
             return Draft(canvas[n:])  # verification to read with its verdict (one synchronisation a step)
+        assert probs is not None  # sampling: set by the first commit
+        if steps == 1:  # one draft forward committed the whole block: all in order, left unread as greedy's is
+            return Draft(canvas[n:], probs)
         # the in-order prefix's length and the drafts in one read
         values = torch.cat([in_order_prefix(step_of), canvas[n:]]).tolist()
         m = values[0]
-        assert probs is not None  # sampling: set by the first commit
         return Draft(torch.tensor(values[1 : 1 + m], dtype=torch.long), probs[:m])
 
     def _distribution(self, logits: torch.Tensor) -> torch.Tensor:
