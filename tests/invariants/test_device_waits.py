@@ -27,14 +27,14 @@ MORE = {
 # at a temperature: the verdict's acceptance draws and reads once (`verify_sampling` for a chain,
 # `verify_tree_sampling` for a tree, `verify_tree_rsd` for RSD's, with what the drafter asked of the logits); a
 # drafter's draws stay on the device (a model's chain, RSD's tree, a best-first tree, Medusa's heads' candidates, a
-# diffusion draft filled in one forward); a diffusion draft filled in several is read once when filled (its in-order
-# prefix, the part verify_sampling may take, has a length of its own)
-SAMPLED = [("spec.pld", {}, 1), ("spec.ngram", {}, 1), ("spec.suffix", {}, 1), ("spec.suffix", {"tree": True}, 1),
-           ("spec.recycling", {}, 1), ("spec.lookahead", {}, 1), ("spec.jacobi", {}, 1), ("spec.eagle3", {}, 1),
-           ("spec.dflash", {}, 1), ("spec.draft_model", {}, 1), ("spec.sparse_self", {}, 1),
-           ("spec.layerskip", {"confidence_stop": 0.0, "skip_layers": "1"}, 1), ("spec.rsd", {}, 1),
-           ("spec.rsd", {"top_k": 1}, 1), ("spec.eagle3", {"tree": True}, 1), ("spec.medusa", {}, 1),
-           ("spec.medusa", {"hydra": True}, 1), ("spec.dyntree", {}, 1), ("spec.dlm_draft", {}, 1)]
+# diffusion draft filled in one forward). Not listed: a diffusion draft filled in several forwards (`draft_steps` > 1)
+# is read once when filled (its in-order prefix, the part verify_sampling may take, has a length of its own)
+SAMPLED = [("spec.pld", {}), ("spec.ngram", {}), ("spec.suffix", {}), ("spec.suffix", {"tree": True}),
+           ("spec.recycling", {}), ("spec.lookahead", {}), ("spec.jacobi", {}), ("spec.eagle3", {}),
+           ("spec.dflash", {}), ("spec.draft_model", {}), ("spec.sparse_self", {}),
+           ("spec.layerskip", {"confidence_stop": 0.0, "skip_layers": "1"}), ("spec.rsd", {}),
+           ("spec.rsd", {"top_k": 1}), ("spec.eagle3", {"tree": True}), ("spec.medusa", {}),
+           ("spec.medusa", {"hydra": True}), ("spec.dyntree", {}), ("spec.dlm_draft", {})]
 
 
 def waits_per_forward(model, method: str, rows: int = 1, **kw) -> tuple[float, list[int]]:
@@ -100,14 +100,14 @@ def test_layerskip_without_its_confidence_stop_reads_once(on_device):
     assert tokens == base and waits <= 1.0
 
 
-@pytest.mark.parametrize("name,params,reads", SAMPLED)
-def test_a_sampled_step_reads_once_or_twice(on_device, name, params, reads):
+@pytest.mark.parametrize("name,params", SAMPLED)
+def test_a_sampled_step_reads_once(on_device, name, params):
     target, drafts, _ = on_device
     method = fastdecode.get_method(name)
     draft = {"draft": drafts[method.draft_kind]} if method.needs_draft else {}
     with simulated():
         waits, _ = waits_per_forward(target, name, temperature=1.0, seed=0, **params, **draft)
-    assert reads - 1 < waits <= reads
+    assert waits <= 1.0
 
 
 @pytest.mark.parametrize("name,params", [("spec.pld", {}), ("spec.suffix", {"tree": True}), ("spec.lookahead", {}),
