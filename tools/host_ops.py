@@ -61,8 +61,9 @@ def main() -> None:
     with HostOps() as count:
         for _ in range(args.steps):
             session.step()
-    print(f"{count.ops / args.steps:.1f} operations per step outside the captured forward, "
-          f"{count.reads / args.steps:.1f} device-to-host reads per step")
+    print(f"{count.ops / args.steps:.1f} operations per step outside the captured forward "
+          f"({count.launches / args.steps:.1f} of them launches), {count.reads / args.steps:.1f} device-to-host "
+          f"reads per step")
     for line, n in count.by_line.most_common():
         print(f"{n / args.steps:6.1f}  {line}")
 
@@ -87,12 +88,13 @@ def spec(model: fastdecode.CausalLM, args: argparse.Namespace) -> None:
             for new_tokens in (8, 40):  # the same prefix: the difference is 32 tokens' steps, without the prefill
                 with HostOps() as count:
                     out = fastdecode.generate(model, prompt, method, max_new_tokens=new_tokens, **kw)
-                runs.append((count.ops, count.reads, out.stats.forwards, out.stats.draft_forwards))
-            (ops8, reads8, f8, d8), (ops40, reads40, f40, d40) = runs
+                runs.append((count.ops, count.launches, count.reads, out.stats.forwards, out.stats.draft_forwards))
+            (ops8, l8, reads8, f8, d8), (ops40, l40, reads40, f40, d40) = runs
             f = f40 - f8
             name = text if each is None else f"{text} (read_each_token={each})"
-            print(f"{name}: {f} target forwards, {(ops40 - ops8) / f:.1f} operations and {(reads40 - reads8) / f:.2f} "
-                  f"reads per forward outside the captured forwards, {(d40 - d8) / f:.2f} draft forwards")
+            print(f"{name}: {f} target forwards, {(ops40 - ops8) / f:.1f} operations ({(l40 - l8) / f:.1f} of them "
+                  f"launches) and {(reads40 - reads8) / f:.2f} reads per forward outside the captured forwards, "
+                  f"{(d40 - d8) / f:.2f} draft forwards")
     ModelChainDrafter.read_each_token = None
 
 

@@ -5,7 +5,7 @@ the regression guard `tests/invariants/test_host_ops.py`.
 
     with HostOps() as count:
         session.step()
-    count.ops, count.reads, count.by_line
+    count.ops, count.launches, count.reads, count.by_line
 """
 
 from __future__ import annotations
@@ -24,17 +24,20 @@ from .graphs import Graphs
 
 _SCALAR = torch.ops.aten._local_scalar_dense.default  # .item(), int(t), bool(t)
 _COPIES = (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
+_METADATA = (torch.ops.aten.detach_.default, torch.ops.aten.detach.default)  # no kernel, though not views
 
 
 class HostOps(TorchDispatchMode):
     """Every dispatched operation while counting, by the fastdecode line that issued it (`by_line`: "file:line
     op"), and the device-to-host reads (`reads`): `.item()` and the like, copies from another device to the CPU, and
     `.tolist()` (which on a CPU tensor dispatches nothing, so it is counted where it is called). The body of a
-    captured forward (`Graphs._replay`: one launch on a GPU) is not counted."""
+    captured forward (`Graphs._replay`: one launch on a GPU) is not counted. `launches`: the operations that run a
+    kernel or a copy on a GPU, the others being views and metadata (`slice`, `expand`, `detach_`: host work only)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.by_line: Counter[str] = Counter()
+        self.launches = 0
         self.reads = 0
         self._paused = 0
         self._stack = contextlib.ExitStack()
@@ -59,6 +62,8 @@ class HostOps(TorchDispatchMode):
             ours = [f for f in traceback.extract_stack() if "/fastdecode/" in f.filename and f.filename != __file__]
             where = f"{ours[-1].filename.split('fastdecode/')[-1]}:{ours[-1].lineno}" if ours else "?"
             self.by_line[f"{where} {func}"] += 1
+            if not func.is_view and func not in _METADATA and func is not _SCALAR:
+                self.launches += 1
             if func is _SCALAR or (func in _COPIES and _to_host(args, out)):
                 self.reads += 1
         return out

@@ -102,3 +102,16 @@ def test_a_speculative_step_runs_few_host_operations(graphed, device):
             f"{n}  {line}" for line, n in sorted(ours.items(), key=lambda kv: -kv[1]))
         counted += 1
     assert counted >= 2, "the tiny model ended its row too early to count speculative steps"
+
+
+def test_views_and_metadata_are_host_work_not_launches():
+    """`HostOps.launches` counts what runs a kernel or a copy on a GPU; a view, a detach and a scalar read do not."""
+    x = torch.zeros(4, 4)
+    with HostOps() as count:
+        y = torch.ones(4, 4)  # a fill: a launch
+        part = y[1:, :2].unsqueeze(0).expand(2, 3, 2)  # four views (two slices)
+        z = part + 1  # a launch
+        w = z.detach()  # metadata
+        x.copy_(y)  # a launch
+        value = float(w.sum())  # the sum a launch, its read a scalar copy
+    assert count.ops == 10 and count.launches == 4 and count.reads == 1 and value == 24.0
