@@ -138,33 +138,37 @@ class BestFirst:
         return Draft(ids, parents=tree)
 
     def best(self) -> tuple[list[int], list[int]]:
-        """`(tokens, parents)` of the `total` best nodes in creation order (closed under ancestors: a child never
-        scores above its parent), parents renumbered; one read."""
-        keep = torch.sort(self.scores, descending=True, stable=True).indices[: self.total].sort().values
-        found = self.scores[keep] > float("-inf")
-        values = torch.cat([keep, self.tokens[keep], self.parents[keep], found.long()]).tolist()
+        """`(tokens, parents)` of the kept tree (`kept`) on the host, one read, without its nodes scored -inf (a token
+        the draft cannot propose; a child of one scores -inf too, so what is left is a tree), parents renumbered."""
+        keep, ids, parents = self._kept()
+        found = self.scores.index_select(0, keep) > float("-inf")
+        values = torch.cat([ids, parents, found.long()]).tolist()
         n = keep.numel()
-        index = {-1: -1}
+        index = {-1: -1}  # a kept node's place among those left
         tokens: list[int] = []
-        parents: list[int] = []
-        for node, token, parent, ok in zip(values[:n], values[n : 2 * n], values[2 * n : 3 * n], values[3 * n :],
-                                           strict=True):
+        left: list[int] = []
+        for i, (token, parent, ok) in enumerate(zip(values[:n], values[n : 2 * n], values[2 * n :], strict=True)):
             if ok:
-                index[node] = len(tokens)
+                index[i] = len(tokens)
                 tokens.append(token)
-                parents.append(index[parent])
-        return tokens, parents
+                left.append(index[parent])
+        return tokens, left
 
     def kept(self) -> tuple[torch.Tensor, DeviceTree]:
-        """`best`'s tree where it grew, nothing read: tokens `[N]` and a `DeviceTree`. The number of nodes must be
-        known on the host, so nodes scored -inf (tokens the draft cannot propose, `best` drops them) are kept where
-        fewer than `total` others were made: N = min(total, nodes made). They are verified as any other node is (a
-        token equal to the target's choice is accepted, which is lossless whatever proposed it)."""
+        """The `total` best nodes in creation order (closed under ancestors: a child never scores above its parent)
+        where the tree grew, nothing read: tokens `[N]` and a `DeviceTree`. The number of nodes must be known on the
+        host, so nodes scored -inf are kept where fewer than `total` others were made: N = min(total, nodes made).
+        They are verified as any other node is (a token equal to the target's choice is accepted, which is lossless
+        whatever proposed it); `best`, the host's, drops them."""
+        _, ids, parents = self._kept()
+        return ids, DeviceTree(parents, self.levels)
+
+    def _kept(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The kept nodes' indices `[N]` (ascending), tokens and parents renumbered among them (-1: the root)."""
         made = self.tokens.numel()
         N = min(self.total, made)
         keep = torch.sort(self.scores, descending=True, stable=True).indices[:N].sort().values
         place = torch.full((made,), -1, dtype=torch.long, device=self.device)
         place.index_copy_(0, keep, torch.arange(N, device=self.device))  # a kept node's place among the kept
         up = self.parents.index_select(0, keep)
-        parents = torch.where(up < 0, up, place.index_select(0, up.clamp(min=0)))
-        return self.tokens.index_select(0, keep), DeviceTree(parents, self.levels)
+        return keep, self.tokens.index_select(0, keep), torch.where(up < 0, up, place.index_select(0, up.clamp(min=0)))

@@ -579,14 +579,10 @@ class _Row:
         order, where `propose` reordered its tree."""
         if self.order is None:
             return rows
-        if isinstance(self.order, torch.Tensor):  # (before the verdict's read: put back where the rows are)
-            order = self.order.to(rows.device)
-            at = torch.arange(before, before + order.numel(), device=rows.device)
-            return rows[torch.arange(rows.shape[0], device=rows.device).index_copy(0, before + order, at)]
-        back = list(range(rows.shape[0]))
-        for j, node in enumerate(self.order):
-            back[before + node] = before + j
-        return rows[torch.tensor(back, device=rows.device)]
+        # (a tensor before a tree left on the device is read: the rows put back where they are, nothing read)
+        order = _onto(torch.as_tensor(self.order), rows.device)
+        at = torch.arange(before, before + order.numel(), device=rows.device)
+        return rows[torch.arange(rows.shape[0], device=rows.device).index_copy(0, before + order, at)]
 
     def _catch_up(self) -> None:
         """The History takes the tokens accepted since the last step."""
