@@ -162,7 +162,7 @@ class MedusaDrafter(BaseDrafter):
         self.hidden = states[node + 1]
         self.candidates = None
         if self._ahead(states.device):  # (they came with the verdict)
-            self.candidates = self.asked(verification).view(self.levels, states.shape[0], -1)[:, node + 1]
+            self.candidates = self.asked(verification)[:, node + 1]  # [levels, 1 + k, 2w] -> the node's
 
 
 def _head(model: CausalLM, cfg: MedusaSpecConfig) -> MedusaHead | HydraHead:
