@@ -63,8 +63,8 @@ TINY = {**TINYLLAMA, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 
 # against zoo:ar-small (shipped beside it), and spec.dlm_draft, whose draft is zoo:dlm-small
 LOSSLESS = ["spec.pld", "hf.prompt_lookup", "spec.ngram", "spec.suffix", "spec.suffix:tree=true", "spec.recycling",
             "spec.lookahead", "spec.jacobi", "spec.layerskip", "spec.sparse_self", "hf.greedy", "spec.draft_model",
-            "hf.assisted", "spec.rsd", "spec.dyntree", "spec.medusa", "spec.medusa:hydra=true", "spec.eagle3",
-            "spec.dflash", "spec.dlm_draft"]
+            "hf.assisted", "spec.rsd", "spec.dyntree", "spec.dyntree:graph=false", "spec.medusa",
+            "spec.medusa:hydra=true", "spec.eagle3", "spec.dflash", "spec.dlm_draft"]
 # the zoo weights a method of zoo:ar-small needs beyond its own (a device call carries a few: tools/gpu_parts.py)
 ZOO_DIR = ROOT / "fastdecode" / "zoo"
 DRAFT_MODELS = {"causal": "zoo:ar-tiny", "diffusion": "zoo:dlm-small"}  # the zoo's draft of each kind

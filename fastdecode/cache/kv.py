@@ -165,7 +165,7 @@ class KVCache(CacheBase, Cache):
         bundle goes back to the pool (or its graphs are retired, never destroyed). The callback holds the bundle,
         never the cache."""
         self._storage = storage if storage is not None else Storage()
-        self.graphs: dict[tuple[int, int, int], Any] = self._storage.graphs
+        self.graphs: dict[tuple[Any, ...], Any] = self._storage.graphs
         self._finalizer = weakref.finalize(self, recycle, self._storage, self._pool)
 
     def _hand_back(self) -> None:
@@ -173,7 +173,7 @@ class KVCache(CacheBase, Cache):
         self._finalizer.detach()
         recycle(self._storage, self._pool)
 
-    def add_graph(self, key: tuple[int, int, int], graph: Any) -> None:
+    def add_graph(self, key: tuple[Any, ...], graph: Any) -> None:
         """Keep a graph captured over the current storage (models/graphs.py); the bundle records that storage, so
         that the cache's successor can replay the graph."""
         self.graphs[key] = graph

@@ -115,9 +115,7 @@ class Graphs:
             return None
         base = cache.advance(B, width)
         K = cache.key_width
-        # a graph records the kernels of the settings it was captured under (fused kernels, grouped attention): a
-        # bundle reused after a setting changed captures anew rather than replay the other setting's kernels
-        key = (B, width, K, bool(getattr(self.native, "fused", False)), attention.grouped_attention_on())
+        key = (B, width, K, *self.settings())
         entry = cache.graphs.get(key)  # (a cache that moved its storage has retired its graphs: `KVCache.moved`)
         try:
             fresh = entry is None
@@ -136,6 +134,12 @@ class Graphs:
         assert entry.outputs is not None
         logits, states = entry.outputs
         return logits[:, :T].clone(), states[:, :T].clone() if hidden else None
+
+    def settings(self) -> tuple[bool, bool]:
+        """What a graph's key records beside its shapes: a graph records the kernels of the settings it was captured
+        under (fused kernels, grouped attention), so a bundle reused after a setting changed captures anew rather
+        than replay the other setting's kernels."""
+        return bool(getattr(self.native, "fused", False)), attention.grouped_attention_on()
 
     @staticmethod
     def _load(entry: _Entry, ids: torch.Tensor, positions: torch.Tensor, base: list[int], block: Block | None) -> None:
@@ -177,39 +181,17 @@ class Graphs:
         native = self.native
 
         def run(cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            W = entry.ids.shape[1]
-            n = entry.meta[:, 1:]  # [B, 1] the block's length
-            inside = torch.arange(W, device=n.device)[None] < n  # [B, W] the block, not its padding
-            ids = torch.where(inside, entry.ids, pad_id)  # [B, W]
-            positions = torch.where(inside, entry.positions, entry.positions.gather(1, n - 1))  # [B, W]
-            real = entry.real & inside
-            visible = entry.visible & inside[:, :, None] & inside[:, None, :]  # [B, W, W]
-            allow, cols = cache.place(entry.meta[:, 0], positions, visible, real, entry.past)
-            plan = attention.Plan(allow=allow, q_pos=positions, k_pos=cache.positions[:, :K])
-            with cache.scattered(cols):
-                logits, hidden, _ = native(ids, positions, cache, plan, None, None)
-            return logits.float(), hidden
+            return static_forward(native, cache, entry.meta, entry.ids, entry.positions, entry.real, entry.visible,
+                                  entry.past, K, pad_id)
         return run
 
-    def _capture(self, entry: _Entry, cache: Any, key: tuple[int, int, int, bool, bool], pad_id: int) -> None:
+    def _capture(self, entry: _Entry, cache: Any, key: tuple[int, ...], pad_id: int) -> None:
         body = self._body(entry, key[2], pad_id)
         if self.mode == "replay":
             entry.body = body
             entry.outputs = body(cache)
         else:
-            device = entry.ids.device
-            # warm up on a side stream (lazy initialisations such as cuBLAS workspaces must not be captured); the
-            # warm-up writes the same keys and values to the same columns as the replay after the capture
-            stream = torch.cuda.Stream(device=device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                body(cache)
-            torch.cuda.current_stream(device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                entry.outputs = body(cache)
-            entry.graph = graph
-            graph.replay()  # the capture recorded the kernels without running them
+            entry.graph, entry.outputs = capture(body, cache, entry.ids.device)
         self.stats["captures"] += 1
         cache.add_graph(key, entry)  # (its storage bundle records the tensors the graph reads: cache/pool.py)
 
@@ -220,6 +202,45 @@ class Graphs:
             assert entry.body is not None
             entry.outputs = entry.body(cache)
         self.stats["replays"] += 1
+
+
+def capture(body: Callable[[Any], Any], cache: Any, device: torch.device) -> tuple[Any, Any]:
+    """A CUDA graph of `body(cache)` (device operations only) and its outputs, run once: a warm-up on a side stream
+    first (lazy initialisations such as cuBLAS workspaces must not be captured; it writes the same keys and values to
+    the same columns as the replay after the capture), then the capture, then a replay (a capture records the kernels
+    without running them)."""
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        body(cache)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = body(cache)
+    graph.replay()
+    return graph, outputs
+
+
+def static_forward(native: Any, cache: Any, meta: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
+                   real: torch.Tensor, visible: torch.Tensor, past: torch.Tensor, K: int,
+                   pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One exact-mode forward from static buffers, device operations only (what a graph captures): `ids` and
+    `positions` `[B, W]` whose first `meta[:, 1]` columns are the block (the rest padding, made here: the pad token at
+    the block's last position, seen by nobody), `meta[:, 0]` each row's first new cache column, `real` `[B, W]`,
+    `visible` `[B, W, W]` and `past` `[B, W, K]` as `KVCache.begin` takes them (only the block's part is read). After
+    the host's `cache.advance`; returns the float32 logits `[B, W, V]` and the last hidden states `[B, W, H]`."""
+    W = ids.shape[1]
+    n = meta[:, 1:]  # [B, 1] the block's length
+    inside = torch.arange(W, device=n.device)[None] < n  # [B, W] the block, not its padding
+    ids = torch.where(inside, ids, pad_id)  # [B, W]
+    positions = torch.where(inside, positions, positions.gather(1, n - 1))  # [B, W]
+    real = real & inside
+    visible = visible & inside[:, :, None] & inside[:, None, :]  # [B, W, W]
+    allow, cols = cache.place(meta[:, 0], positions, visible, real, past)
+    plan = attention.Plan(allow=allow, q_pos=positions, k_pos=cache.positions[:, :K])
+    with cache.scattered(cols):
+        logits, hidden, _ = native(ids, positions, cache, plan, None, None)
+    return logits.float(), hidden
 
 
 def graphs_mode(value: bool | str | None, device: torch.device, exact: object) -> Mode | None:

@@ -31,8 +31,9 @@ class HostOps(TorchDispatchMode):
     """Every dispatched operation while counting, by the fastdecode line that issued it (`by_line`: "file:line
     op"), and the device-to-host reads (`reads`): `.item()` and the like, copies from another device to the CPU, and
     `.tolist()` (which on a CPU tensor dispatches nothing, so it is counted where it is called). The body of a
-    captured forward (`Graphs._replay`: one launch on a GPU) is not counted. `launches`: the operations that run a
-    kernel or a copy on a GPU, the others being views and metadata (`slice`, `expand`, `detach_`: host work only)."""
+    captured graph (`Graphs._replay`, a forward; `TreeGraph.replay`, a draft tree's growth: one launch each on a GPU)
+    is not counted. `launches`: the operations that run a kernel or a copy on a GPU, the others being views and
+    metadata (`slice`, `expand`, `detach_`: host work only)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -89,20 +90,27 @@ class HostOps(TorchDispatchMode):
 
     @contextlib.contextmanager
     def _replays_uncounted(self) -> Iterator[None]:
-        original = Graphs._replay
+        from ..speculative.model_tree import TreeGraph  # (a graph of a whole draft tree: one launch too)
 
-        def replay(graphs: Graphs, entry: Any, cache: Any) -> None:
-            self._paused += 1
-            try:
-                original(graphs, entry, cache)
-            finally:
-                self._paused -= 1
+        replays = [(Graphs, "_replay"), (TreeGraph, "replay")]
+        originals = [getattr(owner, name) for owner, name in replays]
 
-        Graphs._replay = replay  # type: ignore[assignment]
+        def uncounted(original: Any) -> Any:
+            def replay(*args: Any) -> None:
+                self._paused += 1
+                try:
+                    original(*args)
+                finally:
+                    self._paused -= 1
+            return replay
+
+        for (owner, name), original in zip(replays, originals, strict=True):
+            setattr(owner, name, uncounted(original))
         try:
             yield
         finally:
-            Graphs._replay = original  # type: ignore[method-assign]
+            for (owner, name), original in zip(replays, originals, strict=True):
+                setattr(owner, name, original)
 
 
 def _to_host(args: tuple[Any, ...], out: Any) -> bool:

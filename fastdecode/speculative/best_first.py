@@ -131,28 +131,12 @@ class BestFirst:
     def draft(self) -> Draft:
         """The kept tree as a draft: on the host read once (`best`); on a device left there (`kept`), for its verdict
         to read (`tree.DeviceTree`)."""
-        if on_host(self.device):
-            tokens, parents = self.best()
-            return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)
-        ids, tree = self.kept()
-        return Draft(ids, parents=tree)
+        return kept_draft(*self._kept(), self.levels)
 
     def best(self) -> tuple[list[int], list[int]]:
         """`(tokens, parents)` of the kept tree (`kept`) on the host, one read, without its nodes scored -inf (a token
         the draft cannot propose; a child of one scores -inf too, so what is left is a tree), parents renumbered."""
-        keep, ids, parents = self._kept()
-        found = self.scores.index_select(0, keep) > float("-inf")
-        values = torch.cat([ids, parents, found.long()]).tolist()
-        n = keep.numel()
-        index = {-1: -1}  # a kept node's place among those left
-        tokens: list[int] = []
-        left: list[int] = []
-        for i, (token, parent, ok) in enumerate(zip(values[:n], values[n : 2 * n], values[2 * n :], strict=True)):
-            if ok:
-                index[i] = len(tokens)
-                tokens.append(token)
-                left.append(index[parent])
-        return tokens, left
+        return _read_kept(*self._kept())
 
     def kept(self) -> tuple[torch.Tensor, DeviceTree]:
         """The `total` best nodes in creation order (closed under ancestors: a child never scores above its parent)
@@ -164,11 +148,38 @@ class BestFirst:
         return ids, DeviceTree(parents, self.levels)
 
     def _kept(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The kept nodes' indices `[N]` (ascending), tokens and parents renumbered among them (-1: the root)."""
+        """The kept nodes' scores `[N]` (in creation order), tokens and parents renumbered among them (-1: the root)."""
         made = self.tokens.numel()
         N = min(self.total, made)
         keep = torch.sort(self.scores, descending=True, stable=True).indices[:N].sort().values
         place = torch.full((made,), -1, dtype=torch.long, device=self.device)
         place.index_copy_(0, keep, torch.arange(N, device=self.device))  # a kept node's place among the kept
         up = self.parents.index_select(0, keep)
-        return keep, self.tokens.index_select(0, keep), torch.where(up < 0, up, place.index_select(0, up.clamp(min=0)))
+        parents = torch.where(up < 0, up, place.index_select(0, up.clamp(min=0)))
+        return self.scores.index_select(0, keep), self.tokens.index_select(0, keep), parents
+
+
+def kept_draft(scores: torch.Tensor, ids: torch.Tensor, parents: torch.Tensor | DeviceTree, levels: int) -> Draft:
+    """A best-first tree's kept nodes (`BestFirst._kept`: scores, tokens, parents) as a draft: on the host read once,
+    the nodes scored -inf dropped (`BestFirst.best`); on a device left there as a `tree.DeviceTree` of `levels` (or
+    the one given, with what was computed with it)."""
+    tree = parents if isinstance(parents, DeviceTree) else DeviceTree(parents, levels)
+    if on_host(ids.device):
+        tokens, left = _read_kept(scores, ids, tree.parents)
+        return Draft(torch.tensor(tokens, dtype=torch.long), parents=left)
+    return Draft(ids, parents=tree)
+
+
+def _read_kept(scores: torch.Tensor, ids: torch.Tensor, parents: torch.Tensor) -> tuple[list[int], list[int]]:
+    """`BestFirst.best` of kept nodes: one read, the nodes scored -inf dropped, parents renumbered."""
+    values = torch.cat([ids, parents, (scores > float("-inf")).long()]).tolist()
+    n = ids.numel()
+    index = {-1: -1}  # a kept node's place among those left
+    tokens: list[int] = []
+    left: list[int] = []
+    for i, (token, parent, ok) in enumerate(zip(values[:n], values[n : 2 * n], values[2 * n :], strict=True)):
+        if ok:
+            index[i] = len(tokens)
+            tokens.append(token)
+            left.append(index[parent])
+    return tokens, left

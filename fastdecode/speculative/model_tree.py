@@ -1,12 +1,28 @@
 """The draft model's side of a token tree, shared by the tree drafters that run a separate draft model
 (spec.rsd, spec.dyntree): its own KV cache, the unseen context fed once per step, then the tree grown one
-forward per depth, every node of a level in the same forward under a tree attention mask."""
+forward per depth, every node of a level in the same forward under a tree attention mask.
+
+Where the draft model runs CUDA graphs (exact mode's fixed shapes, models/graphs.py), a best-first tree grown to its
+full depth (no early stop: nothing is read while it grows) is one computation of fixed shapes from the root's
+logits to the kept tree, every level's beam, tree mask, draft forward and children included: `best_first` captures
+it as one graph and replays it each step (`TreeGraph`), where the level-by-level path launches each level's forward
+and about 35 bookkeeping operations of its own from the host (docs/gpu.md, "A best-first tree in one graph")."""
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
 
+from ..cache.kv import KVCache
+from ..errors import FastDecodeWarning
 from ..models.causal import CausalLM
+from ..models.graphs import capture, static_forward
+from .best_first import BestFirst, kept_draft
+from .drafter import Draft
+from .tree import DeviceTree
 
 
 class DraftModelTree:
@@ -24,6 +40,10 @@ class DraftModelTree:
         self.forwards = 0
         self._n = 0  # context length at the last start
         self._fed: list[int] = []  # tree nodes held in the cache after the context, in cache order
+        # `best_first` in one graph: captures, replays; why it stopped if a capture failed (it then grows level by
+        # level, with the same results)
+        self.graph_stats = {"captures": 0, "replays": 0}
+        self.graph_failed: str | None = None
 
     def start(self, context: torch.Tensor) -> torch.Tensor:
         """Feed the context the cache has not seen (`[N]`, extending the last one); returns the root's logits `[V]`."""
@@ -58,6 +78,128 @@ class DraftModelTree:
         logits = self.model.forward(ids.to(device)[None], pos, self.cache, mask[None, None].to(device), num_logits=Q)
         self.forwards += 1
         return logits[0]  # [Q, V]
+
+
+    @torch.inference_mode()  # (the cache's tensors are the forward's inference tensors, written in place)
+    def best_first(self, root: torch.Tensor, width: int, total: int, levels: int) -> Draft | None:
+        """EAGLE-2's best-first tree (`BestFirst`: `width` children a node, `width` nodes expanded a level, `total`
+        kept) grown from the root's logits `[V]` (after `start`) to `levels` deep without an early stop, in one
+        captured graph replayed each step: the same tree as `BestFirst.grow` with `feed` gives, and the same cache
+        columns written. None, with nothing done, where it cannot run: the draft model without graphs (or with a
+        capture that failed before), a beam wider than exact mode's block, a tree of one level, a cache whose
+        storage is not allocated yet (the level-by-level path allocates it; the next step captures)."""
+        model, cache = self.model, self.cache
+        graphs, exact = model.graphs, model.exact
+        Q = min(width, root.shape[-1])  # every level's beam: each of its nodes has `width` children
+        if (graphs is None or exact is None or self.graph_failed is not None or not isinstance(cache, KVCache)
+                or not cache.graphable() or levels < 2 or Q > exact.width):
+            return None
+        W, n = exact.width, self._n
+        if not cache.ready_for((levels - 2) * Q + W):  # the last level's padded block, the levels before it kept
+            return None
+        # the host's half of the levels' forwards: each takes W columns after the last and keeps its Q nodes' (the
+        # device's half, `KVCache.place`, runs in the graph); the key width is the storage's in exact mode
+        for _ in range(levels - 1):
+            base = cache.advance(1, W)
+            cache.crop_rows([base[0] + Q])
+        K = cache.key_width
+        key = ("best_first", width, total, levels, W, K, *graphs.settings())
+        entry = cache.graphs.get(key)
+        try:
+            fresh = entry is None
+            if entry is None:
+                entry = TreeGraph(graphs.native, width, total, levels, Q, W, K, model.pad_token_id, root.shape[-1],
+                                  root.device)
+            entry.root.copy_(root)
+            entry.n.copy_(torch.tensor([n]), non_blocking=True)
+            if fresh:
+                if graphs.mode == "replay":
+                    entry.outputs = entry.body(cache)
+                else:
+                    entry.graph, entry.outputs = capture(entry.body, cache, root.device)
+                cache.add_graph(key, entry)
+                self.graph_stats["captures"] += 1
+            else:
+                entry.replay(cache)
+                self.graph_stats["replays"] += 1
+        except Exception as e:
+            cache.crop_rows([n])  # what the levels wrote is past the context: the level-by-level path writes it again
+            if not fresh or graphs.mode == "replay":
+                raise
+            # e.g. "operation not permitted when stream is capturing" (a host read in a checkpoint's own code)
+            self.graph_failed = str(e).splitlines()[0] if str(e) else type(e).__name__
+            warnings.warn(f"the draft tree is grown level by level for this draft model: it could not be captured "
+                          f"in one CUDA graph ({self.graph_failed}); the same tree, more host work",
+                          FastDecodeWarning, stacklevel=3)
+            return None
+        finally:
+            cache.end()
+        self.forwards += levels - 1
+        assert entry.outputs is not None
+        scores, ids, parents, mask, first = (t.clone() for t in entry.outputs)  # (the next replay overwrites them)
+        return kept_draft(scores, ids, DeviceTree(parents, levels, mask=mask, first=first), levels)
+
+
+@dataclass(eq=False)
+class TreeGraph:
+    """`DraftModelTree.best_first`'s graph: the static inputs (the root's logits, the context's length), the body
+    (every level's beam, tree mask and draft forward, then the kept nodes: device operations on fixed shapes only)
+    and its outputs, the kept nodes' scores, tokens and parents, their ancestor mask and branch-first order (which
+    the verification would otherwise build). Kept in the draft cache's graphs (by its shapes and settings), which a
+    cache that moves its storage retires, and hands to the model's next cache with its storage."""
+
+    native: Any  # the draft model's direct forward
+    width: int
+    total: int
+    levels: int
+    Q: int  # each level's beam
+    W: int  # exact mode's block: a level's forward, padded
+    K: int  # the key width: the cache's storage
+    pad_id: int
+    vocab: int
+    device: torch.device
+    root: torch.Tensor = field(init=False)  # [V] float32
+    n: torch.Tensor = field(init=False)  # [1] long: the context's length (its last position + 1)
+    outputs: tuple[torch.Tensor, ...] | None = None  # the kept nodes' scores, tokens, parents; their mask and order
+    graph: Any = None  # torch.cuda.CUDAGraph (mode "cuda"; "replay" runs the body again)
+
+    def __post_init__(self) -> None:
+        self.root = torch.zeros(self.vocab, dtype=torch.float32, device=self.device)
+        self.n = torch.ones(1, dtype=torch.long, device=self.device)
+
+    def replay(self, cache: Any) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.outputs = self.body(cache)
+
+    def body(self, cache: Any) -> tuple[torch.Tensor, ...]:
+        Q, W, K, device = self.Q, self.W, self.K, self.device
+        nodes = BestFirst(self.width, self.total, device)
+        nodes.add_children(self.root[None])
+        k = torch.arange(K, device=device)
+        context = (k < self.n)[None].expand(Q, K)  # [Q, K] the context's columns
+        eye = torch.eye(W, dtype=torch.bool, device=device)[None]  # a level's nodes see themselves, no sibling
+        real = torch.ones(1, W, dtype=torch.bool, device=device)
+        for depth in range(1, self.levels):
+            beam = nodes.beam()
+            F = nodes.fed - Q  # tree nodes stored before this level, at columns n .. n + F - 1
+            start = self.n + F
+            meta = torch.cat([start, start.new_full((1,), Q)])[None]  # [1, 2]
+            ids = torch.zeros(1, W, dtype=torch.long, device=device)
+            ids[0, :Q] = beam.tokens
+            positions = (self.n + (depth - 1)).expand(1, W)
+            past = torch.ones(1, W, K, dtype=torch.bool, device=device)
+            seen = context.clone()
+            if F:
+                seen.scatter_(1, self.n + torch.arange(F, device=device)[None].expand(Q, F), beam.sees[:, :F])
+            past[0, :Q] = seen
+            logits, _ = static_forward(self.native, cache, meta, ids, positions, real, eye, past, K, self.pad_id)
+            nodes.add_children(logits[0, :Q], beam)
+        scores, ids, parents = nodes._kept()
+        tree = DeviceTree.shaped(parents, self.levels)  # (what the verification builds from it, built here)
+        assert tree.mask is not None and tree.first is not None
+        return scores, ids, parents, tree.mask, tree.first
 
 
 def _ancestors(parents: list[int], node: int) -> set[int]:

@@ -26,16 +26,29 @@ class DeviceTree:
     parents: torch.Tensor  # [T] long, -1 for a child of the root, parents listed before their children
     depth: int  # a bound on the deepest node, known on the host (the levels grown)
     order: torch.Tensor | None = None  # [T] where `reordered`: node j is the drafter's node order[j]
+    # computed with the tree where a drafter did so (`shaped`: a best-first tree grown in one graph computes them in
+    # it), else None: its `ancestor_mask` [T, T] and its `branch_first` order [T]
+    mask: torch.Tensor | None = None
+    first: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.parents.numel()
 
+    @staticmethod
+    def shaped(parents: torch.Tensor, depth: int) -> DeviceTree:
+        """The tree with its ancestor mask and branch-first order computed now, where it is (inside a drafter's
+        graph, they cost no launch of their own)."""
+        tree = DeviceTree(parents, depth)
+        return DeviceTree(parents, depth, mask=ancestor_mask(tree), first=branch_first(tree))  # type: ignore[arg-type]
+
     def reordered(self, order: torch.Tensor) -> DeviceTree:
-        """The tree whose node j is node `order[j]` of this one (`reorder`, where the tree is)."""
+        """The tree whose node j is node `order[j]` of this one (`reorder`, where the tree is); a mask computed
+        with the tree is permuted with it."""
         T = len(self)
         place = torch.empty_like(order).scatter_(0, order, torch.arange(T, device=order.device))  # inverse
         up = self.parents.index_select(0, order)
-        return DeviceTree(torch.where(up < 0, up, place.index_select(0, up.clamp(min=0))), self.depth, order)
+        mask = None if self.mask is None else self.mask.index_select(0, order).index_select(1, order)
+        return DeviceTree(torch.where(up < 0, up, place.index_select(0, up.clamp(min=0))), self.depth, order, mask)
 
 
 Parents = list[int] | DeviceTree  # a tree's shape: on the host, or where its drafter grew it
@@ -55,6 +68,8 @@ def ancestor_mask(parents: Parents) -> torch.Tensor:
     Built a depth at a time (every node's next ancestor up in one gather), a few tensor operations a level: row by
     row it was four a node (~400 for spec.recycling's 80-node tree), each a dispatch on the host every step."""
     T = len(parents)
+    if isinstance(parents, DeviceTree) and parents.mask is not None:
+        return parents.mask
     if isinstance(parents, DeviceTree):
         device, levels = parents.parents.device, parents.depth
         up = torch.cat([torch.where(parents.parents < 0, T, parents.parents),
@@ -164,6 +179,8 @@ def branch_first(parents: Parents) -> list[int] | torch.Tensor:
             branch.append(at)
         rest = set(branch)
         return branch + [i for i in range(len(parents)) if i not in rest]
+    if parents.first is not None:
+        return parents.first
     T, device = len(parents), parents.parents.device
     # first[i]: node i's first-listed child (T + 1: none); index T stands for the root, T + 1 for "none"
     up = torch.where(parents.parents < 0, T, parents.parents)

@@ -79,6 +79,11 @@ def test_a_device_tree_gives_the_host_trees_mask_depths_order_and_verdicts():
         assert isinstance(on_device, torch.Tensor) and on_device.tolist() == order
         moved = tree.reordered(on_device)
         assert moved.parents.tolist() == reorder(parents, order) and moved.order is on_device
+        shaped = DeviceTree.shaped(torch.tensor(parents), tree.depth)  # (as a best-first tree's graph computes them)
+        assert shaped.mask is not None and shaped.first is not None
+        assert torch.equal(ancestor_mask(shaped), ancestor_mask(parents)) and branch_first(shaped) is shaped.first
+        assert shaped.first.tolist() == order
+        assert torch.equal(ancestor_mask(shaped.reordered(shaped.first)), ancestor_mask(reorder(parents, order)))
         tokens = torch.randint(0, V, (T,), generator=g)
         logits = torch.randn(T + 1, V, generator=g)
         host = verify_tree_greedy(tokens.tolist(), parents, logits)

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from ...config import check
+from ...errors import ParameterError
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..best_first import BestFirst
+from ..best_first import BestFirst, stops_early
 from ..drafter import BaseDrafter, Draft, SpecConfig, register_spec
 from ..driver import check_rollback, speculative
 from ..model_tree import DraftModelTree
@@ -37,12 +38,17 @@ class DynTreeConfig(SpecConfig):
     # stop growing once no child could be kept (the same tree, fewer draft forwards; a read a level): None = on the
     # CPU only (best_first.stops_early)
     early_stop: bool | None = None
+    # grow the whole tree in one captured graph (without the early stop; model_tree.DraftModelTree.best_first): None
+    # = wherever the draft model runs CUDA graphs (or their capture-free replay), False = level by level
+    graph: bool | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(1 <= self.total_tokens <= MAX_NODES, "total_tokens", self.total_tokens, f"must be in [1, {MAX_NODES}]")
         check(self.depth >= 1, "depth", self.depth, "must be at least 1")
         check(self.width >= 1, "width", self.width, "must be at least 1")
+        check(not (self.graph and self.early_stop), "graph", self.graph,
+              "grows every level in one graph, which early_stop=true (a read a level) cannot: set one of them")
 
 
 class DynTreeDrafter(BaseDrafter):
@@ -51,6 +57,10 @@ class DynTreeDrafter(BaseDrafter):
     tree_drafts = True
 
     def __init__(self, draft: CausalLM, cfg: DynTreeConfig) -> None:
+        if cfg.graph and draft.graphs is None:
+            raise ParameterError("spec.dyntree:graph=true grows the tree in a CUDA graph of the draft model, which "
+                                 "runs without graphs: load it with graphs (the default on CUDA in exact mode; "
+                                 "graphs='replay' with exact=True elsewhere) or leave graph unset")
         self.tree = DraftModelTree(draft)
         self.cfg = cfg
 
@@ -61,6 +71,11 @@ class DynTreeDrafter(BaseDrafter):
     def propose(self, context: torch.Tensor, k: int) -> Draft:
         depth = min(self.cfg.depth, k)
         root = self.tree.start(context)
+        graph = self.cfg.graph if self.cfg.graph is not None else not stops_early(self.cfg.early_stop, root.device)
+        if graph:
+            draft = self.tree.best_first(root, self.cfg.width, self.cfg.total_tokens, depth)
+            if draft is not None:
+                return draft
         nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, root.device)
         nodes.add_children(root[None])
         nodes.grow(depth, lambda beam, d: (self.tree.feed(beam.tokens, beam.sees, d), None), self.cfg.early_stop)
