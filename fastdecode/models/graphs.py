@@ -243,6 +243,11 @@ def static_forward(native: Any, cache: Any, meta: torch.Tensor, ids: torch.Tenso
     return logits.float(), hidden
 
 
+# the methods that replay a captured graph (one launch on a GPU), by class: `host_ops.HostOps` counts nothing inside
+# them; a graph of more than a forward registers its own (`speculative/model_tree.TreeGraph`)
+REPLAYS: list[tuple[type, str]] = [(Graphs, "_replay")]
+
+
 def graphs_mode(value: bool | str | None, device: torch.device, exact: object) -> Mode | None:
     """What `load(graphs=...)` means: None turns CUDA graphs on where they apply (exact mode on a CUDA device), False
     off, True or "cuda" on (a CUDA device and exact mode needed), "replay" the capture-free path (any device, for

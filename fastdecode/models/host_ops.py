@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .base import on_host
-from .graphs import Graphs
+from .graphs import REPLAYS
 
 _SCALAR = torch.ops.aten._local_scalar_dense.default  # .item(), int(t), bool(t)
 _COPIES = (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
@@ -31,9 +31,9 @@ class HostOps(TorchDispatchMode):
     """Every dispatched operation while counting, by the fastdecode line that issued it (`by_line`: "file:line
     op"), and the device-to-host reads (`reads`): `.item()` and the like, copies from another device to the CPU, and
     `.tolist()` (which on a CPU tensor dispatches nothing, so it is counted where it is called). The body of a
-    captured graph (`Graphs._replay`, a forward; `TreeGraph.replay`, a draft tree's growth: one launch each on a GPU)
-    is not counted. `launches`: the operations that run a kernel or a copy on a GPU, the others being views and
-    metadata (`slice`, `expand`, `detach_`: host work only)."""
+    captured graph (`graphs.REPLAYS`: `Graphs._replay`, a forward; `TreeGraph.replay`, a draft tree's growth: one
+    launch each on a GPU) is not counted. `launches`: the operations that run a kernel or a copy on a GPU, the others
+    being views and metadata (`slice`, `expand`, `detach_`: host work only)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -90,9 +90,7 @@ class HostOps(TorchDispatchMode):
 
     @contextlib.contextmanager
     def _replays_uncounted(self) -> Iterator[None]:
-        from ..speculative.model_tree import TreeGraph  # (a graph of a whole draft tree: one launch too)
-
-        replays = [(Graphs, "_replay"), (TreeGraph, "replay")]
+        replays = list(REPLAYS)
         originals = [getattr(owner, name) for owner, name in replays]
 
         def uncounted(original: Any) -> Any:

@@ -16,10 +16,9 @@ from typing import Any
 
 import torch
 
-from ..cache.kv import KVCache
 from ..errors import FastDecodeWarning
 from ..models.causal import CausalLM
-from ..models.graphs import capture, static_forward
+from ..models.graphs import REPLAYS, capture, static_forward
 from .best_first import BestFirst, kept_draft
 from .drafter import Draft
 from .tree import DeviceTree
@@ -88,11 +87,12 @@ class DraftModelTree:
         columns written. None, with nothing done, where it cannot run: the draft model without graphs (or with a
         capture that failed before), a beam wider than exact mode's block, a tree of one level, a cache whose
         storage is not allocated yet (the level-by-level path allocates it; the next step captures)."""
-        model, cache = self.model, self.cache
+        model = self.model
+        cache: Any = self.cache  # (graphable: it offers `ready_for`, `advance`, `key_width`, `graphs`, `place`, ...)
         graphs, exact = model.graphs, model.exact
         Q = min(width, root.shape[-1])  # every level's beam: each of its nodes has `width` children
-        if (graphs is None or exact is None or self.graph_failed is not None or not isinstance(cache, KVCache)
-                or not cache.graphable() or levels < 2 or Q > exact.width):
+        if (graphs is None or exact is None or self.graph_failed is not None or not cache.graphable()
+                or levels < 2 or Q > exact.width):
             return None
         W, n = exact.width, self._n
         if not cache.ready_for((levels - 2) * Q + W):  # the last level's padded block, the levels before it kept
@@ -200,6 +200,9 @@ class TreeGraph:
         tree = DeviceTree.shaped(parents, self.levels)  # (what the verification builds from it, built here)
         assert tree.mask is not None and tree.first is not None
         return scores, ids, parents, tree.mask, tree.first
+
+
+REPLAYS.append((TreeGraph, "replay"))  # (a replay is one launch on a GPU: `HostOps` counts nothing inside it)
 
 
 def _ancestors(parents: list[int], node: int) -> set[int]:

@@ -17,6 +17,7 @@ from device_sim import reads_per_forward, simulated
 import fastdecode
 from fastdecode.errors import FastDecodeWarning, ParameterError
 from fastdecode.models import graphs as graphs_module
+from fastdecode.models.exact import Exact
 from fastdecode.models.host_ops import HostOps
 from fastdecode.speculative import model_tree
 from fastdecode.speculative.model_tree import DraftModelTree
@@ -49,8 +50,8 @@ def grown(monkeypatch):
     return count
 
 
-def _run(target, draft, prompt, graph: bool, **kw):
-    out = fastdecode.generate(target, prompt, "spec.dyntree", draft=draft, max_new_tokens=32, graph=graph,
+def _run(target, draft, prompt, graph: bool, new: int = 32, **kw):
+    out = fastdecode.generate(target, prompt, "spec.dyntree", draft=draft, max_new_tokens=new, graph=graph,
                               **({} if graph else {"early_stop": False}), **kw)
     return out.token_ids, out.stats.forwards, out.stats.draft_forwards, out.stats.accepted, out.stats.proposed
 
@@ -84,6 +85,27 @@ def test_where_no_graph_fits_the_tree_grows_by_levels(models, grown):
         levels = fastdecode.generate(target, PROMPTS[1], "spec.dyntree", draft=draft, max_new_tokens=32, **params)
         assert (declined.token_ids, declined.stats.draft_forwards) == (levels.token_ids, levels.stats.draft_forwards)
     assert grown["asked"] > 0 and grown["graphed"] == 0
+
+
+def test_a_draft_cache_that_grows_captures_its_tree_again(models, monkeypatch, load_model, device):
+    """Key columns in blocks of 16: the draft cache's storage grows every few steps, which retires its graphs (their
+    addresses are gone); that step grows by levels (the storage is allocated there) and the next captures anew."""
+    _, _, folder = models
+    mode = "cuda" if device.type == "cuda" else "replay"
+    target = load_model(folder, exact=Exact(8, 16), graphs=mode)
+    draft = load_model(folder, exact=Exact(8, 16), graphs=mode)
+    captures = []
+    original = DraftModelTree.best_first
+
+    def spy(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        captures.append(self.graph_stats["captures"])
+        return out
+    monkeypatch.setattr(DraftModelTree, "best_first", spy)
+    # (early_stop=False: the step that grows by levels as a device would, not with the host's early stop)
+    assert _run(target, draft, PROMPTS[1], True, 64, early_stop=False, **TREE) == \
+        _run(target, draft, PROMPTS[1], False, 64, **TREE)
+    assert max(captures) >= 3
 
 
 def test_the_graph_replaces_most_host_operations(models):
