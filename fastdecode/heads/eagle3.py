@@ -109,12 +109,19 @@ class Projected:
 
 class DraftCache:
     """The draft layer's own KV cache at decode time, one row: keys and values in entry order, cropped on rollback.
-    Storage grows by doubling, so appending an entry copies only that entry."""
 
-    def __init__(self) -> None:
+    `block` 0: the storage grows by doubling, so appending an entry copies only that entry, and a forward attends
+    over the entries held. `block` > 0 (a device's, speculative/drafters/eagle3.py): the storage is a multiple of
+    `block` entries, zeroed when made, and every forward attends over all of it (`attended`, the entries not held
+    masked): one key length from forward to forward, so a graph captured over the storage (its address and
+    `version`, bumped when it is made anew) replays for every step until it grows."""
+
+    def __init__(self, block: int = 0) -> None:
+        self.block = block
         self._k: torch.Tensor | None = None  # [1, kv_heads, capacity, head_dim]
         self._v: torch.Tensor | None = None
         self.length = 0
+        self.version = 0
 
     @property
     def k(self) -> torch.Tensor | None:
@@ -124,21 +131,58 @@ class DraftCache:
     def v(self) -> torch.Tensor | None:
         return None if self._v is None else self._v[:, :, : self.length]
 
+    @property
+    def capacity(self) -> int:
+        return 0 if self._k is None else self._k.shape[2]
+
+    def reserve(self, n: int) -> None:
+        """Room for `n` entries (the storage exists: after a first `append`)."""
+        if n > self.capacity:
+            assert self._k is not None and self._v is not None
+            self._grow(n, self._k, self._v)
+
+    def _grow(self, n: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        size = -(-n // self.block) * self.block if self.block else max(64, 2 * n)
+        make = torch.Tensor.new_zeros if self.block else torch.Tensor.new_empty
+        grown_k = make(k, (k.shape[0], k.shape[1], size, k.shape[3]))
+        grown_v = make(v, (v.shape[0], v.shape[1], size, v.shape[3]))
+        if self._k is not None and self._v is not None:
+            grown_k[:, :, : self.length] = self._k[:, :, : self.length]
+            grown_v[:, :, : self.length] = self._v[:, :, : self.length]
+        self._k, self._v = grown_k, grown_v
+        self.version += 1
+
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add `[1, kv_heads, T, hd]` entries; returns all keys and values held."""
         n = self.length + k.shape[2]
         if self._k is None or self._v is None or n > self._k.shape[2]:
-            size = max(64, 2 * n)
-            grown_k = k.new_empty(k.shape[0], k.shape[1], size, k.shape[3])
-            grown_v = v.new_empty(v.shape[0], v.shape[1], size, v.shape[3])
-            if self._k is not None and self._v is not None:
-                grown_k[:, :, : self.length] = self._k[:, :, : self.length]
-                grown_v[:, :, : self.length] = self._v[:, :, : self.length]
-            self._k, self._v = grown_k, grown_v
+            self._grow(n, k, v)
+        assert self._k is not None and self._v is not None
         self._k[:, :, self.length : n] = k
         self._v[:, :, self.length : n] = v
         self.length = n
         return self._k[:, :, :n], self._v[:, :, :n]
+
+    def write(self, columns: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """`append` at the entries `columns` `[T]` (a tensor: a captured graph's, computed on the device), the
+        lengths kept by the caller."""
+        assert self._k is not None and self._v is not None
+        self._k.index_copy_(2, columns, k)
+        self._v.index_copy_(2, columns, v)
+
+    def attended(self, keys: torch.Tensor, values: torch.Tensor, allow: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What a forward attends over: the entries held (`keys`, `values` `[1, kv, L, hd]`, `allow` `[T, L]`), or with
+        `block` the whole storage, `allow` padded with False."""
+        if not self.block:
+            return keys, values, allow
+        pad = torch.zeros(allow.shape[0], self.capacity - allow.shape[1], dtype=torch.bool, device=allow.device)
+        return *self.storage(), torch.cat([allow, pad], 1)
+
+    def storage(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole key and value storage `[1, kv_heads, capacity, head_dim]` (after a first `append`)."""
+        assert self._k is not None and self._v is not None
+        return self._k, self._v
 
     def crop(self, n: int) -> None:
         self.length = min(self.length, n)
@@ -252,8 +296,18 @@ class Eagle3Head(Head):
         """Append T entries (`emb`, `h` `[1, T, H]`, `positions` `[1, T]`) to `cache`; `allow` `[T, L + T]` bool says
         which cached entries and new ones each new entry sees. Returns the layer's outputs `[1, T, H]`."""
         p = self.project(emb, h, positions)
-        k, v = cache.append(p.k, p.v)
-        return self.finish(p, _attend(p.q, k, v, allow[None, None].to(p.q.device)))
+        k, v, allow = cache.attended(*cache.append(p.k, p.v), allow.to(p.q.device))
+        return self.finish(p, _attend(p.q, k, v, allow[None, None]))
+
+    def step_at(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: DraftCache,
+                columns: torch.Tensor, allow: torch.Tensor) -> torch.Tensor:
+        """`step` with the entries written at `columns` `[T]` of a `block` cache and `allow` `[T, capacity]` over its
+        whole storage, all tensors where the head runs: device operations only, for a captured graph; the same
+        arithmetic as `step` on such a cache."""
+        p = self.project(emb, h, positions)
+        cache.write(columns, p.k, p.v)
+        keys, values = cache.storage()
+        return self.finish(p, _attend(p.q, keys, values, allow[None, None]))
 
     # -- training: the unrolled steps of the training-time test ----------------------------------------------------
     def ttt_step(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, keys: list[torch.Tensor],

@@ -206,7 +206,7 @@ class CausalLM(ModelAdapter):
         assert self.exact is not None
         B, T = input_ids.shape
         W = self.exact.width
-        graphed = self.graphs is not None and sparse is None and not picked and cache.graphable()
+        graphed = self.graphs is not None and sparse is None and cache.graphable()
         want_hidden = "output_hidden_states" in kwargs
         plain = attention_mask is None and visible is None
         block = None if graphed and plain else _new_block(attention_mask, visible, B, T, input_ids.device)
@@ -225,9 +225,9 @@ class CausalLM(ModelAdapter):
                     one = T <= W  # (a whole block needs no slice: a decode step runs no view either)
                     out = self.graphs.run(input_ids if one else input_ids[:, start:end],
                                           positions if one else positions[:, start:end], cache, chunk, W,
-                                          self.pad_token_id, want_hidden)
+                                          self.pad_token_id, want_hidden, tuple(picked or ()))
                 if out is not None:
-                    logits, states, layers = out[0], out[1], ()
+                    logits, states, layers = out
                 else:
                     if block is None:
                         block = _new_block(attention_mask, visible, B, T, input_ids.device)

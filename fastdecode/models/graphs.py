@@ -33,8 +33,9 @@ while another stream captures one (the garbage collector can free a cache during
 invalidates that capture. The first forward over a new cache runs eagerly (it allocates the storage); the second
 captures (a warm-up run on a side stream, then the capture) and every later one replays. A cache that dies hands its
 bundle (storage and graphs) to `Graphs.pool`, and the model's next cache of the same rows and capacity takes it: its
-first forward already replays. What is not graphed runs the direct forward as before: sparse
-attention rules, forwards that ask for layer outputs, models without the direct forward, exact mode off.
+first forward already replays. A forward that asks for the outputs of some decoder layers (a trained head reads
+them: EAGLE-3, DFlash) has a graph of its own per set of layers, the layers among its outputs. What is not graphed
+runs the direct forward as before: sparse attention rules, models without the direct forward, exact mode off.
 
 `mode="replay"` runs the same static-buffer path without capturing (the body is called again at each replay), so the
 CPU tests check everything but the capture itself; `mode="cuda"` captures. `load(graphs=None)` turns CUDA graphs on
@@ -68,9 +69,10 @@ class _Entry:
     past: torch.Tensor  # [B, W, K] bool: all True when the block has no `past`
     plain: bool = True  # `real` and `visible` hold a plain causal block of real tokens
     past_all: bool = True  # `past` is all True
-    outputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits [B, W, V] float32, hidden [B, W, H])
+    # (logits [B, W, V] float32, hidden [B, W, H], the outputs of the layers asked for, each [B, W, H])
+    outputs: tuple[torch.Tensor, ...] | None = None
     graph: Any = None  # torch.cuda.CUDAGraph (mode "cuda")
-    body: Callable[[Any], tuple[torch.Tensor, torch.Tensor]] | None = None  # mode "replay": run(cache)
+    body: Callable[[Any], tuple[torch.Tensor, ...]] | None = None  # mode "replay": run(cache)
 
     @staticmethod
     def empty(B: int, W: int, K: int, device: torch.device) -> _Entry:
@@ -101,9 +103,11 @@ class Graphs:
         self.pool = StoragePool()
 
     def run(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, block: Block | None, width: int,
-            pad_id: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+            pad_id: int, hidden: bool, picked: tuple[int, ...] = ()
+            ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]] | None:
         """One exact-mode forward of `ids` `[B, T]` (T <= `width`) after `cache`'s rows, padded to `width` inside the
-        graph: the float32 logits `[B, T, V]` and (if `hidden`) the last hidden states `[B, T, H]`. `block` None
+        graph: the float32 logits `[B, T, V]`, (if `hidden`) the last hidden states `[B, T, H]` and the outputs of
+        the decoder layers `picked` `[B, T, H]` each (a trained head reads them: EAGLE-3, DFlash). `block` None
         is a plain causal block of real tokens seeing every stored column, else `(real, visible, past)` as
         `KVCache.begin` takes them. The cache holds `width` new columns per row afterwards (the caller crops the
         padding). None, with the cache untouched, where the storage is not allocated yet: the caller runs the
@@ -115,7 +119,7 @@ class Graphs:
             return None
         base = cache.advance(B, width)
         K = cache.key_width
-        key = (B, width, K, *self.settings())
+        key = (B, width, K, picked, *self.settings())
         entry = cache.graphs.get(key)  # (a cache that moved its storage has retired its graphs: `KVCache.moved`)
         try:
             fresh = entry is None
@@ -123,7 +127,7 @@ class Graphs:
                 entry = _Entry.empty(B, width, K, ids.device)
             self._load(entry, ids, positions, base, block)
             if fresh:
-                self._capture(entry, cache, key, pad_id)
+                self._capture(entry, cache, key, pad_id, picked)
             else:
                 self._replay(entry, cache)
         except BaseException:
@@ -132,8 +136,9 @@ class Graphs:
         finally:
             cache.end()
         assert entry.outputs is not None
-        logits, states = entry.outputs
-        return logits[:, :T].clone(), states[:, :T].clone() if hidden else None
+        logits, states, *layers = entry.outputs
+        return (logits[:, :T].clone(), states[:, :T].clone() if hidden else None,
+                tuple(t[:, :T].clone() for t in layers))
 
     def settings(self) -> tuple[bool, bool]:
         """What a graph's key records beside its shapes: a graph records the kernels of the settings it was captured
@@ -174,19 +179,21 @@ class Graphs:
             entry.past[:, :T, : past.shape[-1]].copy_(past, non_blocking=True)
         entry.past_all = past is None
 
-    def _body(self, entry: _Entry, K: int, pad_id: int) -> Callable[[Any], tuple[torch.Tensor, torch.Tensor]]:
+    def _body(self, entry: _Entry, K: int, pad_id: int, picked: tuple[int, ...]
+              ) -> Callable[[Any], tuple[torch.Tensor, ...]]:
         """One forward over the entry's static buffers: the block padded to W, its attention plan and cache columns
         (`KVCache.place`), the forward. The cache is an argument, not a closure variable: the cache holds its
         entries, which must not hold it back."""
         native = self.native
 
-        def run(cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            return static_forward(native, cache, entry.meta, entry.ids, entry.positions, entry.real, entry.visible,
-                                  entry.past, K, pad_id)
+        def run(cache: Any) -> tuple[torch.Tensor, ...]:
+            logits, hidden, layers = static_forward(native, cache, entry.meta, entry.ids, entry.positions, entry.real,
+                                                    entry.visible, entry.past, K, pad_id, picked)
+            return logits, hidden, *layers
         return run
 
-    def _capture(self, entry: _Entry, cache: Any, key: tuple[int, ...], pad_id: int) -> None:
-        body = self._body(entry, key[2], pad_id)
+    def _capture(self, entry: _Entry, cache: Any, key: tuple[Any, ...], pad_id: int, picked: tuple[int, ...]) -> None:
+        body = self._body(entry, key[2], pad_id, picked)
         if self.mode == "replay":
             entry.body = body
             entry.outputs = body(cache)
@@ -222,13 +229,14 @@ def capture(body: Callable[[Any], Any], cache: Any, device: torch.device) -> tup
 
 
 def static_forward(native: Any, cache: Any, meta: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
-                   real: torch.Tensor, visible: torch.Tensor, past: torch.Tensor, K: int,
-                   pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+                   real: torch.Tensor, visible: torch.Tensor, past: torch.Tensor, K: int, pad_id: int,
+                   picked: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
     """One exact-mode forward from static buffers, device operations only (what a graph captures): `ids` and
     `positions` `[B, W]` whose first `meta[:, 1]` columns are the block (the rest padding, made here: the pad token at
     the block's last position, seen by nobody), `meta[:, 0]` each row's first new cache column, `real` `[B, W]`,
     `visible` `[B, W, W]` and `past` `[B, W, K]` as `KVCache.begin` takes them (only the block's part is read). After
-    the host's `cache.advance`; returns the float32 logits `[B, W, V]` and the last hidden states `[B, W, H]`."""
+    the host's `cache.advance`; returns the float32 logits `[B, W, V]`, the last hidden states `[B, W, H]` and the
+    outputs of the layers `picked`."""
     W = ids.shape[1]
     n = meta[:, 1:]  # [B, 1] the block's length
     inside = torch.arange(W, device=n.device)[None] < n  # [B, W] the block, not its padding
@@ -239,8 +247,8 @@ def static_forward(native: Any, cache: Any, meta: torch.Tensor, ids: torch.Tenso
     allow, cols = cache.place(meta[:, 0], positions, visible, real, past)
     plan = attention.Plan(allow=allow, q_pos=positions, k_pos=cache.positions[:, :K])
     with cache.scattered(cols):
-        logits, hidden, _ = native(ids, positions, cache, plan, None, None)
-    return logits.float(), hidden
+        logits, hidden, layers = native(ids, positions, cache, plan, None, picked or None)
+    return logits.float(), hidden, layers
 
 
 # the methods that replay a captured graph (one launch on a GPU), by class: `host_ops.HostOps` counts nothing inside

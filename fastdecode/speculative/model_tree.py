@@ -194,7 +194,7 @@ class TreeGraph:
             if F:
                 seen.scatter_(1, self.n + torch.arange(F, device=device)[None].expand(Q, F), beam.sees[:, :F])
             past[0, :Q] = seen
-            logits, _ = static_forward(self.native, cache, meta, ids, positions, real, eye, past, K, self.pad_id)
+            logits, _, _ = static_forward(self.native, cache, meta, ids, positions, real, eye, past, K, self.pad_id)
             nodes.add_children(logits[0, :Q], beam)
         scores, ids, parents = nodes._kept()
         tree = DeviceTree.shaped(parents, self.levels)  # (what the verification builds from it, built here)

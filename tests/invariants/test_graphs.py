@@ -55,6 +55,37 @@ def test_graphed_forwards_give_the_eager_tokens(pair, method, params):
     assert eager.graphs is None
 
 
+def test_a_forward_that_asks_for_layer_outputs_runs_captured_with_the_eager_outputs(pair):
+    """EAGLE-3 and DFlash read the target's layers from its verification forward: such a forward is graphed too (the
+    layers among the graph's outputs, a graph of its own per set of layers), with the eager forward's logits and
+    layers; and spec.eagle3 writes the eager tokens."""
+    eager, graphed = pair
+    ids = graphed.tokenizer(PROMPTS[3], return_tensors="pt").input_ids.to(graphed.device)
+    outs = []
+    for model in (eager, graphed):
+        cache = model.new_cache(capacity=64)
+        n = ids.shape[1]
+        model.forward(ids, torch.arange(n, device=ids.device)[None], cache)  # (the storage: allocated eagerly)
+        got = []
+        before = dict(graphed.graphs.stats)
+        for i in range(3):  # a block of 5, then a block of 3, then one token: each asking for three layers
+            T = (5, 3, 1)[i]
+            block = ids[:, :T]
+            pos = torch.arange(cache.length, cache.length + T, device=ids.device)[None]
+            got.append(model.forward(block, pos, cache, hidden=(0, 1, 1)))
+        outs.append(got)
+    stats = graphed.graphs.stats  # (the three forwards with layers: a capture, then two replays of it)
+    assert (stats["captures"] - before["captures"], stats["replays"] - before["replays"]) == (1, 2)
+    for want, have in zip(*outs, strict=True):
+        assert torch.equal(want.logits, have.logits) and len(have.layers) == 3
+        assert all(torch.equal(a, b) for a, b in zip(want.layers, have.layers, strict=True))
+    for model in (eager, graphed):
+        out = fastdecode.generate(model, PROMPTS, "spec.eagle3", max_new_tokens=24)
+        if model is eager:
+            want_tokens = [r.token_ids for r in out]
+    assert [r.token_ids for r in out] == want_tokens
+
+
 def test_a_cache_captures_once_and_again_when_its_storage_moves(pair):
     _, graphed = pair
     stats = graphed.graphs.stats

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from device_sim import reads_per_forward, simulated
+from device_sim import emulated_capture, reads_per_forward, simulated
 
 import fastdecode
 from fastdecode.errors import FastDecodeWarning, ParameterError
@@ -136,29 +136,11 @@ def test_on_the_simulated_device_the_tree_stays_there_and_equals_the_levels(mode
     assert grown["graphed"] > 0
 
 
-class _EmulatedGraph:
-    """A "captured" body replayed by running it again and writing its outputs into the captured ones, as a CUDA
-    graph's replay overwrites its static outputs: what is not cloned after a replay would change under the caller."""
-
-    def __init__(self, body, cache):
-        self.body, self.cache = body, cache
-        self.outputs = body(cache)
-
-    def replay(self):
-        for static, new in zip(self.outputs, self.body(self.cache), strict=True):
-            static.copy_(new)
-
-
-def _emulated_capture(body, cache, device):
-    graph = _EmulatedGraph(body, cache)
-    return graph, graph.outputs
-
-
 def test_emulated_captures_give_the_same_tokens_and_a_failed_one_warns_once(models, monkeypatch, grown):
     target, draft, _ = models
     want = [_run(target, draft, p, False, **TREE) for p in PROMPTS]
-    monkeypatch.setattr(graphs_module, "capture", _emulated_capture)
-    monkeypatch.setattr(model_tree, "capture", _emulated_capture)
+    monkeypatch.setattr(graphs_module, "capture", emulated_capture)
+    monkeypatch.setattr(model_tree, "capture", emulated_capture)
     monkeypatch.setattr(draft.graphs, "mode", "cuda")
     monkeypatch.setattr(target.graphs, "mode", "cuda")
     draft.graphs.pool.clear()  # (replay mode's bundles hold no graphs to replay)

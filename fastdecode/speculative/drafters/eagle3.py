@@ -10,23 +10,32 @@ enter with the target's features instead, as in the authors' code. `tree=True` g
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from ...cache.pool import free_retired_graphs, retire_graphs
 from ...config import check
+from ...errors import FastDecodeWarning
 from ...heads.eagle3 import DraftCache, Eagle3Head, target_embeddings
 from ...heads.eagle3_io import eagle3_for
+from ...models.base import on_host
 from ...models.causal import CausalLM
+from ...models.graphs import REPLAYS, capture
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..best_first import Beam, BestFirst
+from ..best_first import Beam, BestFirst, kept_draft, stops_early
 from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import check_rollback, speculative
 from ..model_chain import reads_each_token
+from ..tree import DeviceTree
 
 MAX_NODES = 64
+BLOCK = 64  # a device's head cache holds its entries in blocks of this many (one key length per graph: `DraftCache`)
 
 
 @dataclass(frozen=True)
@@ -40,12 +49,18 @@ class Eagle3SpecConfig(SpecConfig):
     # tree: stop growing once no child could be kept (the same tree, fewer head forwards; a read a level): None = on
     # the CPU only (best_first.stops_early)
     early_stop: bool | None = None
+    # draft in one captured graph a step (the chain's head forwards, or the tree's levels; `HeadGraph`): None = on
+    # CUDA; True elsewhere runs the same body without capturing (tests), False drafts forward by forward
+    graph: bool | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.num_draft_tokens >= 1, "num_draft_tokens", self.num_draft_tokens, "must be at least 1")
         check(1 <= self.total_tokens <= MAX_NODES, "total_tokens", self.total_tokens, f"must be in [1, {MAX_NODES}]")
         check(self.width >= 1, "width", self.width, "must be at least 1")
+        check(not (self.graph and self.tree and self.early_stop), "graph", self.graph,
+              "grows every level of the tree in one graph, which early_stop=true (a read a level) cannot: set one of "
+              "them")
 
 
 class Eagle3Drafter(BaseDrafter):
@@ -53,6 +68,8 @@ class Eagle3Drafter(BaseDrafter):
 
     # whether the chain reads each token as it comes (None: on the CPU only; tests set False to run a GPU's path)
     read_each_token: bool | None = None
+    # whether a step's graph is captured (None: on CUDA; elsewhere its body runs again each step, capture-free)
+    captures: bool | None = None
 
     def __init__(self, model: CausalLM, head: Eagle3Head, cfg: Eagle3SpecConfig) -> None:
         self.head, self.cfg = head, cfg
@@ -61,7 +78,14 @@ class Eagle3Drafter(BaseDrafter):
         self.embed = target_embeddings(model)
         self.eos = model.eos_token_ids
         self.vocab = model.vocab_size
-        self.cache = DraftCache()
+        device = model.device
+        self.graphed = cfg.graph if cfg.graph is not None else device.type == "cuda"
+        # on a device (and for a graph) the head's cache attends over whole blocks: one shape a step (`DraftCache`)
+        self.cache = DraftCache(BLOCK if self.graphed or not on_host(device) else 0)
+        self._graphs: dict[tuple[str, int, int, int], HeadGraph] = {}
+        weakref.finalize(self, retire_graphs, self._graphs)  # (destroyed at the next graphed forward, not by the GC)
+        self.graph_stats = {"captures": 0, "replays": 0}
+        self.graph_failed: str | None = None  # why the graphs stopped, if a capture failed (then forward by forward)
         self.forwards = 0
         self._entered = 0  # context positions whose entry is in the cache (entry j: token j's feature, token j+1)
         self._featured = 0  # context positions whose fused feature is known (entered or pending)
@@ -110,6 +134,10 @@ class Eagle3Drafter(BaseDrafter):
         assert self._last is not None
         h, p = self._last, self._entered - 1  # the newest entry sits at position p; chain step i at p + i
         each = reads_each_token(self.read_each_token, h.device)
+        if self.graphed and not each and k > 1:
+            graphed = self._in_graph("chain", k, k - 1)
+            if graphed is not None:
+                return Draft(graphed[0])
         tokens = [self._pick(self.head.logits(h))]
         for i in range(1, k):
             if each and int(tokens[-1]) in self.eos:
@@ -126,10 +154,98 @@ class Eagle3Drafter(BaseDrafter):
         """EAGLE-2's best-first tree, a level per head forward, grown where the head runs (`BestFirst`: read once,
         when complete); each node's feature is its parent's output (the root's: the newest committed entry's)."""
         assert self._last is not None
+        if self.graphed and depth >= 2 and not stops_early(self.cfg.early_stop, self._last.device):
+            graphed = self._in_graph("tree", depth, (depth - 1) * min(self.cfg.width, self.vocab))
+            if graphed is not None:
+                scores, ids, parents, mask, first = graphed
+                return kept_draft(scores, ids, DeviceTree(parents, depth, mask=mask, first=first), depth)
         nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, self._last.device)
         nodes.add_children(self._full_logits(self._last[None]), carry=self._last[None])
         nodes.grow(depth, self._expand, self.cfg.early_stop)
         return nodes.draft()  # (on a device unread: the verdict reads it)
+
+    # -- a step's drafting in one graph ----------------------------------------------------------------------------
+    def _in_graph(self, kind: str, n: int, entries: int) -> tuple[torch.Tensor, ...] | None:
+        """The chain of `n` tokens or the tree of `n` levels (`kind`), drafted by one captured graph (`HeadGraph`)
+        that appends `entries` to the head's cache: its outputs (cloned), or None where it cannot run (a capture
+        failed before). The same arithmetic as forward by forward on a `block` cache, so the same drafts."""
+        if self.graph_failed is not None or self.cache.capacity == 0:
+            return None
+        assert self._last is not None
+        cache, device = self.cache, self._last.device
+        c0 = cache.length
+        cache.reserve(c0 + entries)
+        key = (kind, n, cache.capacity, cache.version)
+        if any(k[3] != cache.version for k in self._graphs):  # the storage was made anew: its graphs are stale
+            retire_graphs(self._graphs)
+        free_retired_graphs()
+        entry = self._graphs.get(key)
+        fresh = entry is None
+        if entry is None:
+            entry = HeadGraph(kind, n, self._last)
+        entry.last.copy_(self._last)
+        entry.meta.copy_(torch.tensor([c0, self._entered - 1]), non_blocking=True)
+        capturing = fresh and (device.type == "cuda" if self.captures is None else self.captures)
+        try:
+            if capturing:
+                entry.graph, entry.outputs = capture(entry.body, self, device)
+            else:
+                entry.replay(self)
+        except Exception as e:
+            cache.crop(c0)
+            if not capturing:
+                raise
+            self.graph_failed = str(e).splitlines()[0] if str(e) else type(e).__name__
+            warnings.warn(f"spec.eagle3 drafts forward by forward: its head could not be captured in a CUDA graph "
+                          f"({self.graph_failed}); the same drafts, more host work", FastDecodeWarning, stacklevel=4)
+            return None
+        if fresh:
+            self._graphs[key] = entry
+        self.graph_stats["captures" if fresh else "replays"] += 1
+        cache.length = c0 + entries  # (as the forwards' appends would leave it; the next proposal crops them)
+        self.forwards += n - 1
+        assert entry.outputs is not None
+        return tuple(t.clone() for t in entry.outputs)  # (the next replay overwrites them)
+
+    def _chain_body(self, graph: HeadGraph) -> tuple[torch.Tensor, ...]:
+        """`_chain` without reads, on the graph's static inputs: each token's head forward writes its entry after
+        the committed ones (`meta[0]` of them) and attends over the whole storage."""
+        c0, p = graph.meta[0:1], graph.meta[1:2]
+        cap = self.cache.capacity
+        columns = torch.arange(cap, device=c0.device)
+        h = graph.last
+        tokens = [self._pick(self.head.logits(h))]
+        for i in range(1, graph.n):
+            allow = (columns < c0 + i)[None]  # [1, capacity]: the committed entries, the chain's so far, itself
+            out = self.head.step_at(self.embed(tokens[-1].view(1, 1)), h[None, None], (p + i).view(1, 1),
+                                    self.cache, c0 + (i - 1), allow)
+            h = out[0, -1]
+            tokens.append(self._pick(self.head.logits(h)))
+        return (torch.stack(tokens),)
+
+    def _tree_body(self, graph: HeadGraph) -> tuple[torch.Tensor, ...]:
+        """`_tree` without reads, on the graph's static inputs: each level's beam writes its entries after the tree's
+        so far and sees the committed entries, its ancestors and itself; then the kept nodes, with the ancestor mask
+        and order the verification needs (`DeviceTree.shaped`)."""
+        c0, p = graph.meta[0:1], graph.meta[1:2]
+        cap = self.cache.capacity
+        columns = torch.arange(cap, device=c0.device)
+        nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, c0.device)
+        nodes.add_children(self._full_logits(graph.last[None]), carry=graph.last[None])
+        committed = (columns < c0)[None]  # [1, capacity]
+        for depth in range(1, graph.n):
+            beam = nodes.beam()
+            assert beam.carry is not None
+            Q, F = beam.nodes.numel(), nodes.fed
+            allow = committed.expand(Q, cap).clone()
+            allow.scatter_(1, (c0 + torch.arange(F, device=c0.device))[None].expand(Q, F), beam.sees)
+            out = self.head.step_at(self.embed(beam.tokens[None]), beam.carry[None], (p + depth).expand(1, Q),
+                                    self.cache, c0 + (F - Q) + torch.arange(Q, device=c0.device), allow)[0]
+            nodes.add_children(self._full_logits(out), beam, out)
+        scores, ids, parents = nodes._kept()
+        tree = DeviceTree.shaped(parents, graph.n)
+        assert tree.mask is not None and tree.first is not None
+        return scores, ids, parents, tree.mask, tree.first
 
     def _expand(self, beam: Beam, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One head forward of a beam (its nodes at `depth`, each fed its parent's output): their logits and outputs."""
@@ -173,6 +289,34 @@ class Eagle3Drafter(BaseDrafter):
         if v.nodes is None:
             return list(range(v.accepted))
         return list(v.nodes)
+
+
+class HeadGraph:
+    """One step's drafting by the EAGLE-3 head in one graph (`Eagle3Drafter._in_graph`): the static inputs (the newest
+    committed entry's output `last` `[H]`; `meta`: the committed entries, and the newest one's position) and the
+    outputs of `_chain_body` or `_tree_body`, captured on CUDA (`graph`) or run again each step elsewhere. The body
+    takes the drafter as its argument, so the graph holds none of it."""
+
+    def __init__(self, kind: str, n: int, last: torch.Tensor) -> None:
+        self.kind, self.n = kind, n
+        self.last = torch.zeros_like(last)
+        self.meta = torch.zeros(2, dtype=torch.long, device=last.device)
+        self.outputs: tuple[torch.Tensor, ...] | None = None
+        self.graph: Any = None
+
+    def body(self, drafter: Eagle3Drafter) -> tuple[torch.Tensor, ...]:
+        return drafter._chain_body(self) if self.kind == "chain" else drafter._tree_body(self)
+
+    def replay(self, drafter: Eagle3Drafter) -> None:
+        """Run the captured graph (one launch on a GPU: `HostOps` counts nothing inside it), or without one the
+        body again (capture-free)."""
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.outputs = self.body(drafter)
+
+
+REPLAYS.append((HeadGraph, "replay"))
 
 
 @register_spec("spec.eagle3", config=Eagle3SpecConfig)

@@ -1,0 +1,158 @@
+"""EAGLE-3's drafting in one graph a step (`Eagle3Drafter._in_graph`, `HeadGraph`; docs/gpu.md "EAGLE-3's drafting
+in one graph"): the chain's head forwards or the tree's levels captured together over the head's block cache. On
+the simulated device the forward-by-forward path runs on the same block cache, so the graph gives the same drafts:
+the same tokens, forwards, proposals and acceptances, greedy and seeded; on the CPU it equals `ar.greedy` (lossless).
+The graph's outputs are cloned, a cache that grows is captured again, a failed capture warns once, and the host does
+far less. Captured for real under FASTDECODE_TEST_DEVICE=cuda."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from device_sim import emulated_capture, reads_per_forward, simulated
+
+import fastdecode
+from fastdecode.errors import FastDecodeWarning, ParameterError
+from fastdecode.heads.eagle3 import DraftCache
+from fastdecode.models.host_ops import HostOps
+from fastdecode.speculative.drafters import eagle3 as eagle3_module
+from fastdecode.speculative.drafters.eagle3 import Eagle3Drafter
+
+PROMPTS = ["the quick brown fox", "Sort this", "def add(a, b):"]
+SHAPES = [{}, {"num_draft_tokens": 3}, {"tree": True}, {"tree": True, "width": 2, "total_tokens": 8}]
+
+
+@pytest.fixture
+def drafted(monkeypatch):
+    """The drafters made, and how many of their steps ran in a graph."""
+    made: list[Eagle3Drafter] = []
+    original = Eagle3Drafter.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self)
+    monkeypatch.setattr(Eagle3Drafter, "__init__", init)
+    return made
+
+
+def _graphed(made) -> int:
+    return sum(d.graph_stats["captures"] + d.graph_stats["replays"] for d in made)
+
+
+def _run(model, prompt, graph: bool, new: int = 32, **kw):
+    out = fastdecode.generate(model, prompt, "spec.eagle3", max_new_tokens=new, graph=graph, **kw)
+    return out.token_ids, out.stats.forwards, out.stats.draft_forwards, out.stats.accepted, out.stats.proposed
+
+
+@pytest.fixture(scope="module")
+def sim_model(causal_dir, device):
+    if device.type != "cpu":
+        pytest.skip("the simulation runs on the CPU")
+    with simulated():  # (each test runs it under the simulation again)
+        return fastdecode.load(causal_dir, device="cpu:0")
+
+
+@pytest.mark.parametrize("params", SHAPES)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_on_a_device_the_graph_drafts_what_the_forwards_draft(sim_model, drafted, params, temperature):
+    sampled = {"temperature": temperature, "seed": 4} if temperature else {}
+    with simulated():
+        for prompt in PROMPTS:
+            assert _run(sim_model, prompt, True, **params, **sampled) == \
+                _run(sim_model, prompt, False, **params, **sampled)
+    assert _graphed(drafted) > 0
+
+
+def test_on_a_device_one_read_a_step_stays_one(sim_model):
+    with simulated():
+        for params in ({}, {"tree": True}):
+            per, forwards, _ = reads_per_forward(lambda new, params=params: fastdecode.generate(
+                sim_model, PROMPTS[1], "spec.eagle3", max_new_tokens=new, graph=True, **params))
+            assert forwards > 0 and per["waits"] == 1.0, (params, per)
+
+
+@pytest.mark.parametrize("params", SHAPES)
+def test_greedy_in_one_graph_equals_ar_greedy(causal, drafted, params, monkeypatch):
+    monkeypatch.setattr(Eagle3Drafter, "read_each_token", False)  # (the device's chain: no read a token)
+    base = fastdecode.generate(causal, PROMPTS, "ar.greedy", max_new_tokens=32)
+    out = fastdecode.generate(causal, PROMPTS, "spec.eagle3", max_new_tokens=32, graph=True, early_stop=False,
+                              **params)
+    assert [r.token_ids for r in out] == [r.token_ids for r in base]
+    assert _graphed(drafted) > 0
+
+
+def test_the_graph_outputs_are_cloned_and_a_growing_cache_captures_again(sim_model, drafted):
+    """Each step's draft keeps its tokens after the next replays (they are copies); the head's cache, in blocks of
+    64 entries, grows during a long generation, which retires the graphs over the old storage."""
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+    original = Eagle3Drafter.propose
+
+    def propose(self, context, k):
+        draft = original(self, context, k)
+        kept.append((draft.tokens, draft.tokens.clone()))
+        return draft
+    with simulated(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Eagle3Drafter, "propose", propose)
+        mp.setattr(Eagle3Drafter, "captures", True)  # (replays that overwrite the captured outputs)
+        mp.setattr(eagle3_module, "capture", emulated_capture)
+        _run(sim_model, PROMPTS[1], True, new=96)
+    drafter = drafted[-1]
+    assert drafter.graph_stats["captures"] >= 2 and drafter.graph_stats["replays"] > 0
+    assert drafter.cache.version >= 2  # (made, then grown at least once)
+    assert all(torch.equal(now, then) for now, then in kept if now.numel())
+
+
+def test_emulated_captures_give_the_same_drafts_and_a_failed_one_warns_once(sim_model, drafted, monkeypatch):
+    with simulated():
+        want = [_run(sim_model, p, False) for p in PROMPTS]
+        monkeypatch.setattr(Eagle3Drafter, "captures", True)
+
+        monkeypatch.setattr(eagle3_module, "capture", emulated_capture)
+        assert [_run(sim_model, p, True) for p in PROMPTS] == want
+        assert sum(d.graph_stats["captures"] for d in drafted) > 0
+
+        def fails(body, arg, device):
+            raise RuntimeError("operation not permitted when stream is capturing\nmore")
+        monkeypatch.setattr(eagle3_module, "capture", fails)
+        drafted.clear()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert _run(sim_model, PROMPTS[1], True) == want[1]
+    ours = [w for w in seen if issubclass(w.category, FastDecodeWarning)]
+    assert len(ours) == 1 and "operation not permitted when stream is capturing)" in str(ours[0].message)
+    assert _graphed(drafted) == 0 and drafted[0].graph_failed is not None
+
+
+def test_the_graph_replaces_most_host_operations(sim_model):
+    with simulated():
+        ops = {}
+        for graph in (True, False):
+            _run(sim_model, PROMPTS[1], graph, tree=True)
+            with HostOps() as count:
+                _run(sim_model, PROMPTS[1], graph, tree=True)
+            ops[graph] = count.ops
+    assert ops[True] < ops[False] * 0.7, ops
+
+
+def test_graph_true_refuses_the_early_stop(causal):
+    with pytest.raises(ParameterError, match="early_stop"):
+        fastdecode.generate(causal, "x", "spec.eagle3", tree=True, graph=True, early_stop=True, max_new_tokens=4)
+
+
+def test_a_block_cache_attends_over_its_whole_storage():
+    cache = DraftCache(block=4)
+    k, v = torch.randn(1, 2, 3, 5), torch.randn(1, 2, 3, 5)
+    keys, values = cache.append(k, v)
+    assert cache.capacity == 4 and cache.version == 1 and keys.shape[2] == 3
+    allow = torch.ones(2, 3, dtype=torch.bool)
+    whole_k, whole_v, padded = cache.attended(keys, values, allow)
+    assert whole_k.shape[2] == 4 and padded.tolist() == [[True, True, True, False]] * 2
+    assert torch.equal(whole_v[:, :, 3], torch.zeros(1, 2, 5))  # (zeroed: a masked entry adds nothing, never NaN)
+    cache.reserve(6)
+    assert cache.capacity == 8 and cache.version == 2 and torch.equal(cache.k, k)
+    cache.write(torch.tensor([3, 4]), k[:, :, :2], v[:, :, :2])
+    assert torch.equal(cache.storage()[0][:, :, 3:5], k[:, :, :2])
+    host = DraftCache()
+    assert host.attended(k, v, allow)[2] is allow  # (a host cache attends over what it holds)
