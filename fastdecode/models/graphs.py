@@ -252,7 +252,7 @@ def static_forward(native: Any, cache: Any, meta: torch.Tensor, ids: torch.Tenso
 
 
 # the methods that replay a captured graph (one launch on a GPU), by class: `host_ops.HostOps` counts nothing inside
-# them; a graph of more than a forward registers its own (`speculative/model_tree.TreeGraph`)
+# them; a graph of more than a forward registers its own (`speculative/step_graph.StepGraph`)
 REPLAYS: list[tuple[type, str]] = [(Graphs, "_replay")]
 
 

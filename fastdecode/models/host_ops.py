@@ -31,8 +31,8 @@ class HostOps(TorchDispatchMode):
     """Every dispatched operation while counting, by the fastdecode line that issued it (`by_line`: "file:line
     op"), and the device-to-host reads (`reads`): `.item()` and the like, copies from another device to the CPU, and
     `.tolist()` (which on a CPU tensor dispatches nothing, so it is counted where it is called). The body of a
-    captured graph (`graphs.REPLAYS`: `Graphs._replay`, a forward; `TreeGraph.replay`, a draft tree's growth: one
-    launch each on a GPU) is not counted. `launches`: the operations that run a kernel or a copy on a GPU, the others
+    captured graph (`graphs.REPLAYS`: `Graphs._replay`, a forward; `StepGraph.replay`, a drafter's step: one launch
+    each on a GPU) is not counted. `launches`: the operations that run a kernel or a copy on a GPU, the others
     being views and metadata (`slice`, `expand`, `detach_`: host work only)."""
 
     def __init__(self) -> None:

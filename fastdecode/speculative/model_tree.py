@@ -10,17 +10,15 @@ and about 35 bookkeeping operations of its own from the host (docs/gpu.md, "A be
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..errors import FastDecodeWarning
 from ..models.causal import CausalLM
-from ..models.graphs import REPLAYS, capture, static_forward
+from ..models.graphs import static_forward
 from .best_first import BestFirst, kept_draft
 from .drafter import Draft
+from .step_graph import StepGraph, StepGraphs
 from .tree import DeviceTree
 
 
@@ -39,10 +37,9 @@ class DraftModelTree:
         self.forwards = 0
         self._n = 0  # context length at the last start
         self._fed: list[int] = []  # tree nodes held in the cache after the context, in cache order
-        # `best_first` in one graph: captures, replays; why it stopped if a capture failed (it then grows level by
-        # level, with the same results)
-        self.graph_stats = {"captures": 0, "replays": 0}
-        self.graph_failed: str | None = None
+        # `best_first`'s graphs: their captures and replays, and why they stopped if a capture failed (the trees
+        # then grow level by level, the same trees)
+        self.graphs = StepGraphs("the draft model's tree")
 
     def start(self, context: torch.Tensor) -> torch.Tensor:
         """Feed the context the cache has not seen (`[N]`, extending the last one); returns the root's logits `[V]`."""
@@ -78,7 +75,6 @@ class DraftModelTree:
         self.forwards += 1
         return logits[0]  # [Q, V]
 
-
     @torch.inference_mode()  # (the cache's tensors are the forward's inference tensors, written in place)
     def best_first(self, root: torch.Tensor, width: int, total: int, levels: int) -> Draft | None:
         """EAGLE-2's best-first tree (`BestFirst`: `width` children a node, `width` nodes expanded a level, `total`
@@ -91,7 +87,7 @@ class DraftModelTree:
         cache: Any = self.cache  # (graphable: it offers `ready_for`, `advance`, `key_width`, `graphs`, `place`, ...)
         graphs, exact = model.graphs, model.exact
         Q = min(width, root.shape[-1])  # every level's beam: each of its nodes has `width` children
-        if (graphs is None or exact is None or self.graph_failed is not None or not cache.graphable()
+        if (graphs is None or exact is None or self.graphs.failed is not None or not cache.graphable()
                 or levels < 2 or Q > exact.width):
             return None
         W, n = exact.width, self._n
@@ -105,76 +101,45 @@ class DraftModelTree:
         K = cache.key_width
         key = ("best_first", width, total, levels, W, K, *graphs.settings())
         entry = cache.graphs.get(key)
+        fresh = entry is None
+        if entry is None:
+            entry = TreeGraph(graphs.native, width, total, levels, Q, W, K, model.pad_token_id, root)
+        entry.root.copy_(root)
+        entry.n.copy_(torch.tensor([n]), non_blocking=True)
         try:
-            fresh = entry is None
-            if entry is None:
-                entry = TreeGraph(graphs.native, width, total, levels, Q, W, K, model.pad_token_id, root.shape[-1],
-                                  root.device)
-            entry.root.copy_(root)
-            entry.n.copy_(torch.tensor([n]), non_blocking=True)
-            if fresh:
-                if graphs.mode == "replay":
-                    entry.outputs = entry.body(cache)
-                else:
-                    entry.graph, entry.outputs = capture(entry.body, cache, root.device)
-                cache.add_graph(key, entry)
-                self.graph_stats["captures"] += 1
-            else:
-                entry.replay(cache)
-                self.graph_stats["replays"] += 1
-        except Exception as e:
-            cache.crop_rows([n])  # what the levels wrote is past the context: the level-by-level path writes it again
-            if not fresh or graphs.mode == "replay":
-                raise
-            # e.g. "operation not permitted when stream is capturing" (a host read in a checkpoint's own code)
-            self.graph_failed = str(e).splitlines()[0] if str(e) else type(e).__name__
-            warnings.warn(f"the draft tree is grown level by level for this draft model: it could not be captured "
-                          f"in one CUDA graph ({self.graph_failed}); the same tree, more host work",
-                          FastDecodeWarning, stacklevel=3)
-            return None
+            # (on an error, what the levels wrote is past the context: the level-by-level path writes it again)
+            out = self.graphs.run(entry, fresh, cache, graphs.mode == "cuda", root.device,
+                                  lambda: cache.crop_rows([n]))
         finally:
             cache.end()
+        if out is None:
+            return None
+        if fresh:
+            cache.add_graph(key, entry)
         self.forwards += levels - 1
-        assert entry.outputs is not None
-        scores, ids, parents, mask, first = (t.clone() for t in entry.outputs)  # (the next replay overwrites them)
+        scores, ids, parents, mask, first = out
         return kept_draft(scores, ids, DeviceTree(parents, levels, mask=mask, first=first), levels)
 
 
-@dataclass(eq=False)
-class TreeGraph:
-    """`DraftModelTree.best_first`'s graph: the static inputs (the root's logits, the context's length), the body
-    (every level's beam, tree mask and draft forward, then the kept nodes: device operations on fixed shapes only)
-    and its outputs, the kept nodes' scores, tokens and parents, their ancestor mask and branch-first order (which
+class TreeGraph(StepGraph):
+    """`DraftModelTree.best_first`'s graph: the static inputs (the root's logits, the context's length) and the body
+    (every level's beam, tree mask and draft forward, then the kept nodes: device operations on fixed shapes only),
+    whose outputs are the kept nodes' scores, tokens and parents, their ancestor mask and branch-first order (which
     the verification would otherwise build). Kept in the draft cache's graphs (by its shapes and settings), which a
     cache that moves its storage retires, and hands to the model's next cache with its storage."""
 
-    native: Any  # the draft model's direct forward
-    width: int
-    total: int
-    levels: int
-    Q: int  # each level's beam
-    W: int  # exact mode's block: a level's forward, padded
-    K: int  # the key width: the cache's storage
-    pad_id: int
-    vocab: int
-    device: torch.device
-    root: torch.Tensor = field(init=False)  # [V] float32
-    n: torch.Tensor = field(init=False)  # [1] long: the context's length (its last position + 1)
-    outputs: tuple[torch.Tensor, ...] | None = None  # the kept nodes' scores, tokens, parents; their mask and order
-    graph: Any = None  # torch.cuda.CUDAGraph (mode "cuda"; "replay" runs the body again)
-
-    def __post_init__(self) -> None:
-        self.root = torch.zeros(self.vocab, dtype=torch.float32, device=self.device)
-        self.n = torch.ones(1, dtype=torch.long, device=self.device)
-
-    def replay(self, cache: Any) -> None:
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            self.outputs = self.body(cache)
+    def __init__(self, native: Any, width: int, total: int, levels: int, Q: int, W: int, K: int, pad_id: int,
+                 root: torch.Tensor) -> None:
+        super().__init__()
+        self.native = native  # the draft model's direct forward
+        self.width, self.total, self.levels = width, total, levels
+        self.Q, self.W, self.K = Q, W, K  # each level's beam; exact mode's block (a level's forward); the key width
+        self.pad_id = pad_id
+        self.root = torch.zeros_like(root, dtype=torch.float32)  # [V]
+        self.n = torch.ones(1, dtype=torch.long, device=root.device)  # the context's length (its last position + 1)
 
     def body(self, cache: Any) -> tuple[torch.Tensor, ...]:
-        Q, W, K, device = self.Q, self.W, self.K, self.device
+        Q, W, K, device = self.Q, self.W, self.K, self.root.device
         nodes = BestFirst(self.width, self.total, device)
         nodes.add_children(self.root[None])
         k = torch.arange(K, device=device)
@@ -200,9 +165,6 @@ class TreeGraph:
         tree = DeviceTree.shaped(parents, self.levels)  # (what the verification builds from it, built here)
         assert tree.mask is not None and tree.first is not None
         return scores, ids, parents, tree.mask, tree.first
-
-
-REPLAYS.append((TreeGraph, "replay"))  # (a replay is one launch on a GPU: `HostOps` counts nothing inside it)
 
 
 def _ancestors(parents: list[int], node: int) -> set[int]:

@@ -17,7 +17,7 @@ import fastdecode
 from fastdecode.errors import FastDecodeWarning, ParameterError
 from fastdecode.heads.eagle3 import DraftCache
 from fastdecode.models.host_ops import HostOps
-from fastdecode.speculative.drafters import eagle3 as eagle3_module
+from fastdecode.speculative import step_graph
 from fastdecode.speculative.drafters.eagle3 import Eagle3Drafter
 
 PROMPTS = ["the quick brown fox", "Sort this", "def add(a, b):"]
@@ -38,7 +38,7 @@ def drafted(monkeypatch):
 
 
 def _graphed(made) -> int:
-    return sum(d.graph_stats["captures"] + d.graph_stats["replays"] for d in made)
+    return sum(d.graphs.stats["captures"] + d.graphs.stats["replays"] for d in made)
 
 
 def _run(model, prompt, graph: bool, new: int = 32, **kw):
@@ -96,10 +96,10 @@ def test_the_graph_outputs_are_cloned_and_a_growing_cache_captures_again(sim_mod
     with simulated(), pytest.MonkeyPatch.context() as mp:
         mp.setattr(Eagle3Drafter, "propose", propose)
         mp.setattr(Eagle3Drafter, "captures", True)  # (replays that overwrite the captured outputs)
-        mp.setattr(eagle3_module, "capture", emulated_capture)
+        mp.setattr(step_graph, "capture", emulated_capture)
         _run(sim_model, PROMPTS[1], True, new=96)
     drafter = drafted[-1]
-    assert drafter.graph_stats["captures"] >= 2 and drafter.graph_stats["replays"] > 0
+    assert drafter.graphs.stats["captures"] >= 2 and drafter.graphs.stats["replays"] > 0
     assert drafter.cache.version >= 2  # (made, then grown at least once)
     assert all(torch.equal(now, then) for now, then in kept if now.numel())
 
@@ -109,20 +109,20 @@ def test_emulated_captures_give_the_same_drafts_and_a_failed_one_warns_once(sim_
         want = [_run(sim_model, p, False) for p in PROMPTS]
         monkeypatch.setattr(Eagle3Drafter, "captures", True)
 
-        monkeypatch.setattr(eagle3_module, "capture", emulated_capture)
+        monkeypatch.setattr(step_graph, "capture", emulated_capture)
         assert [_run(sim_model, p, True) for p in PROMPTS] == want
-        assert sum(d.graph_stats["captures"] for d in drafted) > 0
+        assert sum(d.graphs.stats["captures"] for d in drafted) > 0
 
         def fails(body, arg, device):
             raise RuntimeError("operation not permitted when stream is capturing\nmore")
-        monkeypatch.setattr(eagle3_module, "capture", fails)
+        monkeypatch.setattr(step_graph, "capture", fails)
         drafted.clear()
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             assert _run(sim_model, PROMPTS[1], True) == want[1]
     ours = [w for w in seen if issubclass(w.category, FastDecodeWarning)]
     assert len(ours) == 1 and "operation not permitted when stream is capturing)" in str(ours[0].message)
-    assert _graphed(drafted) == 0 and drafted[0].graph_failed is not None
+    assert _graphed(drafted) == 0 and drafted[0].graphs.failed is not None
 
 
 def test_the_graph_replaces_most_host_operations(sim_model):

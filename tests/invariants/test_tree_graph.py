@@ -19,7 +19,7 @@ from fastdecode.errors import FastDecodeWarning, ParameterError
 from fastdecode.models import graphs as graphs_module
 from fastdecode.models.exact import Exact
 from fastdecode.models.host_ops import HostOps
-from fastdecode.speculative import model_tree
+from fastdecode.speculative import model_tree, step_graph
 from fastdecode.speculative.model_tree import DraftModelTree
 from fastdecode.speculative.tree import DeviceTree
 
@@ -99,7 +99,7 @@ def test_a_draft_cache_that_grows_captures_its_tree_again(models, monkeypatch, l
 
     def spy(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
-        captures.append(self.graph_stats["captures"])
+        captures.append(self.graphs.stats["captures"])
         return out
     monkeypatch.setattr(DraftModelTree, "best_first", spy)
     # (early_stop=False: the step that grows by levels as a device would, not with the host's early stop)
@@ -140,7 +140,7 @@ def test_emulated_captures_give_the_same_tokens_and_a_failed_one_warns_once(mode
     target, draft, _ = models
     want = [_run(target, draft, p, False, **TREE) for p in PROMPTS]
     monkeypatch.setattr(graphs_module, "capture", emulated_capture)
-    monkeypatch.setattr(model_tree, "capture", emulated_capture)
+    monkeypatch.setattr(step_graph, "capture", emulated_capture)
     monkeypatch.setattr(draft.graphs, "mode", "cuda")
     monkeypatch.setattr(target.graphs, "mode", "cuda")
     draft.graphs.pool.clear()  # (replay mode's bundles hold no graphs to replay)
@@ -150,7 +150,7 @@ def test_emulated_captures_give_the_same_tokens_and_a_failed_one_warns_once(mode
 
     def fails(body, cache, device):
         raise RuntimeError("operation not permitted when stream is capturing\nmore")
-    monkeypatch.setattr(model_tree, "capture", fails)
+    monkeypatch.setattr(step_graph, "capture", fails)
     draft.graphs.pool.clear()
     grown["graphed"] = 0
     with warnings.catch_warnings(record=True) as seen:
@@ -185,7 +185,7 @@ def test_the_graph_outputs_are_cloned(models, device):
             root = tree.start(torch.tensor([5, 6, 7, 8, 9] + [10] * i))
             drafts.append(tree.best_first(root, 3, 16, 4))
             kept.append(drafts[-1].tokens.clone())
-        assert tree.graph_stats == {"captures": 1, "replays": 2}
+        assert tree.graphs.stats == {"captures": 1, "replays": 2}
         assert all(isinstance(d.parents, DeviceTree) for d in drafts)
         assert tree.forwards == 3 + 3 * 3
         entry = next(g for g in tree.cache.graphs.values() if isinstance(g, model_tree.TreeGraph))

@@ -202,7 +202,8 @@ def test_the_cache_holds_the_target_features_of_accepted_tokens(causal, tree, to
     head.t2d.fill_(True)
     head.d2t.zero_()
     head.future, head.wrong = prompt + base, {len(prompt) + 4, len(prompt) + 5, len(prompt) + 13}
-    cfg = Eagle3SpecConfig(max_new_tokens=30, tree=tree, num_draft_tokens=4, total_tokens=8, width=2)
+    # (graph=False: the oracle reads each forward's position on the host, which a captured graph would not repeat)
+    cfg = Eagle3SpecConfig(max_new_tokens=30, tree=tree, num_draft_tokens=4, total_tokens=8, width=2, graph=False)
     made: list[Eagle3Drafter] = []
 
     def factory(_):

@@ -10,28 +10,25 @@ enter with the target's features instead, as in the authors' code. `tree=True` g
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from ...cache.pool import free_retired_graphs, retire_graphs
 from ...config import check
-from ...errors import FastDecodeWarning
 from ...heads.eagle3 import DraftCache, Eagle3Head, target_embeddings
 from ...heads.eagle3_io import eagle3_for
 from ...models.base import on_host
 from ...models.causal import CausalLM
-from ...models.graphs import REPLAYS, capture
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
 from ..best_first import Beam, BestFirst, kept_draft, stops_early
 from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import check_rollback, speculative
 from ..model_chain import reads_each_token
+from ..step_graph import StepGraph, StepGraphs
 from ..tree import DeviceTree
 
 MAX_NODES = 64
@@ -84,8 +81,7 @@ class Eagle3Drafter(BaseDrafter):
         self.cache = DraftCache(BLOCK if self.graphed or not on_host(device) else 0)
         self._graphs: dict[tuple[str, int, int, int], HeadGraph] = {}
         weakref.finalize(self, retire_graphs, self._graphs)  # (destroyed at the next graphed forward, not by the GC)
-        self.graph_stats = {"captures": 0, "replays": 0}
-        self.graph_failed: str | None = None  # why the graphs stopped, if a capture failed (then forward by forward)
+        self.graphs = StepGraphs("spec.eagle3")  # (its captures, replays, and why they stopped if a capture failed)
         self.forwards = 0
         self._entered = 0  # context positions whose entry is in the cache (entry j: token j's feature, token j+1)
         self._featured = 0  # context positions whose fused feature is known (entered or pending)
@@ -169,7 +165,7 @@ class Eagle3Drafter(BaseDrafter):
         """The chain of `n` tokens or the tree of `n` levels (`kind`), drafted by one captured graph (`HeadGraph`)
         that appends `entries` to the head's cache: its outputs (cloned), or None where it cannot run (a capture
         failed before). The same arithmetic as forward by forward on a `block` cache, so the same drafts."""
-        if self.graph_failed is not None or self.cache.capacity == 0:
+        if self.graphs.failed is not None or self.cache.capacity == 0:
             return None
         assert self._last is not None
         cache, device = self.cache, self._last.device
@@ -185,27 +181,15 @@ class Eagle3Drafter(BaseDrafter):
             entry = HeadGraph(kind, n, self._last)
         entry.last.copy_(self._last)
         entry.meta.copy_(torch.tensor([c0, self._entered - 1]), non_blocking=True)
-        capturing = fresh and (device.type == "cuda" if self.captures is None else self.captures)
-        try:
-            if capturing:
-                entry.graph, entry.outputs = capture(entry.body, self, device)
-            else:
-                entry.replay(self)
-        except Exception as e:
-            cache.crop(c0)
-            if not capturing:
-                raise
-            self.graph_failed = str(e).splitlines()[0] if str(e) else type(e).__name__
-            warnings.warn(f"spec.eagle3 drafts forward by forward: its head could not be captured in a CUDA graph "
-                          f"({self.graph_failed}); the same drafts, more host work", FastDecodeWarning, stacklevel=4)
+        capturing = device.type == "cuda" if self.captures is None else self.captures
+        out = self.graphs.run(entry, fresh, self, capturing, device, lambda: cache.crop(c0))
+        if out is None:
             return None
         if fresh:
             self._graphs[key] = entry
-        self.graph_stats["captures" if fresh else "replays"] += 1
         cache.length = c0 + entries  # (as the forwards' appends would leave it; the next proposal crops them)
         self.forwards += n - 1
-        assert entry.outputs is not None
-        return tuple(t.clone() for t in entry.outputs)  # (the next replay overwrites them)
+        return out
 
     def _chain_body(self, graph: HeadGraph) -> tuple[torch.Tensor, ...]:
         """`_chain` without reads, on the graph's static inputs: each token's head forward writes its entry after
@@ -291,32 +275,19 @@ class Eagle3Drafter(BaseDrafter):
         return list(v.nodes)
 
 
-class HeadGraph:
+class HeadGraph(StepGraph):
     """One step's drafting by the EAGLE-3 head in one graph (`Eagle3Drafter._in_graph`): the static inputs (the newest
-    committed entry's output `last` `[H]`; `meta`: the committed entries, and the newest one's position) and the
-    outputs of `_chain_body` or `_tree_body`, captured on CUDA (`graph`) or run again each step elsewhere. The body
-    takes the drafter as its argument, so the graph holds none of it."""
+    committed entry's output `last` `[H]`; `meta`: the committed entries, and the newest one's position) and the body,
+    `_chain_body` or `_tree_body`. The body takes the drafter as its argument, so the graph holds none of it."""
 
     def __init__(self, kind: str, n: int, last: torch.Tensor) -> None:
+        super().__init__()
         self.kind, self.n = kind, n
         self.last = torch.zeros_like(last)
         self.meta = torch.zeros(2, dtype=torch.long, device=last.device)
-        self.outputs: tuple[torch.Tensor, ...] | None = None
-        self.graph: Any = None
 
     def body(self, drafter: Eagle3Drafter) -> tuple[torch.Tensor, ...]:
         return drafter._chain_body(self) if self.kind == "chain" else drafter._tree_body(self)
-
-    def replay(self, drafter: Eagle3Drafter) -> None:
-        """Run the captured graph (one launch on a GPU: `HostOps` counts nothing inside it), or without one the
-        body again (capture-free)."""
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            self.outputs = self.body(drafter)
-
-
-REPLAYS.append((HeadGraph, "replay"))
 
 
 @register_spec("spec.eagle3", config=Eagle3SpecConfig)
