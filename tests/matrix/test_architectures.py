@@ -313,13 +313,16 @@ def test_direct_forward_equals_transformers_forward_bit_for_bit(name):
 @pytest.mark.parametrize("name", ARCHS)
 def test_chosen_layers_equal_transformers_hidden_states(name):
     """`forward(hidden=(0, -1))` finds every architecture's decoder layers: layer 0's output over a cached prefill
-    equals transformers' own record of it (`hidden_states[1]`; Mamba's tuple starts after layer 0, at [0])."""
+    equals transformers' own record of it (`hidden_states[1]`, after the embeddings; Mamba's tuple, and Mamba2's
+    before transformers 5.25, has no embeddings: layer 0's output comes first)."""
     m = model(name)
     ids = torch.tensor([PROMPT])
     out = m.forward(ids, torch.arange(len(PROMPT))[None], m.new_cache(capacity=len(PROMPT)), num_logits=1,
                     hidden=(0, -1))
     with torch.inference_mode():
-        ref = m.model(input_ids=ids, output_hidden_states=True).hidden_states[0 if name in ("mamba", "mamba2") else 1]
+        states = m.model(input_ids=ids, output_hidden_states=True).hidden_states
+        embedded = name not in ("mamba", "mamba2") or torch.equal(states[0], m.model.get_input_embeddings()(ids))
+    ref = states[1 if embedded else 0]
     assert len(out.layers) == 2 and out.layers[1].shape == (1, len(PROMPT), m.config.hidden_size)
     torch.testing.assert_close(out.layers[0], ref, rtol=1e-5, atol=1e-5)
 
