@@ -114,10 +114,12 @@ class DraftCache:
     over the entries held. `block` > 0 (a device's, speculative/drafters/eagle3.py): the storage is a multiple of
     `block` entries, zeroed when made, and every forward attends over all of it (`attended`, the entries not held
     masked): one key length from forward to forward, so a graph captured over the storage (its address and
-    `version`, bumped when it is made anew) replays for every step until it grows."""
+    `version`, bumped when it is made anew) replays for every step until it grows. `room`: the least capacity it
+    makes (a generation's entries, all of them: it then never grows)."""
 
     def __init__(self, block: int = 0) -> None:
         self.block = block
+        self.room = 0
         self._k: torch.Tensor | None = None  # [1, kv_heads, capacity, head_dim]
         self._v: torch.Tensor | None = None
         self.length = 0
@@ -142,7 +144,7 @@ class DraftCache:
             self._grow(n, self._k, self._v)
 
     def _grow(self, n: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        size = -(-n // self.block) * self.block if self.block else max(64, 2 * n)
+        size = max(-(-n // self.block) * self.block, self.room) if self.block else max(64, 2 * n)
         make = torch.Tensor.new_zeros if self.block else torch.Tensor.new_empty
         grown_k = make(k, (k.shape[0], k.shape[1], size, k.shape[3]))
         grown_v = make(v, (v.shape[0], v.shape[1], size, v.shape[3]))

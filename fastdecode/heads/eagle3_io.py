@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from ..errors import IncompatibleMethodError, ModelLoadError
 from .base import Target
 from .eagle3 import Eagle3Config, Eagle3Head
-from .io import CONFIG, WEIGHTS, _dtype, fit_tensors, head_for, read_weights, resolve_head
+from .io import CONFIG, WEIGHTS, _dtype, fit_tensors, head_for, held, read_weights, resolve_head
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -103,8 +103,9 @@ def eagle3_for(model: Any, head: str | Path | None = None) -> Eagle3Head:
     or `zoo:<model>/<name>`; None = the head shipped for a zoo model. On the model's device and dtype."""
     if head is not None and not str(head).startswith("zoo:") and is_eagle3_layout(head):
         dtype = getattr(model, "dtype", None)
-        found = load_eagle3(head, model, getattr(model, "device", None),
-                            dtype if isinstance(dtype, torch.dtype) else None)
+        found = held(model, ("eagle3-layout", str(head)), Path(head).expanduser(),
+                     lambda: load_eagle3(head, model, getattr(model, "device", None),
+                                         dtype if isinstance(dtype, torch.dtype) else None))
         _check_target(found, model, str(head))
         return found
     if head is not None:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
+import weakref
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors import SafetensorError
@@ -26,6 +29,9 @@ UNTRAINED = "FASTDECODE_UNTRAINED_HEADS"  # "1": a model without a head of the k
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
+HELD = 4  # heads held per model (`held`), the least recently asked for dropped first
+
+H = TypeVar("H", bound=Head)
 
 
 def _zoo() -> Path:
@@ -177,6 +183,36 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+# the heads loaded for each model (`held`): a method runs once per generation, and reading a head's folder and moving
+# it to the device every generation cost a real head (an EAGLE-3 layer of an 8B target, about 1 GB) more than the
+# generation; a head also carries what outlives a generation (EAGLE-3's graphs over its draft cache, cache/pool.py's
+# role for the model's). Weak in the model: a model's heads go with it.
+_HELD: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
+_HELD_LOCK = threading.Lock()
+
+
+def held(model: Any, what: tuple[Any, ...], folder: Path | None, load: Callable[[], H]) -> H:
+    """`load()`, once per `model`, `what` (the kind and source asked for) and the state of `folder`'s files (a head
+    written again is loaded again): the same head object while the model lives. At most `HELD` heads a model. A
+    model that cannot be referenced weakly loads every time."""
+    files = () if folder is None else tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size)
+                                                   for p in folder.iterdir() if p.is_file()))
+    key = (*what, str(getattr(model, "device", "")), str(getattr(model, "dtype", "")), files)
+    try:
+        with _HELD_LOCK:
+            heads = _HELD.setdefault(model, {})
+            found = heads.pop(key, None)
+    except TypeError:  # (no weak reference or no hash: nothing is held)
+        return load()
+    if found is None:
+        found = load()
+    with _HELD_LOCK:
+        heads[key] = found  # (last: the most recently asked for)
+        while len(heads) > HELD:
+            heads.pop(next(iter(heads)))
+    return found
+
+
 def head_for(model: Any, kind: str, head: str | Path | None = None) -> Head:
     """The head a method decodes `model` with: `head` (a folder or `zoo:<model>/<name>`) when given, else the head of
     kind `kind` shipped beside a zoo model (`zoo:ar-small` finds `zoo:ar-small/<kind>`). It is loaded on the model's
@@ -186,7 +222,7 @@ def head_for(model: Any, kind: str, head: str | Path | None = None) -> Head:
         shipped = f"{name}/{kind}" if name.startswith("zoo:") else None
         if shipped is None or not (_zoo() / name[4:] / "heads" / kind / CONFIG).is_file():
             if untrained_heads_allowed():
-                return _untrained(model, kind)
+                return held(model, (kind, "untrained"), None, lambda: _untrained(model, kind))
             raise ModelLoadError(
                 f"No {kind!r} head ships for {name or 'this model'!r}: pass head=FOLDER (a head trained for this "
                 f"model: fastdecode train drafter --target MODEL --kind {kind}) "
@@ -195,7 +231,9 @@ def head_for(model: Any, kind: str, head: str | Path | None = None) -> Head:
         head = shipped
     device = getattr(model, "device", None)
     dtype = getattr(model, "dtype", None)
-    found = load_head(head, device=device, dtype=dtype if isinstance(dtype, torch.dtype) else None)
+    source = head
+    found = held(model, (kind, str(head)), resolve_head(head),
+                 lambda: load_head(source, device=device, dtype=dtype if isinstance(dtype, torch.dtype) else None))
     if found.kind != kind:
         raise ModelLoadError(f"{head} holds a {found.kind!r} head, not a {kind!r} one: pass a {kind} head folder.")
     if found.target is not None:

@@ -3,7 +3,9 @@ in one graph"): the chain's head forwards or the tree's levels captured together
 the simulated device the forward-by-forward path runs on the same block cache, so the graph gives the same drafts:
 the same tokens, forwards, proposals and acceptances, greedy and seeded; on the CPU it equals `ar.greedy` (lossless).
 The graph's outputs are cloned, a cache that grows is captured again, a failed capture warns once, and the host does
-far less. Captured for real under FASTDECODE_TEST_DEVICE=cuda."""
+far less. A block cache holds a whole generation's entries, and a dead drafter's cache with its graphs serves the
+next generation of the same room (`HeadPool`), which then replays from its first step and drafts what a new cache
+would. Captured for real under FASTDECODE_TEST_DEVICE=cuda."""
 
 from __future__ import annotations
 
@@ -18,10 +20,22 @@ from fastdecode.errors import FastDecodeWarning, ParameterError
 from fastdecode.heads.eagle3 import DraftCache
 from fastdecode.models.host_ops import HostOps
 from fastdecode.speculative import step_graph
-from fastdecode.speculative.drafters.eagle3 import Eagle3Drafter
+from fastdecode.speculative.drafters import eagle3 as eagle3_module
+from fastdecode.speculative.drafters.eagle3 import Eagle3Drafter, HeadPool
 
 PROMPTS = ["the quick brown fox", "Sort this", "def add(a, b):"]
 SHAPES = [{}, {"num_draft_tokens": 3}, {"tree": True}, {"tree": True, "width": 2, "total_tokens": 8}]
+
+
+def _clear_pools() -> None:
+    for pool in list(HeadPool._pools.values()):
+        pool.clear()
+
+
+@pytest.fixture(autouse=True)
+def no_pooled_caches():
+    """Each test starts with no dead drafter's cache to take (a pooled one would skip the captures it counts)."""
+    _clear_pools()
 
 
 @pytest.fixture
@@ -84,8 +98,8 @@ def test_greedy_in_one_graph_equals_ar_greedy(causal, drafted, params, monkeypat
 
 
 def test_the_graph_outputs_are_cloned_and_a_growing_cache_captures_again(sim_model, drafted):
-    """Each step's draft keeps its tokens after the next replays (they are copies); the head's cache, in blocks of
-    64 entries, grows during a long generation, which retires the graphs over the old storage."""
+    """Each step's draft keeps its tokens after the next replays (they are copies); a head cache that grows (here
+    its room made too small for the generation) retires the graphs over the old storage."""
     kept: list[tuple[torch.Tensor, torch.Tensor]] = []
     original = Eagle3Drafter.propose
 
@@ -97,6 +111,7 @@ def test_the_graph_outputs_are_cloned_and_a_growing_cache_captures_again(sim_mod
         mp.setattr(Eagle3Drafter, "propose", propose)
         mp.setattr(Eagle3Drafter, "captures", True)  # (replays that overwrite the captured outputs)
         mp.setattr(step_graph, "capture", emulated_capture)
+        mp.setattr(Eagle3Drafter, "_room", lambda self, n: 64)
         _run(sim_model, PROMPTS[1], True, new=96)
     drafter = drafted[-1]
     assert drafter.graphs.stats["captures"] >= 2 and drafter.graphs.stats["replays"] > 0
@@ -117,12 +132,72 @@ def test_emulated_captures_give_the_same_drafts_and_a_failed_one_warns_once(sim_
             raise RuntimeError("operation not permitted when stream is capturing\nmore")
         monkeypatch.setattr(step_graph, "capture", fails)
         drafted.clear()
+        _clear_pools()  # (the graphs captured above would replay: none would be captured)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             assert _run(sim_model, PROMPTS[1], True) == want[1]
     ours = [w for w in seen if issubclass(w.category, FastDecodeWarning)]
     assert len(ours) == 1 and "operation not permitted when stream is capturing)" in str(ours[0].message)
     assert _graphed(drafted) == 0 and drafted[0].graphs.failed is not None
+
+
+@pytest.mark.parametrize("params", [{}, {"tree": True}])
+def test_a_generation_replays_from_its_first_step_on_an_earlier_ones_cache(sim_model, drafted, params, monkeypatch):
+    """The second generation takes the first's dead cache and graphs: no capture, and what a new cache gives, after
+    a longer text's entries too (stale, masked)."""
+    with simulated():
+        monkeypatch.setattr(Eagle3Drafter, "captures", True)
+        monkeypatch.setattr(step_graph, "capture", emulated_capture)
+        first = _run(sim_model, PROMPTS[2], True, new=48, **params)
+        cache, captured = drafted[0].cache, drafted[0].graphs.stats["captures"]
+        assert captured > 0 and cache.version == 1  # (its room held the whole generation: it never grew)
+        drafted.clear()
+        again = _run(sim_model, PROMPTS[2], True, new=48, **params)
+        assert drafted[0].cache is cache and drafted[0].graphs.stats["captures"] == 0
+        assert drafted[0].graphs.stats["replays"] > 0
+        drafted.clear()
+        other = _run(sim_model, PROMPTS[0], True, new=60, **params)
+        drafted.clear()
+        after = _run(sim_model, PROMPTS[2], True, new=48, **params)
+        assert drafted[0].cache is cache
+        drafted.clear()  # (its drafter dies: its cache goes back to the pool, which is then emptied)
+        _clear_pools()
+        assert after == again == first == _run(sim_model, PROMPTS[2], True, new=48, **params)
+        assert drafted[0].cache is not cache
+        assert _run(sim_model, PROMPTS[0], True, new=60, **params) == other
+
+
+def test_the_pool_keeps_a_few_caches_and_retires_the_rest(monkeypatch):
+    monkeypatch.setattr(eagle3_module, "POOLED", 2)
+    retired: list[object] = []
+    monkeypatch.setattr(eagle3_module, "retire_graphs", lambda graphs: (retired.extend(graphs.values()),
+                                                                         graphs.clear()))
+    pool = HeadPool()
+    caches = []
+    for size in (64, 128, 64):
+        cache = DraftCache(block=64)
+        cache.room = size
+        cache.append(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
+        caches.append(cache)
+        pool.give([cache, {("chain", size): f"graph {len(caches)}"}])
+    assert retired == ["graph 1"] and [c for c, _ in pool.kept] == caches[1:]
+    assert pool.kept[1][0].length == 0  # (given back empty)
+    assert pool.take(256) is None and pool.take(64) == (caches[2], {("chain", 64): "graph 3"})
+    host = DraftCache()
+    host.append(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
+    pool.give([host, {"x": "graph 4"}])  # (a host cache, attended as held, is not kept)
+    assert retired == ["graph 1", "graph 4"] and len(pool.kept) == 1
+    pool.clear()
+    assert retired == ["graph 1", "graph 4", "graph 2"] and not pool.kept
+
+
+def test_a_block_cache_is_made_for_its_generation():
+    drafter = Eagle3Drafter.__new__(Eagle3Drafter)
+    drafter.cfg, drafter.vocab = eagle3_module.Eagle3SpecConfig(max_new_tokens=100), 320
+    assert drafter._room(20) == 128  # (20 + 100 + 5, rounded up to a power of two)
+    drafter.cfg = eagle3_module.Eagle3SpecConfig(max_new_tokens=100, tree=True, width=4)
+    assert drafter._room(20) == 256  # (20 + 100 + 4 levels of 4 nodes)
+    assert drafter._room(0) >= eagle3_module.BLOCK
 
 
 def test_the_graph_replaces_most_host_operations(sim_model):

@@ -4,8 +4,10 @@ every way a folder can be wrong is refused with the cause named."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import sys
+import weakref
 from dataclasses import dataclass
 
 import pytest
@@ -237,3 +239,32 @@ def test_a_head_kind_in_its_own_file_is_found_without_an_import(tmp_path, monkey
     finally:
         base._KINDS.pop("test-found", None)
         sys.modules.pop("fastdecode.heads.test_found", None)
+
+
+def test_a_models_head_is_loaded_once_until_its_folder_changes(tmp_path, monkeypatch):
+    """`head_for` loads a head once per model (a method runs once per generation); a head written again is loaded
+    again, at most `HELD` heads are held per model, and they go with the model."""
+    monkeypatch.setattr(head_io, "_zoo", lambda: tmp_path)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1)
+    model = CausalLM(LlamaForCausalLM(config), name="zoo:tiny")
+    save_head(_head(), tmp_path / "tiny" / "heads" / "test-fuse")
+    loads: list[object] = []
+    original = head_io.load_head
+    monkeypatch.setattr(head_io, "load_head", lambda *a, **k: loads.append(a) or original(*a, **k))
+    first = head_io.head_for(model, "test-fuse")
+    assert head_io.head_for(model, "test-fuse") is first and len(loads) == 1
+    save_head(_head(seed=1), tmp_path / "tiny" / "heads" / "test-fuse")  # (written again: new times, new tensors)
+    again = head_io.head_for(model, "test-fuse")
+    assert again is not first and _same(again, _head(seed=1)) and len(loads) == 2
+    for i in range(head_io.HELD):
+        save_head(_head(seed=i), tmp_path / f"other{i}")
+        head_io.head_for(model, "test-fuse", tmp_path / f"other{i}")
+    assert len(head_io._HELD[model]) == head_io.HELD
+    head_io.head_for(model, "test-fuse")  # (the least recently asked for was dropped: loaded again)
+    assert len(loads) == 3 + head_io.HELD
+    alive, held = weakref.ref(model), len(head_io._HELD)
+    del model, first, again
+    gc.collect()
+    assert alive() is None and len(head_io._HELD) == held - 1  # (its heads hold no reference to it, and go with it)

@@ -24,7 +24,7 @@ from ...config import check
 from ...errors import ModelLoadError
 from ...heads.dflash import KV, DFlashHead, target_parts
 from ...heads.dflash_layout import is_dflash_layout, load_dflash
-from ...heads.io import head_for
+from ...heads.io import head_for, held
 from ...models.causal import CausalLM
 from ...models.hidden import layer_list
 from ...registry import RunContext
@@ -51,7 +51,7 @@ class DFlashSpecConfig(SpecConfig):
 def dflash_head(model: CausalLM, head: str = "") -> DFlashHead:
     """The DFlash head `spec.dflash` decodes `model` with (see `DFlashSpecConfig.head`)."""
     if head and Path(head).expanduser().is_dir() and is_dflash_layout(head):
-        found = load_dflash(head, model)
+        found = held(model, ("dflash-layout", head), Path(head).expanduser(), lambda: load_dflash(head, model))
     else:
         found = head_for(model, "dflash", head or None)  # type: ignore[assignment]
     if not isinstance(found, DFlashHead):

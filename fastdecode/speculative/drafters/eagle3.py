@@ -10,9 +10,11 @@ enter with the target's features instead, as in the authors' code. `tree=True` g
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,6 +35,7 @@ from ..tree import DeviceTree
 
 MAX_NODES = 64
 BLOCK = 64  # a device's head cache holds its entries in blocks of this many (one key length per graph: `DraftCache`)
+POOLED = 4  # dead drafters' block caches kept per head, with their graphs (`HeadPool`)
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,11 @@ class Eagle3Drafter(BaseDrafter):
         self.graphed = cfg.graph if cfg.graph is not None else device.type == "cuda"
         # on a device (and for a graph) the head's cache attends over whole blocks: one shape a step (`DraftCache`)
         self.cache = DraftCache(BLOCK if self.graphed or not on_host(device) else 0)
-        self._graphs: dict[tuple[str, int, int, int], HeadGraph] = {}
-        weakref.finalize(self, retire_graphs, self._graphs)  # (destroyed at the next graphed forward, not by the GC)
+        self._graphs: dict[tuple[Any, ...], HeadGraph] = {}
+        # a block cache holds the whole generation's entries from its first step (`_room`), and goes back to the
+        # head's pool with its graphs when the drafter dies, for the next generation of the same room (`HeadPool`)
+        self._held = [self.cache, self._graphs]
+        weakref.finalize(self, HeadPool.of(head).give, self._held)
         self.graphs = StepGraphs("spec.eagle3")  # (its captures, replays, and why they stopped if a capture failed)
         self.forwards = 0
         self._entered = 0  # context positions whose entry is in the cache (entry j: token j's feature, token j+1)
@@ -107,6 +113,14 @@ class Eagle3Drafter(BaseDrafter):
         """Append the pending entries (positions _entered.._featured-1) to the cache in one head forward."""
         if not self._pending:
             return
+        fresh = self.cache.block > 0 and self.cache.capacity == 0
+        if fresh:
+            room = self._room(context.numel())
+            taken = HeadPool.of(self.head).take(room)
+            if taken is not None:  # an earlier generation's storage, and the graphs captured over it
+                self.cache, self._graphs = taken
+                self._held[:] = taken
+            self.cache.room = room
         feats = torch.cat(self._pending)[None]  # [1, m, H]
         m, start = feats.shape[1], self._entered
         ids = context[start + 1 : start + 1 + m].to(feats.device)  # token j + 1 of each entry j
@@ -119,8 +133,15 @@ class Eagle3Drafter(BaseDrafter):
         self._pending, self._entered, self._committed = [], start + m, C + m
         self._last = out[0, -1]
 
-    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
-        return self.head.to_target(logits.argmax(-1))  # a 0-dim tensor where the logits are
+    def _room(self, n: int) -> int:
+        """A block cache's capacity for a generation from a context of `n` tokens: every committed entry and one
+        step's draft entries, rounded up to a power of two, so that generations of about the same length share
+        storage and graphs (`HeadPool`) and the cache never grows, which would capture every graph again. (The drafts
+        depend on the capacity, a whole storage attended: a generation's own numbers fix it, not what ran before.)"""
+        step = (self.cfg.num_draft_tokens - 1) * min(self.cfg.width, self.vocab) if self.cfg.tree \
+            else self.cfg.num_draft_tokens
+        need = max(n + self.cfg.max_new_tokens + step, BLOCK)
+        return 1 << (need - 1).bit_length()
 
     def _chain(self, k: int) -> Draft:
         """At most k tokens, each the head's argmax. On a GPU the loop reads nothing: the chain goes to the
@@ -134,7 +155,7 @@ class Eagle3Drafter(BaseDrafter):
             graphed = self._in_graph("chain", k, k - 1)
             if graphed is not None:
                 return Draft(graphed[0])
-        tokens = [self._pick(self.head.logits(h))]
+        tokens = [_pick(self.head, self.head.logits(h))]
         for i in range(1, k):
             if each and int(tokens[-1]) in self.eos:
                 break
@@ -143,7 +164,7 @@ class Eagle3Drafter(BaseDrafter):
                                  torch.tensor([[p + i]], device=h.device), self.cache, allow)
             self.forwards += 1
             h = out[0, -1]
-            tokens.append(self._pick(self.head.logits(h)))
+            tokens.append(_pick(self.head, self.head.logits(h)))
         return Draft(torch.stack(tokens))
 
     def _tree(self, depth: int) -> Draft:
@@ -156,7 +177,7 @@ class Eagle3Drafter(BaseDrafter):
                 scores, ids, parents, mask, first = graphed
                 return kept_draft(scores, ids, DeviceTree(parents, depth, mask=mask, first=first), depth)
         nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, self._last.device)
-        nodes.add_children(self._full_logits(self._last[None]), carry=self._last[None])
+        nodes.add_children(_full_logits(self.head, self.vocab, self._last[None]), carry=self._last[None])
         nodes.grow(depth, self._expand, self.cfg.early_stop)
         return nodes.draft()  # (on a device unread: the verdict reads it)
 
@@ -171,18 +192,20 @@ class Eagle3Drafter(BaseDrafter):
         cache, device = self.cache, self._last.device
         c0 = cache.length
         cache.reserve(c0 + entries)
-        key = (kind, n, cache.capacity, cache.version)
-        if any(k[3] != cache.version for k in self._graphs):  # the storage was made anew: its graphs are stale
+        # (what the body reads besides its static inputs: the tree's shape, the storage, the target's embeddings)
+        capturing = device.type == "cuda" if self.captures is None else self.captures
+        key = (kind, n, self.cfg.width, self.cfg.total_tokens, cache.capacity, cache.version,
+               next(self.embed.parameters()).data_ptr(), capturing)
+        if any(k[5] != cache.version for k in self._graphs):  # the storage was made anew: its graphs are stale
             retire_graphs(self._graphs)
         free_retired_graphs()
         entry = self._graphs.get(key)
         fresh = entry is None
         if entry is None:
-            entry = HeadGraph(kind, n, self._last)
+            entry = HeadGraph(kind, n, self._last, self.head, self.embed, cache, self.cfg, self.vocab)
         entry.last.copy_(self._last)
         entry.meta.copy_(torch.tensor([c0, self._entered - 1]), non_blocking=True)
-        capturing = device.type == "cuda" if self.captures is None else self.captures
-        out = self.graphs.run(entry, fresh, self, capturing, device, lambda: cache.crop(c0))
+        out = self.graphs.run(entry, fresh, None, capturing, device, lambda: cache.crop(c0))
         if out is None:
             return None
         if fresh:
@@ -190,46 +213,6 @@ class Eagle3Drafter(BaseDrafter):
         cache.length = c0 + entries  # (as the forwards' appends would leave it; the next proposal crops them)
         self.forwards += n - 1
         return out
-
-    def _chain_body(self, graph: HeadGraph) -> tuple[torch.Tensor, ...]:
-        """`_chain` without reads, on the graph's static inputs: each token's head forward writes its entry after
-        the committed ones (`meta[0]` of them) and attends over the whole storage."""
-        c0, p = graph.meta[0:1], graph.meta[1:2]
-        cap = self.cache.capacity
-        columns = torch.arange(cap, device=c0.device)
-        h = graph.last
-        tokens = [self._pick(self.head.logits(h))]
-        for i in range(1, graph.n):
-            allow = (columns < c0 + i)[None]  # [1, capacity]: the committed entries, the chain's so far, itself
-            out = self.head.step_at(self.embed(tokens[-1].view(1, 1)), h[None, None], (p + i).view(1, 1),
-                                    self.cache, c0 + (i - 1), allow)
-            h = out[0, -1]
-            tokens.append(self._pick(self.head.logits(h)))
-        return (torch.stack(tokens),)
-
-    def _tree_body(self, graph: HeadGraph) -> tuple[torch.Tensor, ...]:
-        """`_tree` without reads, on the graph's static inputs: each level's beam writes its entries after the tree's
-        so far and sees the committed entries, its ancestors and itself; then the kept nodes, with the ancestor mask
-        and order the verification needs (`DeviceTree.shaped`)."""
-        c0, p = graph.meta[0:1], graph.meta[1:2]
-        cap = self.cache.capacity
-        columns = torch.arange(cap, device=c0.device)
-        nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, c0.device)
-        nodes.add_children(self._full_logits(graph.last[None]), carry=graph.last[None])
-        committed = (columns < c0)[None]  # [1, capacity]
-        for depth in range(1, graph.n):
-            beam = nodes.beam()
-            assert beam.carry is not None
-            Q, F = beam.nodes.numel(), nodes.fed
-            allow = committed.expand(Q, cap).clone()
-            allow.scatter_(1, (c0 + torch.arange(F, device=c0.device))[None].expand(Q, F), beam.sees)
-            out = self.head.step_at(self.embed(beam.tokens[None]), beam.carry[None], (p + depth).expand(1, Q),
-                                    self.cache, c0 + (F - Q) + torch.arange(Q, device=c0.device), allow)[0]
-            nodes.add_children(self._full_logits(out), beam, out)
-        scores, ids, parents = nodes._kept()
-        tree = DeviceTree.shaped(parents, graph.n)
-        assert tree.mask is not None and tree.first is not None
-        return scores, ids, parents, tree.mask, tree.first
 
     def _expand(self, beam: Beam, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One head forward of a beam (its nodes at `depth`, each fed its parent's output): their logits and outputs."""
@@ -239,15 +222,7 @@ class Eagle3Drafter(BaseDrafter):
         pos = torch.full((1, beam.nodes.numel()), self._entered - 1 + depth, device=self._last.device)
         out = self.head.step(self.embed(beam.tokens[None]), beam.carry[None], pos, self.cache, allow)[0]  # [Q, H]
         self.forwards += 1
-        return self._full_logits(out), out
-
-    def _full_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """`[Q, V]` target-vocabulary logits of outputs `[Q, H]`: -inf outside the draft vocabulary."""
-        draft = self.head.logits(h).float()  # [Q, V']
-        full = torch.full((draft.shape[0], self.vocab), float("-inf"), device=draft.device)
-        ids = self.head.to_target(torch.arange(draft.shape[1], device=draft.device))
-        full[:, ids] = draft
-        return full
+        return _full_logits(self.head, self.vocab, out), out
 
     # -- learning the features of what was accepted ------------------------------------------------------------
     @torch.no_grad()
@@ -275,19 +250,119 @@ class Eagle3Drafter(BaseDrafter):
         return list(v.nodes)
 
 
+class HeadPool:
+    """A head's dead drafters' block caches with the graphs captured over them (at most `POOLED`, the oldest dropped
+    first, their graphs retired): a drafter's first step takes one of its room (`take`) and its death gives it back
+    (`give`, a `weakref.finalize` callback holding the cache and graphs, never the drafter), so a generation replays
+    from its first step where an earlier one of the same room captured: what the model's own pool (cache/pool.py) does
+    for its caches. The pool lives as long as its head (held once per model: heads/io.held); when the head dies its
+    graphs are retired, never destroyed by the garbage collector."""
+
+    _pools: weakref.WeakKeyDictionary[Eagle3Head, HeadPool] = weakref.WeakKeyDictionary()
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[DraftCache, dict[tuple[Any, ...], HeadGraph]]] = []
+
+    @classmethod
+    def of(cls, head: Eagle3Head) -> HeadPool:
+        with cls._lock:
+            pool = cls._pools.get(head)
+            if pool is None:
+                pool = cls._pools[head] = HeadPool()
+                weakref.finalize(head, pool.clear)
+            return pool
+
+    def take(self, capacity: int) -> tuple[DraftCache, dict[tuple[Any, ...], HeadGraph]] | None:
+        with self._lock:
+            for i, (cache, graphs) in enumerate(self.kept):
+                if cache.capacity == capacity:
+                    del self.kept[i]
+                    return cache, graphs
+        return None
+
+    def give(self, held: list[Any]) -> None:
+        cache, graphs = held
+        if not cache.block or cache.capacity == 0 or POOLED == 0:
+            retire_graphs(graphs)
+            return
+        cache.length = 0  # (what the entries held stays, masked: no query sees a column before it is written again)
+        with self._lock:
+            self.kept.append((cache, graphs))
+            while len(self.kept) > POOLED:
+                retire_graphs(self.kept.pop(0)[1])
+
+    def clear(self) -> None:
+        with self._lock:
+            for _, graphs in self.kept:
+                retire_graphs(graphs)
+            self.kept.clear()
+
+
 class HeadGraph(StepGraph):
     """One step's drafting by the EAGLE-3 head in one graph (`Eagle3Drafter._in_graph`): the static inputs (the newest
-    committed entry's output `last` `[H]`; `meta`: the committed entries, and the newest one's position) and the body,
-    `_chain_body` or `_tree_body`. The body takes the drafter as its argument, so the graph holds none of it."""
+    committed entry's output `last` `[H]`; `meta`: the committed entries, and the newest one's position), what the body
+    reads in place (the head, held weakly; the target's embeddings; the block cache; the tree's shape) and the body,
+    the chain's or the tree's. It holds no drafter, so it serves the next drafter that takes its cache (`HeadPool`)."""
 
-    def __init__(self, kind: str, n: int, last: torch.Tensor) -> None:
+    def __init__(self, kind: str, n: int, last: torch.Tensor, head: Eagle3Head, embed: torch.nn.Module,
+                 cache: DraftCache, cfg: Eagle3SpecConfig, vocab: int) -> None:
         super().__init__()
         self.kind, self.n = kind, n
         self.last = torch.zeros_like(last)
         self.meta = torch.zeros(2, dtype=torch.long, device=last.device)
+        # (weak: the head's pool holds its graphs, which must not keep it alive)
+        self._head, self.embed, self.cache = weakref.ref(head), embed, cache
+        self.width, self.total, self.vocab = cfg.width, cfg.total_tokens, vocab
 
-    def body(self, drafter: Eagle3Drafter) -> tuple[torch.Tensor, ...]:
-        return drafter._chain_body(self) if self.kind == "chain" else drafter._tree_body(self)
+    @property
+    def head(self) -> Eagle3Head:
+        head = self._head()
+        assert head is not None, "a graph of a head that was freed"
+        return head
+
+    def body(self, arg: None) -> tuple[torch.Tensor, ...]:
+        return self._chain() if self.kind == "chain" else self._tree()
+
+    def _chain(self) -> tuple[torch.Tensor, ...]:
+        """`Eagle3Drafter._chain` without reads, on the static inputs: each token's head forward writes its entry after
+        the committed ones (`meta[0]` of them) and attends over the whole storage."""
+        c0, p = self.meta[0:1], self.meta[1:2]
+        cap = self.cache.capacity
+        columns = torch.arange(cap, device=c0.device)
+        h = self.last
+        tokens = [_pick(self.head, self.head.logits(h))]
+        for i in range(1, self.n):
+            allow = (columns < c0 + i)[None]  # [1, capacity]: the committed entries, the chain's so far, itself
+            out = self.head.step_at(self.embed(tokens[-1].view(1, 1)), h[None, None], (p + i).view(1, 1),
+                                    self.cache, c0 + (i - 1), allow)
+            h = out[0, -1]
+            tokens.append(_pick(self.head, self.head.logits(h)))
+        return (torch.stack(tokens),)
+
+    def _tree(self) -> tuple[torch.Tensor, ...]:
+        """`Eagle3Drafter._tree` without reads, on the static inputs: each level's beam writes its entries after the
+        tree's so far and sees the committed entries, its ancestors and itself; then the kept nodes, with the ancestor
+        mask and order the verification needs (`DeviceTree.shaped`)."""
+        c0, p = self.meta[0:1], self.meta[1:2]
+        cap = self.cache.capacity
+        columns = torch.arange(cap, device=c0.device)
+        nodes = BestFirst(self.width, self.total, c0.device)
+        nodes.add_children(_full_logits(self.head, self.vocab, self.last[None]), carry=self.last[None])
+        committed = (columns < c0)[None]  # [1, capacity]
+        for depth in range(1, self.n):
+            beam = nodes.beam()
+            assert beam.carry is not None
+            Q, F = beam.nodes.numel(), nodes.fed
+            allow = committed.expand(Q, cap).clone()
+            allow.scatter_(1, (c0 + torch.arange(F, device=c0.device))[None].expand(Q, F), beam.sees)
+            out = self.head.step_at(self.embed(beam.tokens[None]), beam.carry[None], (p + depth).expand(1, Q),
+                                    self.cache, c0 + (F - Q) + torch.arange(Q, device=c0.device), allow)[0]
+            nodes.add_children(_full_logits(self.head, self.vocab, out), beam, out)
+        scores, ids, parents = nodes._kept()
+        tree = DeviceTree.shaped(parents, self.n)
+        assert tree.mask is not None and tree.first is not None
+        return scores, ids, parents, tree.mask, tree.first
 
 
 @register_spec("spec.eagle3", config=Eagle3SpecConfig)
@@ -296,3 +371,16 @@ def run(model: CausalLM, batch: PromptBatch, cfg: Eagle3SpecConfig, ctx: RunCont
     check_rollback(model)
     head = eagle3_for(model, cfg.head or None)
     return speculative(model, batch, cfg, ctx, lambda generator: Eagle3Drafter(model, head, cfg))
+
+
+def _pick(head: Eagle3Head, logits: torch.Tensor) -> torch.Tensor:
+    return head.to_target(logits.argmax(-1))  # a 0-dim tensor where the logits are
+
+
+def _full_logits(head: Eagle3Head, vocab: int, h: torch.Tensor) -> torch.Tensor:
+    """`[Q, V]` target-vocabulary logits of outputs `[Q, H]`: -inf outside the draft vocabulary."""
+    draft = head.logits(h).float()  # [Q, V']
+    full = torch.full((draft.shape[0], vocab), float("-inf"), device=draft.device)
+    ids = head.to_target(torch.arange(draft.shape[1], device=draft.device))
+    full[:, ids] = draft
+    return full
