@@ -219,6 +219,16 @@ def causal(causal_dir):
     return fastdecode.load(causal_dir)
 
 
+@pytest.fixture(scope="module")
+def sim_model(causal_dir, device):
+    """The tiny causal model on the simulated device (`device_sim`: a GPU's code paths on the CPU); a test runs it
+    under `device_sim.simulated()`. Skipped where the suite runs on a real device."""
+    if device.type != "cpu":
+        pytest.skip("the simulation runs on the CPU")
+    with device_sim.simulated():
+        return fastdecode.load(causal_dir, device="cpu:0")
+
+
 @pytest.fixture(scope="session")
 def diffusion(diffusion_dir):
     return fastdecode.load(diffusion_dir)

@@ -60,14 +60,6 @@ def _run(model, prompt, graph: bool, new: int = 32, **kw):
     return out.token_ids, out.stats.forwards, out.stats.draft_forwards, out.stats.accepted, out.stats.proposed
 
 
-@pytest.fixture(scope="module")
-def sim_model(causal_dir, device):
-    if device.type != "cpu":
-        pytest.skip("the simulation runs on the CPU")
-    with simulated():  # (each test runs it under the simulation again)
-        return fastdecode.load(causal_dir, device="cpu:0")
-
-
 @pytest.mark.parametrize("params", SHAPES)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_on_a_device_the_graph_drafts_what_the_forwards_draft(sim_model, drafted, params, temperature):

@@ -17,23 +17,30 @@ The first step of a request drafts nothing: the heads need the prompt's hidden s
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from ...cache.pool import free_retired_graphs, retire_graphs
 from ...config import check
 from ...heads import head_for
 from ...heads.hydra import HydraHead
+from ...heads.io import held
 from ...heads.medusa import MedusaHead, target_embeddings, target_lm_head
 from ...heads.medusa_layout import is_medusa_layout, load_medusa_layout
 from ...models.base import on_host
 from ...models.causal import CausalLM
 from ...registry import RunContext
 from ...types import PromptBatch, StepEvent
-from ..best_first import Beam, BestFirst
+from ..best_first import Beam, BestFirst, kept_draft
 from ..drafter import BaseDrafter, Draft, SpecConfig, Verification, register_spec
 from ..driver import speculative
+from ..step_graph import StepGraph, StepGraphs
+from ..tree import DeviceTree
 from ..verify import float_bits, from_bits
 
 MAX_NODES = 64  # a larger tree costs more to verify than it can gain on a CPU (v(32) = 2.33 target steps)
@@ -48,12 +55,18 @@ class MedusaSpecConfig(SpecConfig):
     total_tokens: int = 16  # draft tree nodes (the verification forward feeds them all)
     width: int = 4  # nodes expanded per level, and children given to each
     depth: int = 0  # deepest draft; 0 = one level per head
+    # hydra: grow the tree in one captured graph a step (`HydraGraph`): None = on CUDA; True elsewhere runs the same
+    # body without capturing (tests), False grows it level by level
+    graph: bool | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(1 <= self.total_tokens <= MAX_NODES, "total_tokens", self.total_tokens, f"must be in [1, {MAX_NODES}]")
         check(self.width >= 1, "width", self.width, "must be at least 1")
         check(self.depth >= 0, "depth", self.depth, "must be 0 (one level per head) or more")
+        check(not (self.graph and not self.hydra), "graph", self.graph,
+              "grows Hydra's tree in one graph: Medusa's tree grows on the host from one forward of its heads; set "
+              "hydra=true or leave graph unset")
 
 
 class MedusaDrafter(BaseDrafter):
@@ -66,6 +79,8 @@ class MedusaDrafter(BaseDrafter):
     where a read makes the host wait (on the CPU the heads then run on one row instead of 1 + k)."""
 
     ahead: bool | None = None
+    # whether Hydra's step graph is captured (None: on CUDA; elsewhere its body runs again each step, capture-free)
+    captures: bool | None = None
 
     needs_hidden = True
     tree_drafts = True
@@ -91,9 +106,13 @@ class MedusaDrafter(BaseDrafter):
         if (self.hidden is None and self.candidates is None) or levels < 1:
             return Draft.empty()
         if isinstance(self.head, HydraHead):
-            assert self.hidden is not None
+            assert self.hidden is not None and self.embed is not None
+            graphed = self._in_graph(context[-1:], levels)
+            if graphed is not None:
+                return graphed
             nodes = BestFirst(self.cfg.width, self.cfg.total_tokens, self.hidden.device)
-            self._grow_hydra(nodes, context[-1:], levels)
+            self.calls += grow_hydra(nodes, self.head, self.hidden, self.embed, self.lm_head,
+                                     context[-1:].to(self.hidden.device), levels)
         else:
             if self.candidates is None:  # (read now: the heads run on the accepted node's state alone)
                 assert self.hidden is not None
@@ -135,22 +154,33 @@ class MedusaDrafter(BaseDrafter):
             nodes.add_top(logq[d : d + 1].expand(Q, -1), ids[d : d + 1].expand(Q, -1), beam)
         return nodes
 
-    def _grow_hydra(self, nodes: BestFirst, last: torch.Tensor, levels: int) -> None:
-        """Head d reads the path it extends: the bonus token `last` `[1]`, then each beam node's drafts."""
+    def _in_graph(self, last: torch.Tensor, levels: int) -> Draft | None:
+        """Hydra's tree of `levels` grown by one captured graph (`HydraGraph`, kept by the head for every drafter
+        of it and every generation): None where it does not run (`graph`; fewer than two levels; a capture failed)."""
         assert self.hidden is not None and self.embed is not None and isinstance(self.head, HydraHead)
-        head, hidden, embed, first = self.head, self.hidden, self.embed, last.to(self.hidden.device)
-
-        def logits(paths: torch.Tensor, d: int) -> torch.Tensor:  # [B, d + 1] paths -> head d's [B, V]
-            self.calls += 1
-            feats = embed[paths].to(hidden.dtype)  # [B, d + 1, H]
-            return head.head_logits(d, hidden.expand(paths.shape[0], -1), feats, self.lm_head)
-
-        def expand(beam: Beam, d: int) -> tuple[torch.Tensor, None]:
-            paths = torch.cat([first.expand(beam.nodes.numel(), 1), nodes.paths(beam, d)], 1)  # [Q, d + 1]
-            return logits(paths, d), None
-
-        nodes.add_children(logits(first[None], 0))
-        nodes.grow(levels, expand, early_stop=False)
+        device = self.hidden.device
+        on = self.cfg.graph if self.cfg.graph is not None else device.type == "cuda"
+        kept = HydraGraph.kept(self.head)
+        if not on or levels < 2 or kept.runs.failed is not None:
+            return None
+        capturing = device.type == "cuda" if self.captures is None else self.captures
+        key = (levels, self.cfg.width, self.cfg.total_tokens, self.hidden.shape[-1], self.hidden.dtype, device,
+               self.embed.data_ptr(), None if self.lm_head is None else self.lm_head.data_ptr(), capturing)
+        free_retired_graphs()
+        entry = kept.graphs.get(key)
+        fresh = entry is None
+        if entry is None:
+            entry = HydraGraph(self.head, self.embed, self.lm_head, self.cfg, levels, self.hidden)
+        entry.hidden.copy_(self.hidden)
+        entry.last.copy_(last, non_blocking=True)
+        out = kept.runs.run(entry, fresh, None, capturing, device, lambda: None)
+        if out is None:
+            return None
+        if fresh:
+            kept.graphs[key] = entry
+        self.calls += levels
+        scores, ids, parents, mask, first = out
+        return kept_draft(scores, ids, DeviceTree(parents, levels, mask=mask, first=first), levels)
 
     def observe(self, verification: Verification) -> None:
         """Keep the hidden state of the last accepted node (the root when none was): its next token ends the
@@ -165,10 +195,77 @@ class MedusaDrafter(BaseDrafter):
             self.candidates = self.asked(verification)[:, node + 1]  # [levels, 1 + k, 2w] -> the node's
 
 
+def grow_hydra(nodes: BestFirst, head: HydraHead, hidden: torch.Tensor, embed: torch.Tensor,
+               lm_head: torch.Tensor | None, first: torch.Tensor, levels: int) -> int:
+    """Grow `nodes` `levels` deep with Hydra's heads (no early stop): head d reads the path it extends, the bonus
+    token `first` `[1]` (on the heads' device), then each beam node's drafts. Returns the head forwards run."""
+    calls = 0
+
+    def logits(paths: torch.Tensor, d: int) -> torch.Tensor:  # [B, d + 1] paths -> head d's [B, V]
+        nonlocal calls
+        calls += 1
+        feats = embed[paths].to(hidden.dtype)  # [B, d + 1, H]
+        return head.head_logits(d, hidden.expand(paths.shape[0], -1), feats, lm_head)
+
+    def expand(beam: Beam, d: int) -> tuple[torch.Tensor, None]:
+        paths = torch.cat([first.expand(beam.nodes.numel(), 1), nodes.paths(beam, d)], 1)  # [Q, d + 1]
+        return logits(paths, d), None
+
+    nodes.add_children(logits(first[None], 0))
+    nodes.grow(levels, expand, early_stop=False)
+    return calls
+
+
+@dataclass
+class _Kept:
+    """A Hydra head's step graphs (by shape and settings) and their runs, shared by its drafters: they outlive a
+    generation with the head (heads/io.held), and a capture that failed stops them for it."""
+
+    graphs: dict[tuple[Any, ...], HydraGraph] = field(default_factory=dict)
+    runs: StepGraphs = field(default_factory=lambda: StepGraphs("spec.medusa:hydra=true"))
+
+
+class HydraGraph(StepGraph):
+    """Hydra's tree grown in one graph (`MedusaDrafter._in_graph`): the static inputs (the target's state `hidden`
+    `[H]`, the bonus token `last` `[1]`), what the body reads in place (the head, held weakly; the target's
+    embeddings and lm_head), and the body: every level's beam, head forward and children, then the kept nodes with
+    their ancestor mask and order (`DeviceTree.shaped`). On a GPU each level was about 20 launches from the host."""
+
+    _kept: weakref.WeakKeyDictionary[HydraHead, _Kept] = weakref.WeakKeyDictionary()
+
+    def __init__(self, head: HydraHead, embed: torch.Tensor, lm_head: torch.Tensor | None, cfg: MedusaSpecConfig,
+                 levels: int, hidden: torch.Tensor) -> None:
+        super().__init__()
+        self._head, self.embed, self.lm_head = weakref.ref(head), embed, lm_head
+        self.width, self.total, self.levels = cfg.width, cfg.total_tokens, levels
+        self.hidden = torch.zeros_like(hidden)
+        self.last = torch.zeros(1, dtype=torch.long, device=hidden.device)
+
+    @classmethod
+    def kept(cls, head: HydraHead) -> _Kept:
+        found = cls._kept.get(head)
+        if found is None:
+            found = cls._kept[head] = _Kept()
+            weakref.finalize(head, retire_graphs, found.graphs)  # (destroyed at the next graphed call, not by the GC)
+        return found
+
+    def body(self, arg: None) -> tuple[torch.Tensor, ...]:
+        head = self._head()
+        assert head is not None, "a graph of a head that was freed"
+        nodes = BestFirst(self.width, self.total, self.hidden.device)
+        grow_hydra(nodes, head, self.hidden, self.embed, self.lm_head, self.last, self.levels)
+        scores, ids, parents = nodes._kept()
+        tree = DeviceTree.shaped(parents, self.levels)
+        assert tree.mask is not None and tree.first is not None
+        return scores, ids, parents, tree.mask, tree.first
+
+
 def _head(model: CausalLM, cfg: MedusaSpecConfig) -> MedusaHead | HydraHead:
     kind = "hydra" if cfg.hydra else "medusa"
     if cfg.head and not cfg.hydra and is_medusa_layout(cfg.head):  # heads saved by the Medusa authors' code
-        return load_medusa_layout(cfg.head, model)
+        folder = cfg.head
+        return held(model, ("medusa-layout", folder), Path(folder).expanduser(),
+                    lambda: load_medusa_layout(folder, model))
     head = head_for(model, kind, cfg.head or None)
     assert isinstance(head, (MedusaHead, HydraHead))
     return head
