@@ -88,6 +88,7 @@ class Eagle3Drafter(BaseDrafter):
         self._held = [self.cache, self._graphs]
         weakref.finalize(self, HeadPool.of(head).give, self._held)
         self.graphs = StepGraphs("spec.eagle3")  # (its captures, replays, and why they stopped if a capture failed)
+        self.graphs.failed = HeadPool.of(head).failed  # (a capture that failed for the head fails for every drafter)
         self.forwards = 0
         self._entered = 0  # context positions whose entry is in the cache (entry j: token j's feature, token j+1)
         self._featured = 0  # context positions whose fused feature is known (entered or pending)
@@ -207,6 +208,7 @@ class Eagle3Drafter(BaseDrafter):
         entry.meta.copy_(torch.tensor([c0, self._entered - 1]), non_blocking=True)
         out = self.graphs.run(entry, fresh, None, capturing, device, lambda: cache.crop(c0))
         if out is None:
+            HeadPool.of(self.head).failed = self.graphs.failed
             return None
         if fresh:
             self._graphs[key] = entry
@@ -256,13 +258,15 @@ class HeadPool:
     (`give`, a `weakref.finalize` callback holding the cache and graphs, never the drafter), so a generation replays
     from its first step where an earlier one of the same room captured: what the model's own pool (cache/pool.py) does
     for its caches. The pool lives as long as its head (held once per model: heads/io.held); when the head dies its
-    graphs are retired, never destroyed by the garbage collector."""
+    graphs are retired, never destroyed by the garbage collector. A capture that failed (`failed`) is not tried
+    again by the head's later drafters: they draft forward by forward, with no second warning."""
 
     _pools: weakref.WeakKeyDictionary[Eagle3Head, HeadPool] = weakref.WeakKeyDictionary()
     _lock = threading.Lock()
 
     def __init__(self) -> None:
         self.kept: list[tuple[DraftCache, dict[tuple[Any, ...], HeadGraph]]] = []
+        self.failed: str | None = None  # why a capture failed with this head, if one did (then none is tried again)
 
     @classmethod
     def of(cls, head: Eagle3Head) -> HeadPool:
@@ -293,10 +297,12 @@ class HeadPool:
                 retire_graphs(self.kept.pop(0)[1])
 
     def clear(self) -> None:
+        """Retire every graph kept, empty the pool, and try captures again."""
         with self._lock:
             for _, graphs in self.kept:
                 retire_graphs(graphs)
             self.kept.clear()
+            self.failed = None
 
 
 class HeadGraph(StepGraph):
