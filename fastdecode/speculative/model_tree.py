@@ -87,7 +87,7 @@ class DraftModelTree:
         cache: Any = self.cache  # (graphable: it offers `ready_for`, `advance`, `key_width`, `graphs`, `place`, ...)
         graphs, exact = model.graphs, model.exact
         Q = min(width, root.shape[-1])  # every level's beam: each of its nodes has `width` children
-        if (graphs is None or exact is None or self.graphs.failed is not None or not cache.graphable()
+        if (graphs is None or exact is None or graphs.step_failed is not None or not cache.graphable()
                 or levels < 2 or Q > exact.width):
             return None
         W, n = exact.width, self._n
@@ -113,6 +113,7 @@ class DraftModelTree:
         finally:
             cache.end()
         if out is None:
+            graphs.step_failed = self.graphs.failed  # (the draft model's later trees grow by levels, unwarned)
             return None
         if fresh:
             cache.add_graph(key, entry)

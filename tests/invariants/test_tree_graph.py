@@ -151,15 +151,18 @@ def test_emulated_captures_give_the_same_tokens_and_a_failed_one_warns_once(mode
     def fails(body, cache, device):
         raise RuntimeError("operation not permitted when stream is capturing\nmore")
     monkeypatch.setattr(step_graph, "capture", fails)
+    monkeypatch.setattr(draft.graphs, "step_failed", None)  # (set by the failure; None again after the test)
     draft.graphs.pool.clear()
     grown["graphed"] = 0
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         got = _run(target, draft, PROMPTS[1], True, **TREE)
-    assert got[:2] == want[1][:2] and got[3:] == want[1][3:]  # (the levels with the host's early stop: fewer drafts)
+        again = _run(target, draft, PROMPTS[2], True, **TREE)  # (a later generation tries no capture again)
+    for run, wanted in ((got, want[1]), (again, want[2])):  # (the levels with the host's early stop: fewer drafts)
+        assert run[:2] == wanted[:2] and run[3:] == wanted[3:]
     ours = [w for w in seen if issubclass(w.category, FastDecodeWarning)]
     assert len(ours) == 1 and "operation not permitted when stream is capturing)" in str(ours[0].message)
-    assert grown["graphed"] == 0
+    assert grown["graphed"] == 0 and draft.graphs.step_failed is not None
     draft.graphs.pool.clear()
     target.graphs.pool.clear()
 
