@@ -46,9 +46,10 @@ def free_retired_graphs() -> int:
     return n
 
 
-# what a bundle must match to serve a new cache: (rows, capacity, layer types, full width, device). The layers' head
-# counts and dtype are the model's, and a pool belongs to one model.
-Key = tuple[int, int, tuple[str, ...], bool, str]
+# what a bundle must match to serve a new cache: for a model's, (rows, capacity, layer types, full width, device);
+# the layers' head counts and dtype are the model's, and a pool belongs to one model. (A pool of other storage keys
+# it as it needs: EAGLE-3's head caches by capacity, speculative/drafters/eagle3.py.)
+Key = tuple[Any, ...]
 
 
 @dataclass(eq=False)

@@ -101,9 +101,6 @@ class Graphs:
         self.stats = {"captures": 0, "replays": 0, "eager": 0}
         # the storage and graphs of this model's dead caches, for its next caches of the same key (cache/pool.py)
         self.pool = StoragePool()
-        # why a step graph of more than a forward over this model failed to capture, if one did (a draft model's
-        # tree, `speculative/model_tree.py`): its later drafters then run the step forward by forward, unwarned
-        self.step_failed: str | None = None
 
     def run(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, block: Block | None, width: int,
             pad_id: int, hidden: bool, picked: tuple[int, ...] = ()

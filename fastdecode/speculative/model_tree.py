@@ -37,9 +37,9 @@ class DraftModelTree:
         self.forwards = 0
         self._n = 0  # context length at the last start
         self._fed: list[int] = []  # tree nodes held in the cache after the context, in cache order
-        # `best_first`'s graphs: their captures and replays, and why they stopped if a capture failed (the trees
-        # then grow level by level, the same trees)
-        self.graphs = StepGraphs("the draft model's tree")
+        # `best_first`'s graphs: their captures and replays, and why they stopped if a capture failed for the draft
+        # model (its trees then grow level by level, the same trees)
+        self.graphs = StepGraphs("the draft model's tree", shared=StepGraphs.of(model, "the draft model's tree"))
 
     def start(self, context: torch.Tensor) -> torch.Tensor:
         """Feed the context the cache has not seen (`[N]`, extending the last one); returns the root's logits `[V]`."""
@@ -87,7 +87,7 @@ class DraftModelTree:
         cache: Any = self.cache  # (graphable: it offers `ready_for`, `advance`, `key_width`, `graphs`, `place`, ...)
         graphs, exact = model.graphs, model.exact
         Q = min(width, root.shape[-1])  # every level's beam: each of its nodes has `width` children
-        if (graphs is None or exact is None or graphs.step_failed is not None or not cache.graphable()
+        if (graphs is None or exact is None or self.graphs.failed is not None or not cache.graphable()
                 or levels < 2 or Q > exact.width):
             return None
         W, n = exact.width, self._n
@@ -113,7 +113,6 @@ class DraftModelTree:
         finally:
             cache.end()
         if out is None:
-            graphs.step_failed = self.graphs.failed  # (the draft model's later trees grow by levels, unwarned)
             return None
         if fresh:
             cache.add_graph(key, entry)

@@ -11,12 +11,15 @@ warns once and says so, for the drafter to go on without graphs."""
 
 from __future__ import annotations
 
+import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ..cache.pool import retire_graphs
 from ..errors import FastDecodeWarning
 from ..models.graphs import REPLAYS, capture
 
@@ -44,12 +47,40 @@ REPLAYS.append((StepGraph, "replay"))
 
 class StepGraphs:
     """Runs a drafter's step graphs (`run`); `stats`: captures and replays; `failed`: why a capture failed, if one
-    did (the drafter then drafts without graphs)."""
+    did (the drafter then drafts without graphs). A drafter's own is `shared` with its owner's (`of`: its head, its
+    draft model), where a failure is recorded, so that the owner's later drafters try no capture again and warn no
+    more; the owner's also keeps graphs that need no storage of a drafter's (`kept`: Hydra's), retired when it dies."""
 
-    def __init__(self, what: str) -> None:
+    _owned: weakref.WeakKeyDictionary[Any, StepGraphs] = weakref.WeakKeyDictionary()
+    _lock = threading.Lock()
+
+    def __init__(self, what: str, shared: StepGraphs | None = None) -> None:
         self.what = what  # the drafter, as its warning names it
         self.stats = {"captures": 0, "replays": 0}
-        self.failed: str | None = None
+        self.shared = shared
+        self._failed: str | None = None
+        self.kept: dict[tuple[Any, ...], StepGraph] = {}
+
+    @classmethod
+    def of(cls, owner: Any, what: str) -> StepGraphs:
+        """The step graphs of `owner` (a head, a draft model), one per owner while it lives."""
+        with cls._lock:
+            found = cls._owned.get(owner)
+            if found is None:
+                found = cls._owned[owner] = StepGraphs(what)
+                weakref.finalize(owner, retire_graphs, found.kept)  # (destroyed at the next graphed call, not by GC)
+            return found
+
+    @property
+    def failed(self) -> str | None:
+        return self.shared.failed if self.shared is not None else self._failed
+
+    @failed.setter
+    def failed(self, why: str | None) -> None:
+        if self.shared is not None:
+            self.shared.failed = why
+        else:
+            self._failed = why
 
     def run(self, entry: StepGraph, fresh: bool, arg: Any, capturing: bool, device: torch.device,
             undo: Callable[[], None]) -> tuple[torch.Tensor, ...] | None:

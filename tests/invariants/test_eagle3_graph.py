@@ -4,7 +4,7 @@ the simulated device the forward-by-forward path runs on the same block cache, s
 the same tokens, forwards, proposals and acceptances, greedy and seeded; on the CPU it equals `ar.greedy` (lossless).
 The graph's outputs are cloned, a cache that grows is captured again, a failed capture warns once, and the host does
 far less. A block cache holds a whole generation's entries, and a dead drafter's cache with its graphs serves the
-next generation of the same room (`HeadPool`), which then replays from its first step and drafts what a new cache
+next generation of the same room (the head's pool), which then replays from its first step and drafts what a new cache
 would. Captured for real under FASTDECODE_TEST_DEVICE=cuda."""
 
 from __future__ import annotations
@@ -16,20 +16,25 @@ import torch
 from device_sim import emulated_capture, reads_per_forward, simulated
 
 import fastdecode
+from fastdecode.cache import pool as pool_module
+from fastdecode.cache.pool import StoragePool
 from fastdecode.errors import FastDecodeWarning, ParameterError
 from fastdecode.heads.eagle3 import DraftCache
 from fastdecode.models.host_ops import HostOps
 from fastdecode.speculative import step_graph
 from fastdecode.speculative.drafters import eagle3 as eagle3_module
-from fastdecode.speculative.drafters.eagle3 import Eagle3Drafter, HeadPool
+from fastdecode.speculative.drafters.eagle3 import Eagle3Drafter, HeadStorage
+from fastdecode.speculative.step_graph import StepGraphs
 
 PROMPTS = ["the quick brown fox", "Sort this", "def add(a, b):"]
 SHAPES = [{}, {"num_draft_tokens": 3}, {"tree": True}, {"tree": True, "width": 2, "total_tokens": 8}]
 
 
 def _clear_pools() -> None:
-    for pool in list(HeadPool._pools.values()):
+    for pool in list(eagle3_module._POOLS.values()):
         pool.clear()
+    for shared in list(StepGraphs._owned.values()):
+        shared.failed = None  # (a failed capture is recorded for the head)
 
 
 @pytest.fixture(autouse=True)
@@ -161,27 +166,29 @@ def test_a_generation_replays_from_its_first_step_on_an_earlier_ones_cache(sim_m
 
 
 def test_the_pool_keeps_a_few_caches_and_retires_the_rest(monkeypatch):
-    monkeypatch.setattr(eagle3_module, "POOLED", 2)
     retired: list[object] = []
-    monkeypatch.setattr(eagle3_module, "retire_graphs", lambda graphs: (retired.extend(graphs.values()),
-                                                                         graphs.clear()))
-    pool = HeadPool()
+    monkeypatch.setattr(pool_module, "retire_graphs", lambda graphs: (retired.extend(graphs.values()),
+                                                                       graphs.clear()))
+    pool = StoragePool(2)  # (a head's: `_pool`, POOLED of them)
     caches = []
     for size in (64, 128, 64):
         cache = DraftCache(block=64)
         cache.room = size
         cache.append(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
         caches.append(cache)
-        pool.give([cache, {("chain", size): f"graph {len(caches)}"}])
-    assert retired == ["graph 1"] and [c for c, _ in pool.kept] == caches[1:]
-    assert pool.kept[1][0].length == 0  # (given back empty)
-    assert pool.take(256) is None and pool.take(64) == (caches[2], {("chain", 64): "graph 3"})
+        eagle3_module._give_back(pool, [HeadStorage(graphs={("chain", size): f"graph {len(caches)}"}, cache=cache)])
+    kept = pool._free
+    assert retired == ["graph 1"] and [s.cache for s in kept] == caches[1:]
+    assert kept[1].cache is not None and kept[1].cache.length == 0  # (given back empty)
+    taken = pool.take((64,))
+    assert pool.take((256,)) is None and taken is not None
+    assert (taken.cache, taken.graphs) == (caches[2], {("chain", 64): "graph 3"})
     host = DraftCache()
     host.append(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
-    pool.give([host, {"x": "graph 4"}])  # (a host cache, attended as held, is not kept)
-    assert retired == ["graph 1", "graph 4"] and len(pool.kept) == 1
+    eagle3_module._give_back(pool, [HeadStorage(graphs={"x": "graph 4"}, cache=host)])  # (a host cache: not kept)
+    assert retired == ["graph 1", "graph 4"] and len(pool) == 1
     pool.clear()
-    assert retired == ["graph 1", "graph 4", "graph 2"] and not pool.kept
+    assert retired == ["graph 1", "graph 4", "graph 2"] and not len(pool)
 
 
 def test_a_block_cache_is_made_for_its_generation():

@@ -16,7 +16,8 @@ from fastdecode.errors import FastDecodeWarning, ParameterError
 from fastdecode.heads.io import head_for
 from fastdecode.models.host_ops import HostOps
 from fastdecode.speculative import step_graph
-from fastdecode.speculative.drafters.medusa import HydraGraph, MedusaDrafter
+from fastdecode.speculative.drafters.medusa import MedusaDrafter
+from fastdecode.speculative.step_graph import StepGraphs
 
 PROMPTS = ["the quick brown fox", "Sort this", "def add(a, b):"]
 SHAPES = [{}, {"width": 2, "total_tokens": 8}, {"depth": 2}, {"total_tokens": 40, "width": 8}]
@@ -27,17 +28,24 @@ def _run(model, prompt, graph: bool, new: int = 32, **kw):
     return out.token_ids, out.stats.forwards, out.stats.draft_forwards, out.stats.accepted, out.stats.proposed
 
 
+class _Kept:
+    """A Hydra head's step graphs (`StepGraphs.of`): `graphs` kept, `runs` their counts and failure."""
+
+    def __init__(self, runs: StepGraphs) -> None:
+        self.graphs, self.runs = runs.kept, runs
+
+
 def _kept(model):
-    return HydraGraph.kept(head_for(model, "hydra"))
+    return _Kept(StepGraphs.of(head_for(model, "hydra"), "spec.medusa:hydra=true"))
 
 
 @pytest.fixture(autouse=True)
 def no_kept_graphs():
     """Each test starts with no graph kept by a head (a kept one would replay where a test counts captures)."""
-    for kept in list(HydraGraph._kept.values()):
-        kept.graphs.clear()
-        kept.runs.failed = None
-        kept.runs.stats.update(captures=0, replays=0)
+    for runs in list(StepGraphs._owned.values()):
+        runs.kept.clear()
+        runs.failed = None
+        runs.stats.update(captures=0, replays=0)
 
 
 @pytest.mark.parametrize("params", SHAPES)

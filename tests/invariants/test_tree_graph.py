@@ -21,6 +21,7 @@ from fastdecode.models.exact import Exact
 from fastdecode.models.host_ops import HostOps
 from fastdecode.speculative import model_tree, step_graph
 from fastdecode.speculative.model_tree import DraftModelTree
+from fastdecode.speculative.step_graph import StepGraphs
 from fastdecode.speculative.tree import DeviceTree
 
 PROMPTS = ["the quick brown fox", "Sort this", "def add(a, b):"]
@@ -151,7 +152,8 @@ def test_emulated_captures_give_the_same_tokens_and_a_failed_one_warns_once(mode
     def fails(body, cache, device):
         raise RuntimeError("operation not permitted when stream is capturing\nmore")
     monkeypatch.setattr(step_graph, "capture", fails)
-    monkeypatch.setattr(draft.graphs, "step_failed", None)  # (set by the failure; None again after the test)
+    shared = StepGraphs.of(draft, "the draft model's tree")  # (where the failure is recorded, for later drafters)
+    monkeypatch.setattr(shared, "failed", None)  # (set by the failure; None again after the test)
     draft.graphs.pool.clear()
     grown["graphed"] = 0
     with warnings.catch_warnings(record=True) as seen:
@@ -162,7 +164,7 @@ def test_emulated_captures_give_the_same_tokens_and_a_failed_one_warns_once(mode
         assert run[:2] == wanted[:2] and run[3:] == wanted[3:]
     ours = [w for w in seen if issubclass(w.category, FastDecodeWarning)]
     assert len(ours) == 1 and "operation not permitted when stream is capturing)" in str(ours[0].message)
-    assert grown["graphed"] == 0 and draft.graphs.step_failed is not None
+    assert grown["graphed"] == 0 and shared.failed is not None
     draft.graphs.pool.clear()
     target.graphs.pool.clear()
 

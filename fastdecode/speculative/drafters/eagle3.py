@@ -14,11 +14,10 @@ import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from ...cache.pool import free_retired_graphs, retire_graphs
+from ...cache.pool import Storage, StoragePool, free_retired_graphs, retire_graphs
 from ...config import check
 from ...heads.eagle3 import DraftCache, Eagle3Head, target_embeddings
 from ...heads.eagle3_io import eagle3_for
@@ -35,7 +34,7 @@ from ..tree import DeviceTree
 
 MAX_NODES = 64
 BLOCK = 64  # a device's head cache holds its entries in blocks of this many (one key length per graph: `DraftCache`)
-POOLED = 4  # dead drafters' block caches kept per head, with their graphs (`HeadPool`)
+POOLED = 4  # dead drafters' block caches kept per head, with their graphs (`_pool`)
 
 
 @dataclass(frozen=True)
@@ -82,13 +81,12 @@ class Eagle3Drafter(BaseDrafter):
         self.graphed = cfg.graph if cfg.graph is not None else device.type == "cuda"
         # on a device (and for a graph) the head's cache attends over whole blocks: one shape a step (`DraftCache`)
         self.cache = DraftCache(BLOCK if self.graphed or not on_host(device) else 0)
-        self._graphs: dict[tuple[Any, ...], HeadGraph] = {}
         # a block cache holds the whole generation's entries from its first step (`_room`), and goes back to the
-        # head's pool with its graphs when the drafter dies, for the next generation of the same room (`HeadPool`)
-        self._held = [self.cache, self._graphs]
-        weakref.finalize(self, HeadPool.of(head).give, self._held)
-        self.graphs = StepGraphs("spec.eagle3")  # (its captures, replays, and why they stopped if a capture failed)
-        self.graphs.failed = HeadPool.of(head).failed  # (a capture that failed for the head fails for every drafter)
+        # head's pool with the graphs captured over it when the drafter dies, for the next generation of the same room
+        self._held = [HeadStorage(cache=self.cache)]
+        weakref.finalize(self, _give_back, _pool(head), self._held)
+        # its captures and replays; why they stopped if a capture failed for the head (its later drafters try none)
+        self.graphs = StepGraphs("spec.eagle3", shared=StepGraphs.of(head, "spec.eagle3"))
         self.forwards = 0
         self._entered = 0  # context positions whose entry is in the cache (entry j: token j's feature, token j+1)
         self._featured = 0  # context positions whose fused feature is known (entered or pending)
@@ -117,10 +115,9 @@ class Eagle3Drafter(BaseDrafter):
         fresh = self.cache.block > 0 and self.cache.capacity == 0
         if fresh:
             room = self._room(context.numel())
-            taken = HeadPool.of(self.head).take(room)
-            if taken is not None:  # an earlier generation's storage, and the graphs captured over it
-                self.cache, self._graphs = taken
-                self._held[:] = taken
+            taken = _pool(self.head).take((room,))
+            if isinstance(taken, HeadStorage) and taken.cache is not None:  # an earlier generation's storage,
+                self.cache, self._held[0] = taken.cache, taken  # and the graphs captured over it
             self.cache.room = room
         feats = torch.cat(self._pending)[None]  # [1, m, H]
         m, start = feats.shape[1], self._entered
@@ -137,7 +134,7 @@ class Eagle3Drafter(BaseDrafter):
     def _room(self, n: int) -> int:
         """A block cache's capacity for a generation from a context of `n` tokens: every committed entry and one
         step's draft entries, rounded up to a power of two, so that generations of about the same length share
-        storage and graphs (`HeadPool`) and the cache never grows, which would capture every graph again. (The drafts
+        storage and graphs (`_pool`) and the cache never grows, which would capture every graph again. (The drafts
         depend on the capacity, a whole storage attended: a generation's own numbers fix it, not what ran before.)"""
         step = (self.cfg.num_draft_tokens - 1) * min(self.cfg.width, self.vocab) if self.cfg.tree \
             else self.cfg.num_draft_tokens
@@ -197,10 +194,11 @@ class Eagle3Drafter(BaseDrafter):
         capturing = device.type == "cuda" if self.captures is None else self.captures
         key = (kind, n, self.cfg.width, self.cfg.total_tokens, cache.capacity, cache.version,
                next(self.embed.parameters()).data_ptr(), capturing)
-        if any(k[5] != cache.version for k in self._graphs):  # the storage was made anew: its graphs are stale
-            retire_graphs(self._graphs)
+        graphs = self._held[0].graphs
+        if any(k[5] != cache.version for k in graphs):  # the storage was made anew: its graphs are stale
+            retire_graphs(graphs)
         free_retired_graphs()
-        entry = self._graphs.get(key)
+        entry = graphs.get(key)
         fresh = entry is None
         if entry is None:
             entry = HeadGraph(kind, n, self._last, self.head, self.embed, cache, self.cfg, self.vocab)
@@ -208,10 +206,9 @@ class Eagle3Drafter(BaseDrafter):
         entry.meta.copy_(torch.tensor([c0, self._entered - 1]), non_blocking=True)
         out = self.graphs.run(entry, fresh, None, capturing, device, lambda: cache.crop(c0))
         if out is None:
-            HeadPool.of(self.head).failed = self.graphs.failed
             return None
         if fresh:
-            self._graphs[key] = entry
+            graphs[key] = entry
         cache.length = c0 + entries  # (as the forwards' appends would leave it; the next proposal crops them)
         self.forwards += n - 1
         return out
@@ -252,64 +249,51 @@ class Eagle3Drafter(BaseDrafter):
         return list(v.nodes)
 
 
-class HeadPool:
-    """A head's dead drafters' block caches with the graphs captured over them (at most `POOLED`, the oldest dropped
-    first, their graphs retired): a drafter's first step takes one of its room (`take`) and its death gives it back
-    (`give`, a `weakref.finalize` callback holding the cache and graphs, never the drafter), so a generation replays
-    from its first step where an earlier one of the same room captured: what the model's own pool (cache/pool.py) does
-    for its caches. The pool lives as long as its head (held once per model: heads/io.held); when the head dies its
-    graphs are retired, never destroyed by the garbage collector. A capture that failed (`failed`) is not tried
-    again by the head's later drafters: they draft forward by forward, with no second warning."""
+@dataclass(eq=False)
+class HeadStorage(Storage):
+    """A drafter's head cache with the graphs captured over it (`graphs`), kept after the drafter in its head's
+    `StoragePool` (`_pool`): what cache/pool.py keeps of a model's dead caches. `key` is the cache's capacity once
+    it is a block cache given back (`_give_back`); a host cache, or one never allocated, is not kept."""
 
-    _pools: weakref.WeakKeyDictionary[Eagle3Head, HeadPool] = weakref.WeakKeyDictionary()
-    _lock = threading.Lock()
-
-    def __init__(self) -> None:
-        self.kept: list[tuple[DraftCache, dict[tuple[Any, ...], HeadGraph]]] = []
-        self.failed: str | None = None  # why a capture failed with this head, if one did (then none is tried again)
-
-    @classmethod
-    def of(cls, head: Eagle3Head) -> HeadPool:
-        with cls._lock:
-            pool = cls._pools.get(head)
-            if pool is None:
-                pool = cls._pools[head] = HeadPool()
-                weakref.finalize(head, pool.clear)
-            return pool
-
-    def take(self, capacity: int) -> tuple[DraftCache, dict[tuple[Any, ...], HeadGraph]] | None:
-        with self._lock:
-            for i, (cache, graphs) in enumerate(self.kept):
-                if cache.capacity == capacity:
-                    del self.kept[i]
-                    return cache, graphs
-        return None
-
-    def give(self, held: list[Any]) -> None:
-        cache, graphs = held
-        if not cache.block or cache.capacity == 0 or POOLED == 0:
-            retire_graphs(graphs)
-            return
-        cache.length = 0  # (what the entries held stays, masked: no query sees a column before it is written again)
-        with self._lock:
-            self.kept.append((cache, graphs))
-            while len(self.kept) > POOLED:
-                retire_graphs(self.kept.pop(0)[1])
+    cache: DraftCache | None = None
 
     def clear(self) -> None:
-        """Retire every graph kept, empty the pool, and try captures again."""
-        with self._lock:
-            for _, graphs in self.kept:
-                retire_graphs(graphs)
-            self.kept.clear()
-            self.failed = None
+        super().clear()
+        self.cache = None
+
+
+# each head's pool of dead drafters' block caches (at most `POOLED`, the oldest retired first): a drafter's first
+# step takes one of its room, so a generation replays from its first step where an earlier one of the same room
+# captured; the pool goes with its head (held once per model: heads/io.held), its graphs retired, never destroyed by
+# the garbage collector
+_POOLS: weakref.WeakKeyDictionary[Eagle3Head, StoragePool] = weakref.WeakKeyDictionary()
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(head: Eagle3Head) -> StoragePool:
+    with _POOLS_LOCK:
+        pool = _POOLS.get(head)
+        if pool is None:
+            pool = _POOLS[head] = StoragePool(POOLED)
+        return pool
+
+
+def _give_back(pool: StoragePool, held: list[HeadStorage]) -> None:
+    """A drafter's finalizer (holding its storage, never the drafter): a block cache goes to `pool`, keyed by its
+    capacity; any other has its graphs retired."""
+    storage = held[0]
+    cache = storage.cache
+    storage.key = (cache.capacity,) if cache is not None and cache.block and cache.capacity else None
+    if cache is not None:
+        cache.length = 0  # (what it held stays, masked: no query sees a column before it is written again)
+    pool.give(storage)
 
 
 class HeadGraph(StepGraph):
     """One step's drafting by the EAGLE-3 head in one graph (`Eagle3Drafter._in_graph`): the static inputs (the newest
     committed entry's output `last` `[H]`; `meta`: the committed entries, and the newest one's position), what the body
     reads in place (the head, held weakly; the target's embeddings; the block cache; the tree's shape) and the body,
-    the chain's or the tree's. It holds no drafter, so it serves the next drafter that takes its cache (`HeadPool`)."""
+    the chain's or the tree's. It holds no drafter, so it serves the next drafter that takes its cache (`_pool`)."""
 
     def __init__(self, kind: str, n: int, last: torch.Tensor, head: Eagle3Head, embed: torch.nn.Module,
                  cache: DraftCache, cfg: Eagle3SpecConfig, vocab: int) -> None:

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from ...cache.pool import free_retired_graphs, retire_graphs
+from ...cache.pool import free_retired_graphs
 from ...config import check
 from ...heads import head_for
 from ...heads.hydra import HydraHead
@@ -160,24 +159,24 @@ class MedusaDrafter(BaseDrafter):
         assert self.hidden is not None and self.embed is not None and isinstance(self.head, HydraHead)
         device = self.hidden.device
         on = self.cfg.graph if self.cfg.graph is not None else device.type == "cuda"
-        kept = HydraGraph.kept(self.head)
-        if not on or levels < 2 or kept.runs.failed is not None:
+        runs = StepGraphs.of(self.head, "spec.medusa:hydra=true")  # (the head's: its drafters share its graphs)
+        if not on or levels < 2 or runs.failed is not None:
             return None
         capturing = device.type == "cuda" if self.captures is None else self.captures
         key = (levels, self.cfg.width, self.cfg.total_tokens, self.hidden.shape[-1], self.hidden.dtype, device,
                self.embed.data_ptr(), None if self.lm_head is None else self.lm_head.data_ptr(), capturing)
         free_retired_graphs()
-        entry = kept.graphs.get(key)
+        entry = runs.kept.get(key)
         fresh = entry is None
-        if entry is None:
+        if not isinstance(entry, HydraGraph):
             entry = HydraGraph(self.head, self.embed, self.lm_head, self.cfg, levels, self.hidden)
         entry.hidden.copy_(self.hidden)
         entry.last.copy_(last, non_blocking=True)
-        out = kept.runs.run(entry, fresh, None, capturing, device, lambda: None)
+        out = runs.run(entry, fresh, None, capturing, device, lambda: None)
         if out is None:
             return None
         if fresh:
-            kept.graphs[key] = entry
+            runs.kept[key] = entry
         self.calls += levels
         scores, ids, parents, mask, first = out
         return kept_draft(scores, ids, DeviceTree(parents, levels, mask=mask, first=first), levels)
@@ -216,22 +215,11 @@ def grow_hydra(nodes: BestFirst, head: HydraHead, hidden: torch.Tensor, embed: t
     return calls
 
 
-@dataclass
-class _Kept:
-    """A Hydra head's step graphs (by shape and settings) and their runs, shared by its drafters: they outlive a
-    generation with the head (heads/io.held), and a capture that failed stops them for it."""
-
-    graphs: dict[tuple[Any, ...], HydraGraph] = field(default_factory=dict)
-    runs: StepGraphs = field(default_factory=lambda: StepGraphs("spec.medusa:hydra=true"))
-
-
 class HydraGraph(StepGraph):
     """Hydra's tree grown in one graph (`MedusaDrafter._in_graph`): the static inputs (the target's state `hidden`
     `[H]`, the bonus token `last` `[1]`), what the body reads in place (the head, held weakly; the target's
     embeddings and lm_head), and the body: every level's beam, head forward and children, then the kept nodes with
     their ancestor mask and order (`DeviceTree.shaped`). On a GPU each level was about 20 launches from the host."""
-
-    _kept: weakref.WeakKeyDictionary[HydraHead, _Kept] = weakref.WeakKeyDictionary()
 
     def __init__(self, head: HydraHead, embed: torch.Tensor, lm_head: torch.Tensor | None, cfg: MedusaSpecConfig,
                  levels: int, hidden: torch.Tensor) -> None:
@@ -240,14 +228,6 @@ class HydraGraph(StepGraph):
         self.width, self.total, self.levels = cfg.width, cfg.total_tokens, levels
         self.hidden = torch.zeros_like(hidden)
         self.last = torch.zeros(1, dtype=torch.long, device=hidden.device)
-
-    @classmethod
-    def kept(cls, head: HydraHead) -> _Kept:
-        found = cls._kept.get(head)
-        if found is None:
-            found = cls._kept[head] = _Kept()
-            weakref.finalize(head, retire_graphs, found.graphs)  # (destroyed at the next graphed call, not by the GC)
-        return found
 
     def body(self, arg: None) -> tuple[torch.Tensor, ...]:
         head = self._head()
